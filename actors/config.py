@@ -1,0 +1,280 @@
+"""loopd's configuration: one TOML file, every key with a default, checked at load.
+
+A file only needs the keys it changes. Unknown sections or keys and values of the wrong
+type or range are refused with the key's full name and what is allowed, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "EmbeddedConfig",
+    "HostConfig",
+    "InferenceConfig",
+    "LogConfig",
+    "LoopConfig",
+    "SessionConfig",
+    "SlotsConfig",
+    "ToolsConfig",
+    "load",
+    "parse",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key and the fix."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InferenceConfig:
+    url: str = ""  # empty: start the embedded model server
+    timeout_s: float = 600.0  # wall-clock limit for one request
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0  # longest gap between two chunks
+    retries: int = 3
+    backoff_s: float = 0.5  # first retry delay; doubles, with jitter
+    api_key: str = ""
+    # Treat an answer whose content is exactly one JSON tool call as that call.
+    # "auto": on for the embedded model, off for a server named by url.
+    bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotsConfig:
+    main: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopConfig:
+    tool_iterations: int = 16
+    repeat_detection: bool = True
+    thinking_cap: int = 4096
+    tool_result_cap: int = 16000
+    max_tokens: int = 2048
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogConfig:
+    dir: str = "~/.local/share/loopd/sessions"
+    fsync: Literal["always", "turn", "never"] = "always"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionConfig:
+    system: str = (
+        "You are a helpful assistant running inside loopd. Use find_tool to discover tools "
+        "and call_tool to run one. Answer briefly."
+    )
+    pinned: tuple[str, ...] = ()  # tools offered directly in the baseline as well
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostConfig:
+    name: str
+    kind: Literal["local", "remote", "mcp"] = "local"
+    tools: tuple[str, ...] = ()  # local: standard tools this host runs
+    endpoint: str = ""  # remote: tcp://host:port
+    server_key: str = ""  # remote: the host's public CURVE key (Z85) or a key file
+    client_key: str = ""  # remote: our secret key file (from `loopd keys`)
+    command: tuple[str, ...] = ()  # mcp: the MCP server's command line (stdio)
+    url: str = ""  # mcp: the MCP server's streamable-HTTP url
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolsConfig:
+    workspace: str = "."
+    timeout_s: float = 60.0
+    heartbeat_s: float = 2.0
+    allow: tuple[str, ...] = ()  # tools that may run without approval
+    max_concurrent_calls: int = 8  # per host
+    max_frame_bytes: int = 4 * 1024 * 1024  # largest ZeroMQ frame accepted
+    max_output_bytes: int = 1024 * 1024  # a tool's output is cut here, at the host
+    standard: bool = True  # start the standard tool hosts
+    hosts: tuple[HostConfig, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EmbeddedConfig:
+    data_dir: str = "~/.local/share/loopd"  # the assembled model lives here
+    ctx_size: int = 8192
+    port: int = 0  # 0: a free loopback port
+    startup_timeout_s: float = 300.0
+    threads: int = 0  # 0: llama-server's default
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    inference: InferenceConfig = InferenceConfig()
+    slots: SlotsConfig = SlotsConfig()
+    loop: LoopConfig = LoopConfig()
+    log: LogConfig = LogConfig()
+    session: SessionConfig = SessionConfig()
+    tools: ToolsConfig = ToolsConfig()
+    embedded: EmbeddedConfig = EmbeddedConfig()
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.log.dir).expanduser()
+
+    @property
+    def workspace(self) -> Path:
+        return Path(self.tools.workspace).expanduser().resolve()
+
+    def replace(self, section: str, **changes: Any) -> Config:
+        """A copy with some keys of one section changed (checked like a file)."""
+        merged = {**_as_table(getattr(self, section)), **changes}
+        return dataclasses.replace(self, **{section: _build(type(getattr(self, section)), merged, section)})
+
+
+# --- checks -----------------------------------------------------------------------------
+
+_MINIMUM: dict[str, float] = {
+    "inference.timeout_s": 0.001,
+    "inference.connect_timeout_s": 0.001,
+    "inference.read_timeout_s": 0.001,
+    "inference.retries": 0,
+    "inference.backoff_s": 0,
+    "slots.main": 0,
+    "loop.tool_iterations": 1,
+    "loop.thinking_cap": 0,
+    "loop.tool_result_cap": 1,
+    "loop.max_tokens": 1,
+    "tools.timeout_s": 0.001,
+    "tools.heartbeat_s": 0.001,
+    "tools.max_concurrent_calls": 1,
+    "tools.max_frame_bytes": 1024,
+    "tools.max_output_bytes": 1,
+    "embedded.ctx_size": 512,
+    "embedded.port": 0,
+    "embedded.startup_timeout_s": 1,
+    "embedded.threads": 0,
+}
+
+
+def _as_table(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
+def _check(key: str, annotation: str, value: Any) -> Any:
+    ann = annotation.replace(" ", "")
+    if ann.startswith("Literal["):
+        allowed = [a.strip("'\"") for a in ann[len("Literal[") : -1].split(",")]
+        if value not in allowed:
+            raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(allowed)}")
+        return value
+    if ann == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r}: must be true or false")
+        return value
+    if ann in ("int", "float"):
+        ok = isinstance(value, int) if ann == "int" else isinstance(value, int | float)
+        if not ok or isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r}: must be a number ({ann})")
+        low = _MINIMUM.get(key)
+        if low is not None and value < low:
+            raise ConfigError(f"{key} = {value!r}: must be at least {low:g}")
+        if key == "embedded.port" and value > 65535:
+            raise ConfigError(f"{key} = {value!r}: must be a port number, 0 to 65535")
+        return float(value) if ann == "float" else value
+    if ann == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r}: must be a string")
+        return value
+    if ann == "tuple[str,...]":
+        if isinstance(value, str) and key.endswith(".command"):
+            import shlex
+
+            value = shlex.split(value)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key} = {value!r}: must be a list of strings")
+        return tuple(value)
+    if ann == "tuple[HostConfig,...]":
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: must be an array of tables ([[tools.hosts]])")
+        hosts = tuple(
+            h if isinstance(h, HostConfig) else _build(HostConfig, h, f"{key}[{i}]")
+            for i, h in enumerate(value)
+        )
+        _check_hosts(key, hosts)
+        return hosts
+    raise AssertionError(f"no check for {key}: {annotation}")  # a new field needs a check
+
+
+def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:
+    names = [h.name for h in hosts]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ConfigError(f"{key}: host names must be unique, repeated: {', '.join(sorted(dupes))}")
+    for i, h in enumerate(hosts):
+        where = f"{key}[{i}] ({h.name})"
+        if h.kind == "remote" and not (h.endpoint and h.server_key):
+            raise ConfigError(f"{where}: a remote host needs endpoint and server_key")
+        if h.kind == "mcp" and not (h.command or h.url):
+            raise ConfigError(f"{where}: an mcp host needs command or url")
+        if h.kind == "local" and not h.tools:
+            raise ConfigError(f"{where}: a local host needs tools = [...]")
+
+
+def _build(cls: Any, table: Any, prefix: str) -> Any:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{prefix}] must be a table, got {type(table).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(table) - set(fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in [{prefix}]: {', '.join(sorted(unknown))}; "
+            f"known keys: {', '.join(fields)}"
+        )
+    missing = [n for n, f in fields.items() if n not in table and f.default is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"[{prefix}] needs {', '.join(missing)}")
+    values = {k: _check(f"{prefix}.{k}", str(fields[k].type), v) for k, v in table.items()}
+    return cls(**values)
+
+
+def parse(data: Mapping[str, Any]) -> Config:
+    """A Config from already-parsed TOML data; every key optional."""
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = set(data) - set(sections)
+    if unknown:
+        raise ConfigError(
+            f"unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sections)}"
+        )
+    built = {}
+    for name, value in data.items():
+        default = getattr(Config(), name)
+        built[name] = _build(type(default), {**_as_table(default), **_table(value, name)}, name)
+    return Config(**built)
+
+
+def _table(value: Any, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"[{name}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """The config from ``path``, else ``$LOOPD_CONFIG``, else the defaults."""
+    chosen = path if path is not None else os.environ.get("LOOPD_CONFIG") or None
+    if chosen is None:
+        return Config()
+    p = Path(chosen).expanduser()
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    try:
+        return parse(data)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None

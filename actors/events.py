@@ -1,0 +1,138 @@
+"""Events a turn emits to its sink while it runs: what the person sees live.
+
+Chat events come from the inference actor (design 4), turn events from the session actor
+(design 6). All are frozen dataclasses, so they can cross threads safely, and
+:func:`to_json` gives the ``--json`` line of any of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+__all__ = [
+    "CacheLossEvent",
+    "ChatEvent",
+    "Content",
+    "Event",
+    "Progress",
+    "Queued",
+    "Reasoning",
+    "Retrying",
+    "Sink",
+    "ThinkingCapped",
+    "ToolCallDelta",
+    "ToolCallStarted",
+    "ToolResultEvent",
+    "TurnEvent",
+    "Waiting",
+    "event_name",
+    "to_json",
+]
+
+_frozen = dataclasses.dataclass(frozen=True, slots=True)
+
+
+@_frozen
+class Queued:
+    """The request waits behind another one to the same server in this process."""
+
+    ahead: int = 1
+
+
+@_frozen
+class Waiting:
+    """Sent; nothing back yet."""
+
+
+@_frozen
+class Progress:
+    processed: int
+    total: int
+    cache: int
+
+
+@_frozen
+class Reasoning:
+    text: str
+
+
+@_frozen
+class Content:
+    text: str
+
+
+@_frozen
+class ToolCallDelta:
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@_frozen
+class ThinkingCapped:
+    tokens: int
+    cap: int
+
+
+@_frozen
+class Retrying:
+    attempt: int
+    delay: float
+    reason: str
+
+
+@_frozen
+class ToolCallStarted:
+    name: str
+    call: int
+    arguments: str
+
+
+@_frozen
+class ToolResultEvent:
+    name: str
+    call: int
+    class_: str
+    truncated: bool
+    outcome: str  # result | failed | denied | pending_approval | local | repeat | invalid
+
+
+@_frozen
+class CacheLossEvent:
+    expected: int
+    got: int
+
+
+ChatEvent: TypeAlias = (
+    Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+)
+TurnEvent: TypeAlias = ToolCallStarted | ToolResultEvent | CacheLossEvent
+Event: TypeAlias = ChatEvent | TurnEvent
+Sink: TypeAlias = Callable[[Event], None]
+
+_NAMES = {
+    ToolResultEvent: "tool_result",
+    CacheLossEvent: "cache_loss",
+    ToolCallStarted: "tool_call_started",
+    ToolCallDelta: "tool_call_delta",
+    ThinkingCapped: "thinking_capped",
+}
+
+
+def event_name(event: Event) -> str:
+    """The snake_case name of an event, as in ``--json`` output."""
+    cls = type(event)
+    return _NAMES.get(cls) or cls.__name__.lower()
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    """A JSON-ready map: ``{"event": name, ...fields}`` (``class_`` becomes ``class``)."""
+    out: dict[str, Any] = {"event": event_name(event)}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        out[f.name.rstrip("_")] = value.value if isinstance(value, enum.Enum) else value
+    return out

@@ -1,0 +1,113 @@
+"""What the session and the inference actor exchange: requests, completions, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from actors.records import ToolCall
+
+__all__ = [
+    "CancelToken",
+    "ChatRequest",
+    "Completion",
+    "InferError",
+    "InferErrorKind",
+    "is_context_full",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatRequest:
+    slot: int
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...]
+    thinking: bool = True
+    max_tokens: int | None = None
+    # Reasoning tokens still allowed in this turn (loop.thinking_cap minus what earlier
+    # requests of the turn used). None: no cap.
+    thinking_budget: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completion:
+    content: str | None
+    reasoning: str | None
+    tool_calls: tuple[ToolCall, ...]
+    timings: Mapping[str, Any]
+    usage: Mapping[str, Any]
+    reasoning_tokens: int
+    thinking_capped: bool
+    finish_reason: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.usage.get("prompt_tokens", 0))
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.usage.get("completion_tokens", 0))
+
+
+class InferErrorKind(enum.StrEnum):
+    HTTP = "http"
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    CANCELLED = "cancelled"
+
+
+class InferError(Exception):
+    """A request to the model server that did not give a Completion."""
+
+    def __init__(
+        self, kind: InferErrorKind, message: str, *, status: int | None = None, body: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.body = body
+
+    def __str__(self) -> str:
+        where = f"HTTP {self.status}: " if self.status is not None else ""
+        return f"{self.kind.value}: {where}{self.message}"
+
+    def error_body(self) -> Mapping[str, Any]:
+        """The server's ``error`` object, or {} when the body is not llama-server JSON."""
+        try:
+            data = json.loads(self.body)
+        except (ValueError, TypeError):
+            return {}
+        err = data.get("error") if isinstance(data, dict) else None
+        return err if isinstance(err, dict) else {}
+
+
+def is_context_full(e: InferError) -> bool:
+    """True exactly for llama-server's 400 ``exceed_context_size_error``."""
+    return (
+        e.kind is InferErrorKind.HTTP
+        and e.status == 400
+        and e.error_body().get("type") == "exceed_context_size_error"
+    )
+
+
+class CancelToken:
+    """Set once to cancel a turn; checked between stream chunks and while waiting on tools."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)

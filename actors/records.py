@@ -1,0 +1,281 @@
+"""The records of a session log, and their msgpack codec.
+
+A record is a frozen dataclass. On disk it is a msgpack map: ``kind`` plus the fields by
+the design's names (``class`` for :attr:`ToolResult.class_`), ``time`` as msgpack's
+timestamp extension. Decoding checks every field's type, so a log written by a buggy or
+foreign writer is refused with the kind and field named instead of being half-read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import msgpack
+
+__all__ = [
+    "Assistant",
+    "Baseline",
+    "CacheLoss",
+    "Record",
+    "RecordError",
+    "ResultClass",
+    "ToolCall",
+    "ToolResult",
+    "Usage",
+    "User",
+    "decode",
+    "encode",
+    "now",
+]
+
+JSON: TypeAlias = Any
+
+
+def now() -> dt.datetime:
+    """The current UTC time, the value every record's ``time`` defaults to."""
+    return dt.datetime.now(dt.UTC)
+
+
+class RecordError(ValueError):
+    """A record that cannot be encoded or decoded; the message names the kind and field."""
+
+
+class ResultClass(enum.StrEnum):
+    """How far a tool result may travel: kept in the log, shown to the person or not."""
+
+    PUBLIC = "public"
+    INTERNAL = "internal"
+    SECRET = "secret"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the model's raw JSON text, kept as sent
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Baseline:
+    system: str
+    tools: tuple[Mapping[str, JSON], ...]
+    model: str
+    created: dt.datetime
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class User:
+    content: str
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Assistant:
+    content: str | None
+    reasoning: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    timings: Mapping[str, JSON]
+    reasoning_tokens: int
+    thinking_capped: bool
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheLoss:
+    expected: int
+    got: int
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolResult:
+    call: int
+    tool_call_id: str
+    content: str
+    class_: ResultClass
+    untrusted: bool
+    truncated: bool
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+Record: TypeAlias = Baseline | User | Assistant | Usage | CacheLoss | ToolResult
+
+_KINDS: dict[type[Any], str] = {
+    Baseline: "baseline",
+    User: "user",
+    Assistant: "assistant",
+    Usage: "usage",
+    CacheLoss: "cache_loss",
+    ToolResult: "tool_result",
+}
+_BY_KIND = {kind: cls for cls, kind in _KINDS.items()}
+
+
+# --- field checks ---------------------------------------------------------------------
+# Each check returns the decoded Python value or raises TypeError with what was expected.
+
+Check = Callable[[Any], Any]
+
+
+def _exact(*types: type) -> Check:
+    def check(v: Any) -> Any:
+        # bool is an int subclass: an int field must not accept True, nor a bool field 1.
+        if type(v) not in types:
+            names = " or ".join(t.__name__ for t in types)
+            raise TypeError(f"expected {names}, got {type(v).__name__}")
+        return v
+
+    return check
+
+
+def _optional(inner: Check) -> Check:
+    return lambda v: None if v is None else inner(v)
+
+
+def _time(v: Any) -> dt.datetime:
+    if not isinstance(v, dt.datetime) or v.tzinfo is None:
+        raise TypeError(f"expected a UTC timestamp, got {type(v).__name__}")
+    return v
+
+
+def _mapping(v: Any) -> Mapping[str, JSON]:
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise TypeError(f"expected a map with text keys, got {type(v).__name__}")
+    return v
+
+
+def _tools(v: Any) -> tuple[Mapping[str, JSON], ...]:
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list of tool definitions, got {type(v).__name__}")
+    return tuple(_mapping(t) for t in v)
+
+
+def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list of tool calls, got {type(v).__name__}")
+    calls = []
+    for c in v:
+        m = _mapping(c)
+        try:
+            calls.append(ToolCall(**{k: _exact(str)(m[k]) for k in ("id", "name", "arguments")}))
+        except KeyError as e:
+            raise TypeError(f"tool call without {e.args[0]!r}") from None
+    return tuple(calls)
+
+
+def _result_class(v: Any) -> ResultClass:
+    try:
+        return ResultClass(v)
+    except ValueError:
+        allowed = ", ".join(c.value for c in ResultClass)
+        raise TypeError(f"expected one of {allowed}, got {v!r}") from None
+
+
+_STR, _INT, _BOOL = _exact(str), _exact(int), _exact(bool)
+
+# wire name -> (attribute name, check)
+_FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
+    "baseline": {
+        "system": ("system", _STR),
+        "tools": ("tools", _tools),
+        "model": ("model", _STR),
+        "created": ("created", _time),
+    },
+    "user": {"content": ("content", _STR)},
+    "assistant": {
+        "content": ("content", _optional(_STR)),
+        "reasoning": ("reasoning", _optional(_STR)),
+        "tool_calls": ("tool_calls", _tool_calls),
+    },
+    "usage": {
+        "timings": ("timings", _mapping),
+        "reasoning_tokens": ("reasoning_tokens", _INT),
+        "thinking_capped": ("thinking_capped", _BOOL),
+        "prompt_tokens": ("prompt_tokens", _INT),
+        "completion_tokens": ("completion_tokens", _INT),
+        "finish_reason": ("finish_reason", _STR),
+    },
+    "cache_loss": {"expected": ("expected", _INT), "got": ("got", _INT)},
+    "tool_result": {
+        "call": ("call", _INT),
+        "tool_call_id": ("tool_call_id", _STR),
+        "content": ("content", _STR),
+        "class": ("class_", _result_class),
+        "untrusted": ("untrusted", _BOOL),
+        "truncated": ("truncated", _BOOL),
+    },
+}
+for _fields in _FIELDS.values():
+    _fields["time"] = ("time", _time)
+
+
+def _plain(value: Any) -> Any:
+    """Record values as msgpack-ready data (tuples become lists, dataclasses maps)."""
+    if isinstance(value, ToolCall):
+        return {"id": value.id, "name": value.name, "arguments": value.arguments}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def encode(record: Record) -> bytes:
+    """The msgpack payload of one record."""
+    kind = _KINDS.get(type(record))
+    if kind is None:
+        raise RecordError(f"cannot encode {type(record).__name__}: not a log record")
+    body: dict[str, Any] = {"kind": kind}
+    for wire, (attr, check) in _FIELDS[kind].items():
+        value = getattr(record, attr)
+        try:
+            check(_plain(value))
+        except TypeError as e:
+            raise RecordError(f"{kind}.{wire}: {e}") from None
+        body[wire] = _plain(value)
+    try:
+        return msgpack.packb(body, datetime=True, strict_types=False)
+    except (TypeError, ValueError) as e:
+        raise RecordError(f"{kind}: cannot encode: {e}") from None
+
+
+def decode(payload: bytes) -> Record:
+    """One record from its msgpack payload; RecordError names what is wrong."""
+    try:
+        body = msgpack.unpackb(payload, timestamp=3, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise RecordError(f"not a msgpack record: {e}") from None
+    if not isinstance(body, dict):
+        raise RecordError(f"a record must be a map, got {type(body).__name__}")
+    kind = body.get("kind")
+    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise RecordError(f"unknown record kind {kind!r}; known: {', '.join(_BY_KIND)}")
+    unknown = set(body) - set(fields) - {"kind"}
+    if unknown:
+        raise RecordError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for wire, (attr, check) in fields.items():
+        if wire not in body:
+            raise RecordError(f"{kind}.{wire}: missing")
+        try:
+            values[attr] = check(body[wire])
+        except TypeError as e:
+            raise RecordError(f"{kind}.{wire}: {e}") from None
+    record: Record = _BY_KIND[kind](**values)
+    return record
