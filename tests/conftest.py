@@ -1,0 +1,36 @@
+"""Shared test set-up: hypothesis profiles, and a guard against leaked actors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pykka
+import pytest
+from hypothesis import HealthCheck, settings
+
+# CI: fixed, derandomized runs (hypothesis auto-loads "ci" when CI is set; we pin it here
+# so the settings are ours). Locally: random exploration, the seed printed on failure.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    max_examples=100,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "dev",
+    deadline=None,
+    print_blob=True,
+    max_examples=50,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(autouse=True)
+def _stop_all_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all(timeout=10)
