@@ -30,6 +30,7 @@ __all__ = [
     "decode",
     "encode",
     "now",
+    "to_json",
 ]
 
 JSON: TypeAlias = Any
@@ -279,3 +280,12 @@ def decode(payload: bytes) -> Record:
             raise RecordError(f"{kind}.{wire}: {e}") from None
     record: Record = _BY_KIND[kind](**values)
     return record
+
+
+def to_json(record: Record) -> dict[str, Any]:
+    """A JSON-ready map of a record, as in the log (``kind``, fields; times in ISO 8601)."""
+    out: dict[str, Any] = {"kind": _KINDS[type(record)]}
+    for wire, (attr, _) in _FIELDS[out["kind"]].items():
+        value = _plain(getattr(record, attr))
+        out[wire] = value.isoformat() if isinstance(value, dt.datetime) else value
+    return out

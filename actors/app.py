@@ -1,0 +1,84 @@
+"""Wiring: the model server, the inference actor and the tool hosts that sessions run on.
+
+One loopd command builds one :class:`App`: it starts the embedded llama-server when the
+config names no ``inference.url`` (and stops it when the command ends), the inference
+actor, and the tool hosts (local ones as child processes, remote ones by endpoint). Sessions
+are opened on it by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pykka
+
+from actors.config import Config
+from actors.inference.actor import Inference
+from actors.records import Baseline, now
+from actors.session import open_session
+from actors.tools.registry import baseline_tools
+from actors.tools.supervisor import Toolbox
+from actors.turn import Runtime
+
+__all__ = ["App", "start_app"]
+
+
+@dataclasses.dataclass(slots=True)
+class App:
+    config: Config
+    runtime: Runtime
+    model: str
+    sessions: list[Any] = dataclasses.field(default_factory=list)
+
+    def baseline(self) -> Baseline:
+        """The baseline of a new session: fixed for the session's whole life."""
+        return Baseline(
+            system=self.config.session.system,
+            tools=baseline_tools(self.runtime.registry, self.config.session.pinned),
+            model=self.model,
+            created=now(),
+        )
+
+    def session(self, name: str) -> Any:
+        """The proxy of session ``name``'s actor, created on first use."""
+        proxy = open_session(self.config, name, baseline=self.baseline())
+        self.sessions.append(proxy)
+        return proxy
+
+    def close_sessions(self) -> None:
+        for proxy in self.sessions:
+            with contextlib.suppress(pykka.ActorDeadError):
+                proxy.actor_ref.stop(timeout=10)
+        self.sessions.clear()
+
+
+@contextlib.contextmanager
+def start_app(config: Config, status: Callable[[str], None] = lambda _: None) -> Iterator[App]:
+    """Everything a session needs, stopped again (no process left) when the block ends."""
+    with contextlib.ExitStack() as stack:
+        url, model, bare_json = config.inference.url, "llama-server", False
+        if not url:
+            from actors.embedded import EmbeddedServer
+
+            server = EmbeddedServer.start(config, on_progress=status)
+            stack.callback(server.stop)
+            url, model, bare_json = server.url, server.model_name(), True
+        setting = config.inference.bare_json_tool_calls
+        if setting != "auto":
+            bare_json = setting == "on"
+        config = config.replace("inference", url=url)
+        status("starting tool hosts")
+        toolbox = Toolbox.start(config)
+        stack.callback(toolbox.close)
+        inference = Inference.start(config.inference)
+        stack.callback(inference.stop)
+        runtime = Runtime(
+            config=config, inference=inference, registry=toolbox.registry,
+            bare_json_tool_calls=bare_json,
+        )
+        app = App(config=config, runtime=runtime, model=model)
+        stack.callback(app.close_sessions)
+        yield app

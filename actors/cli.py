@@ -1,0 +1,223 @@
+"""The ``loopd`` command.
+
+Exit codes say what happened: 0 answered; 2 bad usage or config; 3 a limit ended the turn
+(TurnLimit, SessionFull); 4 the model server failed (unreachable, errors after retries, the
+embedded server did not start); 5 the session cannot be used (open elsewhere, corrupt log);
+130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pykka
+from rich.console import Console
+
+from actors import config as cfg
+from actors.inference.types import CancelToken, InferError
+from actors.log import SessionError, read_records
+from actors.records import to_json
+from actors.turn import Cancelled, Infer, Session, SessionFull, TurnError, TurnLimit, TurnOutcome
+from actors.view import JsonView, LiveView, summary
+
+__all__ = ["main"]
+
+OK, USAGE, LIMIT, SERVER, SESSION, CANCELLED = 0, 2, 3, 4, 5, 130
+
+
+def _exit_code(error: BaseException) -> int:
+    if isinstance(error, TurnLimit | SessionFull):
+        return LIMIT
+    if isinstance(error, Infer | InferError):
+        return SERVER
+    if isinstance(error, Session | SessionError):
+        return SESSION
+    if isinstance(error, Cancelled | KeyboardInterrupt):
+        return CANCELLED
+    if isinstance(error, cfg.ConfigError):
+        return USAGE
+    return SERVER  # the embedded server or a tool host failed to start
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML config file (default: $LOOPD_CONFIG or built-in)")
+    common.add_argument("--url", help="llama-server URL (overrides inference.url)")
+    common.add_argument("--workspace", help="root of the file tools (overrides tools.workspace)")
+    common.add_argument("--log-dir", help="where sessions live (overrides log.dir)")
+
+    p = argparse.ArgumentParser(prog="loopd", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = p.add_subparsers(dest="command", required=True)
+    chat = sub.add_parser("chat", parents=[common], help="talk with the model, turn by turn")
+    chat.add_argument("--session", default="default", help="session name (default: default)")
+    run = sub.add_parser("run", parents=[common], help="one turn: the answer on stdout")
+    run.add_argument("message")
+    run.add_argument("--session", default="default", help="session name (default: default)")
+    run.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    sub.add_parser("sessions", parents=[common], help="list the sessions")
+    log = sub.add_parser("log", help="read a session's log")
+    log_sub = log.add_subparsers(dest="log_command", required=True)
+    show = log_sub.add_parser("show", parents=[common], help="every record of a session")
+    show.add_argument("session")
+    show.add_argument("--json", action="store_true", help="one JSON object per record")
+    sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
+    sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
+    return p
+
+
+def _load(args: argparse.Namespace) -> cfg.Config:
+    config = cfg.load(args.config)
+    if args.url:
+        config = config.replace("inference", url=args.url)
+    if args.workspace:
+        config = config.replace("tools", workspace=args.workspace)
+    if args.log_dir:
+        config = config.replace("log", dir=args.log_dir)
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["toolhost"]:
+        from actors.tools.host import main as toolhost
+
+        return toolhost(argv[1:])
+    if argv[:1] == ["keys"]:
+        from actors.tools.keys import main as keys
+
+        return keys(argv[1:])
+    args = _parser().parse_args(argv)
+    err = Console(stderr=True)
+    try:
+        config = _load(args)
+        command: Callable[[argparse.Namespace, cfg.Config, Console], int] = _COMMANDS[
+            args.command if args.command != "log" else "log_show"
+        ]
+        return command(args, config, err)
+    except KeyboardInterrupt:
+        err.print("[yellow]cancelled[/]")
+        return CANCELLED
+    except (cfg.ConfigError, SessionError, TurnError, InferError, OSError, RuntimeError) as e:
+        err.print(f"[red]loopd: {e}[/]", highlight=False)
+        return _exit_code(e)
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    root = config.log_dir
+    names = sorted(p.parent.name for p in root.glob("*/log.bin")) if root.is_dir() else []
+    for name in names:
+        print(name)
+    if not names:
+        err.print(f"no sessions in {root}")
+    return OK
+
+
+def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    records = read_records(config.log_dir / args.session / "log.bin", name=args.session)
+    if args.json:
+        for r in records:
+            print(json.dumps(to_json(r), ensure_ascii=False))
+        return OK
+    out = Console()
+    for i, r in enumerate(records, 1):
+        data = to_json(r)
+        kind, when = data.pop("kind"), data.pop("time")[11:19]
+        text = ", ".join(f"{k}={v!r}" for k, v in data.items())
+        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] {text}", highlight=False)
+    return OK
+
+
+def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    from actors.app import start_app
+
+    out = Console()
+    json_view = JsonView(sys.stdout) if args.json else None
+    live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
+    sink: Any = json_view or live
+    status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
+        lambda s: err.print(f"[dim]{s}[/]")
+    )
+    with start_app(config, status) as app:
+        session = app.session(args.session)
+        started = time.monotonic()
+        try:
+            outcome = _turn(session, app, args.message, sink)
+        except TurnError as e:
+            live.finish()
+            if json_view:
+                json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
+            else:
+                err.print(f"[red]{e}[/]", highlight=False)
+            return _exit_code(e)
+        live.finish()
+        if json_view:
+            json_view.line({"event": "answer", "content": outcome.content, "cut": outcome.cut,
+                            "summary": summary(outcome, time.monotonic() - started)})
+            return OK
+        if live.answer is err:
+            print(outcome.content)
+        err.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
+        return OK
+
+
+def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    from actors.app import start_app
+
+    out = Console()
+    with start_app(config, lambda s: err.print(f"[dim]{s}[/]")) as app:
+        session = app.session(args.session)
+        out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
+        while True:
+            try:
+                message = input("> ")
+            except EOFError:
+                out.print()
+                return OK
+            except KeyboardInterrupt:
+                out.print()
+                continue
+            if not message.strip():
+                continue
+            live = LiveView(out)
+            started = time.monotonic()
+            try:
+                outcome = _turn(session, app, message, live)
+                live.finish()
+                out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
+            except TurnError as e:
+                live.finish()
+                out.print(f"[red]{e}[/]", highlight=False)
+
+
+def _turn(session: Any, app: Any, message: str, sink: Any) -> TurnOutcome:
+    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down."""
+    cancel = CancelToken()
+    future = session.turn(app.runtime, message, sink, cancel)
+    while True:
+        try:
+            result: TurnOutcome = future.get(timeout=0.2)
+            return result
+        except pykka.Timeout:
+            continue
+        except KeyboardInterrupt:
+            cancel.cancel()
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] = {
+    "sessions": _sessions,
+    "log_show": _log_show,
+    "run": _run,
+    "chat": _chat,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""One turn: a user message in, an answer out, tool calls in between, five limits.
+
+This is design section 6, step by step. It runs inside the session actor's thread: the
+session actor is the only writer of the log and the only judge of every limit. The model
+and the tools are reached through handles that ask their own actors (the inference actor,
+the tool-port actors); their events go straight to ``on_event`` while this thread waits.
+
+The five limits and where each is decided here:
+  tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
+  repeated call     -> ``_Repeats``           (loop.repeat_detection)
+  thinking cap      -> ``thinking_budget`` passed to the inference actor; ``remaining`` here
+  context full      -> ``_ask_model`` maps the server's 400 to SessionFull
+  tool result size  -> ``cap_result``         (loop.tool_result_cap)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from actors.config import Config
+from actors.events import CacheLossEvent, Event, ToolCallDelta, ToolCallStarted, ToolResultEvent
+from actors.inference.bare_json import parse_bare_tool_call
+from actors.inference.types import (
+    CancelToken,
+    ChatRequest,
+    Completion,
+    InferError,
+    InferErrorKind,
+    is_context_full,
+)
+from actors.log import SessionError, SessionLog
+from actors.records import Assistant, CacheLoss, ResultClass, ToolCall, ToolResult, Usage, User
+from actors.render import messages
+from actors.tools import wire
+from actors.tools.registry import Local, Registry, dispatch
+
+__all__ = [
+    "Cancelled",
+    "Infer",
+    "Runtime",
+    "Session",
+    "SessionFull",
+    "TurnError",
+    "TurnLimit",
+    "TurnOutcome",
+    "cache_outcome",
+    "cap_result",
+    "is_context_full",
+    "run_turn",
+]
+
+REPEAT_NOTICE = (
+    "Not run: this exact call ({name} with these arguments) was already made in this turn. "
+    "Use its earlier result, or change the arguments."
+)
+CANNOT_WAIT = (
+    "This call needs the person's approval ({prompt}), and this version of loopd cannot wait "
+    "for approval. Tell the person what you wanted to do instead."
+)
+
+
+class Model(Protocol):
+    def complete(
+        self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
+    ) -> Completion: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Runtime:
+    """What a turn needs besides its session: config, the model, the tools."""
+
+    config: Config
+    inference: Model
+    registry: Registry
+    bare_json_tool_calls: bool = False
+
+
+# --- outcomes and errors --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    content: str
+    usage: Usage
+    iterations: int  # model responses that asked for tools
+    tool_calls: int
+    cut: bool  # the answer stopped at loop.max_tokens
+
+
+class TurnError(Exception):
+    """A turn that ended without an answer. The log stays valid; the next turn works."""
+
+
+class SessionFull(TurnError):
+    def __init__(self, error: InferError) -> None:
+        body = error.error_body()
+        n, ctx = body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")
+        super().__init__(
+            f"The conversation is full: the prompt is {n} tokens and the model's context holds "
+            f"{ctx}. Start a new session (or give the server a larger context)."
+        )
+        self.error = error
+
+
+class TurnLimit(TurnError):
+    def __init__(self, limit: str, detail: str) -> None:
+        super().__init__(f"Stopped by the {limit} limit: {detail}")
+        self.limit = limit
+
+
+class Infer(TurnError):
+    def __init__(self, error: InferError) -> None:
+        super().__init__(f"The model server failed: {error}")
+        self.error = error
+
+
+class Session(TurnError):
+    def __init__(self, error: SessionError) -> None:
+        super().__init__(f"The session log failed: {error}")
+        self.error = error
+
+
+class Cancelled(TurnError):
+    def __init__(self) -> None:
+        super().__init__("Cancelled; the session keeps everything before the cancel.")
+
+
+# --- pure pieces ------------------------------------------------------------------------
+
+
+def cap_result(text: str, cap: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut."""
+    if len(text) <= cap:
+        return text, False
+    note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
+    kept = max(0, cap - len(note.format(kept=cap)))
+    return text[:kept] + note.format(kept=kept), True
+
+
+def cache_outcome(
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any]
+) -> CacheLoss | None:
+    """A CacheLoss when the new request reused fewer tokens than the previous prompt held."""
+    if not previous or "cache_n" not in new:
+        return None
+    expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
+    got = int(new["cache_n"])
+    return CacheLoss(expected=expected, got=got) if got < expected else None
+
+
+def _call_key(name: str, arguments: str) -> tuple[str, str]:
+    try:
+        return name, json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return name, arguments.strip()
+
+
+class _Repeats:
+    """Repeat detection: the first repeat of a call is answered, the second ends the turn."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def check(self, name: str, arguments: str) -> bool:
+        """True when this call was already made in this turn; raises on the second repeat."""
+        key = _call_key(name, arguments)
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
+        if count >= 2:
+            raise TurnLimit(
+                "repeated call", f"{name} was called with the same arguments {count + 1} times"
+            )
+        return count == 1
+
+
+# --- the turn -------------------------------------------------------------------------
+
+
+def run_turn(
+    session: SessionLog,
+    runtime: Runtime,
+    content: str,
+    on_event: Callable[[Event], None],
+    cancel: CancelToken | None = None,
+) -> TurnOutcome:
+    """Run one turn to its answer, or raise a TurnError; every record is appended here."""
+    log, cancel = session, cancel or CancelToken()
+    try:
+        return _Turn(log, runtime, on_event, cancel).run(content)
+    except SessionError as e:
+        raise Session(e) from e
+    finally:
+        if runtime.config.log.fsync == "turn":
+            try:
+                log.sync()
+            except SessionError:
+                pass  # already reported by the append that broke the log
+
+
+class _Turn:
+    def __init__(
+        self, log: SessionLog, runtime: Runtime, on_event: Callable[[Event], None],
+        cancel: CancelToken,
+    ) -> None:
+        self.log, self.runtime, self.emit, self.cancel = log, runtime, on_event, cancel
+        self.loop = runtime.config.loop
+        self.thinking_left = self.loop.thinking_cap
+        self.iterations = self.tool_calls = 0
+        self.repeats = _Repeats()
+
+    def run(self, content: str) -> TurnOutcome:
+        self.log.append(User(content=content))
+        while True:
+            completion, usage = self._ask_model()
+            if not completion.tool_calls or completion.finish_reason == "length":
+                return TurnOutcome(
+                    content=completion.content or "", usage=usage, iterations=self.iterations,
+                    tool_calls=self.tool_calls, cut=completion.finish_reason == "length",
+                )
+            self._count_iteration()
+            for call in completion.tool_calls:
+                self._run_tool(call)
+
+    def _ask_model(self) -> tuple[Completion, Usage]:
+        previous = _last_usage(self.log.records)
+        baseline = self.log.baseline
+        request = ChatRequest(
+            slot=self.runtime.config.slots.main,
+            messages=tuple(messages(baseline, self.log.records)),
+            tools=baseline.tools,
+            thinking=self.thinking_left > 0,
+            max_tokens=self.loop.max_tokens,
+            thinking_budget=max(self.thinking_left, 0),
+        )
+        try:
+            completion = self.runtime.inference.complete(request, self._pass_on, self.cancel)
+        except InferError as e:
+            if e.kind is InferErrorKind.CANCELLED:
+                raise Cancelled() from e
+            raise (SessionFull(e) if is_context_full(e) else Infer(e)) from e
+        if self.cancel.cancelled:
+            raise Cancelled()
+        completion = self._bare_json(completion)
+        self.thinking_left -= completion.reasoning_tokens
+        self.log.append(
+            Assistant(
+                content=completion.content,
+                reasoning=completion.reasoning,
+                tool_calls=completion.tool_calls,
+            )
+        )
+        usage = Usage(
+            timings=completion.timings,
+            reasoning_tokens=completion.reasoning_tokens,
+            thinking_capped=completion.thinking_capped,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            finish_reason=completion.finish_reason,
+        )
+        self.log.append(usage)
+        loss = cache_outcome(previous.timings if previous else None, completion.timings)
+        if loss is not None:
+            self.log.append(loss)
+            self.emit(CacheLossEvent(expected=loss.expected, got=loss.got))
+        return completion, usage
+
+    def _pass_on(self, event: Event) -> None:
+        if not isinstance(event, ToolCallDelta):
+            self.emit(event)
+
+    def _bare_json(self, completion: Completion) -> Completion:
+        """A small model's tool call written as bare JSON in the answer, taken as the call."""
+        if not self.runtime.bare_json_tool_calls or completion.tool_calls:
+            return completion
+        known = [t["function"]["name"] for t in self.log.baseline.tools if "function" in t]
+        parsed = parse_bare_tool_call(completion.content, known)
+        if parsed is None:
+            return completion
+        name, arguments = parsed
+        call = ToolCall(id=f"loopd-{len(self.log.records)}", name=name, arguments=arguments)
+        return dataclasses.replace(
+            completion, content=None, tool_calls=(call,), finish_reason="tool_calls"
+        )
+
+    def _count_iteration(self) -> None:
+        self.iterations += 1
+        if self.iterations > self.loop.tool_iterations:
+            raise TurnLimit(
+                "tool iterations",
+                f"the model asked for tools {self.loop.tool_iterations} times in this turn "
+                f"(loop.tool_iterations = {self.loop.tool_iterations})",
+            )
+
+    def _run_tool(self, call: ToolCall) -> None:
+        if self.cancel.cancelled:
+            raise Cancelled()
+        number = self.log.next_call()
+        self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
+        if self.loop.repeat_detection and self.repeats.check(call.name, call.arguments):
+            text, cls, untrusted = REPEAT_NOTICE.format(name=call.name), ResultClass.PUBLIC, False
+            outcome = "repeat"
+        else:
+            text, cls, untrusted, outcome = self._dispatch(call, number)
+        if self.cancel.cancelled:
+            raise Cancelled()
+        text, truncated = cap_result(text, self.loop.tool_result_cap)
+        self.log.append(
+            ToolResult(
+                call=number, tool_call_id=call.id, content=text, class_=cls,
+                untrusted=untrusted, truncated=truncated,
+            )
+        )
+        self.tool_calls += 1
+        self.emit(
+            ToolResultEvent(
+                name=call.name, call=number, class_=cls.value, truncated=truncated,
+                outcome=outcome,
+            )
+        )
+
+    def _dispatch(self, call: ToolCall, number: int) -> tuple[str, ResultClass, bool, str]:
+        target = dispatch(self.runtime.registry, call.name, call.arguments)
+        if isinstance(target, Local):
+            return target.text, ResultClass.PUBLIC, False, "local"
+        answer = target.port.call(
+            session=self.log.name, call=number, tool=target.tool,
+            arguments=target.arguments, cancel=self.cancel,
+        )
+        if isinstance(answer, wire.Result):
+            return answer.content, answer.class_, answer.untrusted, "result"
+        if isinstance(answer, wire.Denied):
+            return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
+        if isinstance(answer, wire.PendingApproval):
+            text = CANNOT_WAIT.format(prompt=answer.prompt)
+            return text, ResultClass.PUBLIC, False, "pending_approval"
+        return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
+
+
+def _last_usage(records: tuple[Any, ...]) -> Usage | None:
+    for record in reversed(records):
+        if isinstance(record, Usage):
+            return record
+    return None

@@ -1,0 +1,128 @@
+"""What the person sees while a turn runs: rich output on the terminal, or JSON lines.
+
+Reasoning is dimmed, the answer streams as it comes, prompt processing shows as a bar,
+each tool call shows with the class of its result, and every turn ends with one summary
+line (prompt tokens, how many came from the cache, generated tokens, time, tool calls).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from actors import events as ev
+from actors.turn import TurnOutcome
+
+__all__ = ["JsonView", "LiveView", "summary"]
+
+
+def summary(outcome: TurnOutcome, seconds: float) -> str:
+    """The one line that closes a turn."""
+    timings = outcome.usage.timings
+    cached = int(timings.get("cache_n", 0))
+    cut = " · answer cut at loop.max_tokens" if outcome.cut else ""
+    return (
+        f"{outcome.usage.prompt_tokens} prompt tokens ({cached} from cache) · "
+        f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
+        f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
+    )
+
+
+class LiveView:
+    """A sink for turn events that draws them with rich; thread-safe (events come from actors)."""
+
+    def __init__(self, console: Console, answer: Console | None = None) -> None:
+        self.console = console  # the live view (stderr for `run`)
+        self.answer = answer or console  # where answer text streams
+        self._lock = threading.Lock()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._mode = ""  # "reasoning" | "content" | "": what the current line holds
+        self.started = time.monotonic()
+
+    def __call__(self, event: ev.Event) -> None:
+        with self._lock:
+            self._show(event)
+
+    def _show(self, event: ev.Event) -> None:
+        match event:
+            case ev.Progress(processed=done, total=total, cache=cache):
+                self._bar(done, total, cache)
+            case ev.Reasoning(text=text):
+                self._switch("reasoning")
+                self.console.print(text, style="dim", end="", markup=False, highlight=False)
+            case ev.Content(text=text):
+                self._switch("content")
+                self.answer.print(text, end="", markup=False, highlight=False)
+            case ev.ToolCallStarted(name=name, arguments=args):
+                self._switch("")
+                shown = args if len(args) <= 120 else args[:117] + "..."
+                self.console.print(f"[bold cyan]→ {name}[/] {shown}", highlight=False)
+            case ev.ToolResultEvent(name=name, class_=cls, truncated=cut, outcome=outcome):
+                note = " (truncated)" if cut else ""
+                self.console.print(f"  [cyan]← {name}[/]: {outcome}, {cls}{note}")
+            case ev.Retrying(attempt=n, delay=delay, reason=reason):
+                self._switch("")
+                self.console.print(f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}[/]")
+            case ev.CacheLossEvent(expected=expected, got=got):
+                self._switch("")
+                self.console.print(
+                    f"[yellow]prompt cache lost: {got} of {expected} tokens reused[/]"
+                )
+            case ev.ThinkingCapped(cap=cap):
+                self._switch("")
+                self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
+            case ev.Queued():
+                self.console.print("[dim]queued behind another request[/]")
+            case _:
+                pass
+
+    def _bar(self, done: int, total: int, cache: int) -> None:
+        if self._progress is None:
+            self._switch("")
+            self._progress = Progress(
+                TextColumn("prompt"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TextColumn(f"({cache} cached)"), console=self.console, transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("prompt", total=max(total, 1))
+        assert self._task is not None
+        self._progress.update(self._task, completed=done, total=max(total, 1))
+        if done >= total:
+            self._stop_bar()
+
+    def _stop_bar(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _switch(self, mode: str) -> None:
+        self._stop_bar()
+        if self._mode and mode != self._mode:
+            (self.answer if self._mode == "content" else self.console).print()
+        self._mode = mode
+
+    def finish(self) -> None:
+        with self._lock:
+            self._switch("")
+
+
+class JsonView:
+    """A sink that writes every event as one JSON line (for scripts: ``--json``)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self._lock = threading.Lock()
+
+    def __call__(self, event: ev.Event) -> None:
+        self.line(ev.to_json(event))
+
+    def line(self, data: dict[str, Any]) -> None:
+        with self._lock:
+            self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+            self.out.flush()
