@@ -1,0 +1,160 @@
+"""Hypothesis strategies for log records and conversations, shared by the test modules.
+
+``records()`` draws any single record with every field varied; ``conversations()`` draws a
+Baseline plus a record sequence in which tool results mostly answer earlier tool calls
+(some calls stay unanswered, some results are orphans), the shapes a real session and a
+broken one produce.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from hypothesis import strategies as st
+
+from actors.records import (
+    Assistant,
+    Baseline,
+    CacheLoss,
+    Record,
+    ResultClass,
+    ToolCall,
+    ToolResult,
+    Usage,
+    User,
+)
+
+__all__ = [
+    "assistants",
+    "baselines",
+    "cache_losses",
+    "conversations",
+    "json_values",
+    "records",
+    "texts",
+    "times",
+    "tool_calls",
+    "tool_results",
+    "usages",
+    "users",
+]
+
+# Any unicode text msgpack can carry (hypothesis excludes lone surrogates by default).
+texts = st.text(max_size=40)
+ints64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+counts = st.integers(min_value=0, max_value=2**31)
+times = st.datetimes(
+    min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC)
+)
+
+json_values: st.SearchStrategy[Any] = st.recursive(
+    st.none() | st.booleans() | ints64 | st.floats(allow_nan=False) | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=12,
+)
+json_objects = st.dictionaries(texts, json_values, max_size=5)
+
+tool_definitions = st.builds(
+    lambda name, desc, props: {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props},
+        },
+    },
+    texts,
+    texts,
+    json_objects,
+)
+
+baselines = st.builds(
+    Baseline,
+    system=texts,
+    tools=st.lists(tool_definitions | json_objects, max_size=3).map(tuple),
+    model=texts,
+    created=times,
+    time=times,
+)
+users = st.builds(User, content=texts, time=times)
+tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
+assistants = st.builds(
+    Assistant,
+    content=st.none() | texts,
+    reasoning=st.none() | texts,
+    tool_calls=st.lists(tool_calls, max_size=3).map(tuple),
+    time=times,
+)
+usages = st.builds(
+    Usage,
+    timings=json_objects,
+    reasoning_tokens=counts,
+    thinking_capped=st.booleans(),
+    prompt_tokens=counts,
+    completion_tokens=counts,
+    finish_reason=texts,
+    time=times,
+)
+cache_losses = st.builds(CacheLoss, expected=counts, got=counts, time=times)
+tool_results = st.builds(
+    ToolResult,
+    call=st.integers(min_value=1, max_value=2**31),
+    tool_call_id=texts,
+    content=texts,
+    class_=st.sampled_from(ResultClass),
+    untrusted=st.booleans(),
+    truncated=st.booleans(),
+    time=times,
+)
+records: st.SearchStrategy[Record] = st.one_of(
+    baselines, users, assistants, usages, cache_losses, tool_results
+)
+
+
+@st.composite
+def conversations(draw: st.DrawFn, max_steps: int = 25) -> tuple[Baseline, list[Record]]:
+    """A baseline and the records after it, tool results referring to earlier calls' ids.
+
+    The ids come from a small alphabet so that duplicates and collisions happen; results
+    may answer a call, answer nothing (an orphan), or never come (a call stopped by a limit).
+    """
+    baseline = draw(baselines)
+    ids = st.sampled_from(["call_0", "call_1", "call_2", "c", ""]) | texts
+    call = st.builds(ToolCall, id=ids, name=texts, arguments=texts)
+    assistant = st.builds(
+        Assistant,
+        content=st.none() | texts,
+        reasoning=st.none() | texts,
+        tool_calls=st.lists(call, max_size=3).map(tuple),
+        time=times,
+    )
+    out: list[Record] = []
+    seen: list[str] = []
+    number = 0
+    for _ in range(draw(st.integers(min_value=0, max_value=max_steps))):
+        choice = draw(st.sampled_from(["user", "assistant", "result", "result", "other"]))
+        if choice == "user":
+            out.append(draw(users))
+        elif choice == "assistant":
+            a = draw(assistant)
+            seen.extend(c.id for c in a.tool_calls)
+            out.append(a)
+        elif choice == "result":
+            number += 1
+            target = draw(st.sampled_from(seen) if seen else ids)
+            result = draw(tool_results)
+            out.append(
+                ToolResult(
+                    call=number,
+                    tool_call_id=target,
+                    content=result.content,
+                    class_=result.class_,
+                    untrusted=result.untrusted,
+                    truncated=result.truncated,
+                    time=result.time,
+                )
+            )
+        else:
+            out.append(draw(usages | cache_losses | baselines))
+    return baseline, out
