@@ -7,8 +7,8 @@ the tool-port actors); their events go straight to ``on_event`` while this threa
 
 The five limits and where each is decided here:
   tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
-  repeated call     -> ``_Repeats``           (loop.repeat_detection)
-  thinking cap      -> ``thinking_budget`` passed to the inference actor; ``remaining`` here
+  repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
+  thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
   context full      -> ``_ask_model`` maps the server's 400 to SessionFull
   tool result size  -> ``cap_result``         (loop.tool_result_cap)
 """
@@ -16,7 +16,6 @@ The five limits and where each is decided here:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -32,7 +31,8 @@ from actors.inference.types import (
     is_context_full,
 )
 from actors.log import SessionError, SessionLog
-from actors.records import Assistant, CacheLoss, ResultClass, ToolCall, ToolResult, Usage, User
+from actors.limits import Repeats, cache_outcome, cap_result
+from actors.records import Assistant, ResultClass, ToolCall, ToolResult, Usage, User
 from actors.render import messages
 from actors.tools import wire
 from actors.tools.registry import Local, Registry, dispatch
@@ -128,54 +128,6 @@ class Cancelled(TurnError):
         super().__init__("Cancelled; the session keeps everything before the cancel.")
 
 
-# --- pure pieces ------------------------------------------------------------------------
-
-
-def cap_result(text: str, cap: int) -> tuple[str, bool]:
-    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut."""
-    if len(text) <= cap:
-        return text, False
-    note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
-    kept = max(0, cap - len(note.format(kept=cap)))
-    return text[:kept] + note.format(kept=kept), True
-
-
-def cache_outcome(
-    previous: Mapping[str, Any] | None, new: Mapping[str, Any]
-) -> CacheLoss | None:
-    """A CacheLoss when the new request reused fewer tokens than the previous prompt held."""
-    if not previous or "cache_n" not in new:
-        return None
-    expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
-    got = int(new["cache_n"])
-    return CacheLoss(expected=expected, got=got) if got < expected else None
-
-
-def _call_key(name: str, arguments: str) -> tuple[str, str]:
-    try:
-        return name, json.dumps(json.loads(arguments), sort_keys=True)
-    except ValueError:
-        return name, arguments.strip()
-
-
-class _Repeats:
-    """Repeat detection: the first repeat of a call is answered, the second ends the turn."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], int] = {}
-
-    def check(self, name: str, arguments: str) -> bool:
-        """True when this call was already made in this turn; raises on the second repeat."""
-        key = _call_key(name, arguments)
-        count = self._seen.get(key, 0)
-        self._seen[key] = count + 1
-        if count >= 2:
-            raise TurnLimit(
-                "repeated call", f"{name} was called with the same arguments {count + 1} times"
-            )
-        return count == 1
-
-
 # --- the turn -------------------------------------------------------------------------
 
 
@@ -209,7 +161,7 @@ class _Turn:
         self.loop = runtime.config.loop
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
-        self.repeats = _Repeats()
+        self.repeats = Repeats()
 
     def run(self, content: str) -> TurnOutcome:
         self.log.append(User(content=content))
@@ -299,7 +251,13 @@ class _Turn:
             raise Cancelled()
         number = self.log.next_call()
         self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
-        if self.loop.repeat_detection and self.repeats.check(call.name, call.arguments):
+        earlier = self.repeats.seen(call.name, call.arguments) if self.loop.repeat_detection else 0
+        if earlier >= 2:
+            raise TurnLimit(
+                "repeated call", f"{call.name} was called with the same arguments {earlier + 1} "
+                "times in this turn (the first repeat was answered with a notice)",
+            )
+        if earlier == 1:
             text, cls, untrusted = REPEAT_NOTICE.format(name=call.name), ResultClass.PUBLIC, False
             outcome = "repeat"
         else:

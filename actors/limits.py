@@ -1,0 +1,53 @@
+"""The pure parts of the turn's limits: result capping, cache loss, repeat detection."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from actors.records import CacheLoss
+
+__all__ = ["Repeats", "cache_outcome", "call_key", "cap_result"]
+
+
+def cap_result(text: str, cap: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut."""
+    if len(text) <= cap:
+        return text, False
+    note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
+    kept = max(0, cap - len(note.format(kept=cap)))
+    return text[:kept] + note.format(kept=kept), True
+
+
+def cache_outcome(
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any]
+) -> CacheLoss | None:
+    """A CacheLoss when the new request reused fewer tokens than the previous prompt held."""
+    if not previous or "cache_n" not in new:
+        return None
+    expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
+    got = int(new["cache_n"])
+    return CacheLoss(expected=expected, got=got) if got < expected else None
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same: the name and the arguments, key order ignored."""
+    try:
+        return name, json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return name, arguments.strip()
+
+
+class Repeats:
+    """Counts identical calls, ``(name, arguments)`` with the JSON normalised, in one turn."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def seen(self, name: str, arguments: str) -> int:
+        """How many times this call was made before in this turn (and count this one)."""
+        key = call_key(name, arguments)
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
+        return count
