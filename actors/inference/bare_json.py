@@ -1,0 +1,89 @@
+"""Recognise a tool call that a small model wrote as bare JSON in ``content``.
+
+Small local models (the embedded Qwen2.5-Coder-0.5B among them) often answer with
+``{"name": "find_tool", "arguments": {...}}`` as plain text instead of the chat template's
+tool-call tags, so the server reports no ``tool_calls``. Under the setting
+``inference.bare_json_tool_calls`` such an answer is treated as that call.
+
+The rule is deliberately narrow so that a real answer is never mistaken for a call: the
+whole content (surrounding whitespace allowed, optionally inside one ``` or ```json code
+fence) must be exactly one JSON object whose only keys are ``name`` (a known tool) and
+``arguments`` (or ``parameters``), an object or a JSON string holding one. A JSON object
+inside prose, several objects, a truncated object, or extra keys are not a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from typing import Any
+
+__all__ = ["parse_bare_tool_call"]
+
+_FENCE = re.compile(r"\A```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL | re.IGNORECASE)
+_ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def parse_bare_tool_call(content: str | None, known: Collection[str]) -> tuple[str, str] | None:
+    """``(name, arguments_json)`` when ``content`` is exactly one call of a tool in ``known``.
+
+    ``arguments_json`` is the arguments object re-encoded as JSON text (a string-encoded
+    object is decoded first, also for ``call_tool``'s inner ``arguments``), so it can go
+    into a ToolCall like a native call's arguments. Anything else gives None.
+    """
+    if content is None:
+        return None
+    text = content.strip()
+    fenced = _FENCE.match(text)
+    if fenced is not None:
+        text = fenced.group("body").strip()
+    if not text.startswith("{"):
+        return None
+    data = _loads(text)
+    if not isinstance(data, dict):
+        return None
+    name = data.get("name")
+    arg_keys = [k for k in _ARGUMENT_KEYS if k in data]
+    if not isinstance(name, str) or name not in known or len(arg_keys) != 1 or len(data) != 2:
+        return None
+    arguments = _object(data[arg_keys[0]])
+    if arguments is None:
+        return None
+    if name == "call_tool":
+        arguments = _call_tool_arguments(arguments)
+        if arguments is None:
+            return None
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def _call_tool_arguments(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """call_tool's own arguments: ``name`` (a string) and ``arguments`` (an object)."""
+    inner_name = arguments.get("name")
+    inner_key = [k for k in _ARGUMENT_KEYS if k in arguments]
+    if not isinstance(inner_name, str) or len(inner_key) != 1 or len(arguments) != 2:
+        return None
+    inner = _object(arguments[inner_key[0]])
+    if inner is None:
+        return None
+    return {"name": inner_name, "arguments": inner}
+
+
+def _object(value: Any) -> dict[str, Any] | None:
+    """An arguments value as an object: as it is, or decoded from a JSON string."""
+    if isinstance(value, str):
+        value = _loads(value.strip())
+    return value if isinstance(value, dict) else None
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON (no NaN/Infinity), or None when the text is not exactly one value."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
