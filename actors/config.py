@@ -46,6 +46,8 @@ class InferenceConfig:
     # Treat an answer whose content is exactly one JSON tool call as that call.
     # "auto": on for the embedded model, off for a server named by url.
     bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
+    # Requests this process streams from the server at once; more wait (Queued event).
+    parallel: int = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,6 +145,7 @@ _MINIMUM: dict[str, float] = {
     "inference.read_timeout_s": 0.001,
     "inference.retries": 0,
     "inference.backoff_s": 0,
+    "inference.parallel": 1,
     "slots.main": 0,
     "loop.tool_iterations": 1,
     "loop.thinking_cap": 0,
