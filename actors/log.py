@@ -54,6 +54,7 @@ __all__ = [
     "SessionLocked",
     "SessionLog",
     "frame",
+    "read_records",
 ]
 
 MAGIC = b"loopdlog"
@@ -231,6 +232,27 @@ class SessionLog:
         )
 
 
+def read_records(path: Path, *, name: str = "") -> tuple[Record, ...]:
+    """The whole records of a log, read without locking or cutting anything.
+
+    For readers (``loopd log show``) that may run while the session is open elsewhere:
+    a torn tail (or a record being appended right now) is left out, not cut.
+    """
+    path = Path(path)
+    name = name or path.parent.name
+    where = f"session {name} ({path})"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SessionError(f"session {name} does not exist ({path})") from None
+    _check_header(data, where)
+    records, _ = _replay(data, where)
+    if not records:
+        raise SessionError(f"{where} has no baseline record (its creation was interrupted)")
+    _check_first(records[0], where)
+    return tuple(records)
+
+
 # --- open helpers ---------------------------------------------------------------------
 
 
@@ -337,16 +359,20 @@ def _recover(
         _write_all(fd, HEADER + frame(baseline))
         _fdatasync(fd)
         return [baseline], len(data), True
-    if not isinstance(records[0], Baseline):
-        raise LogCorrupt(
-            f"{where}: the first record is a {type(records[0]).__name__}, not a Baseline; "
-            f"this is not a usable session log: move it aside",
-            len(HEADER),
-        )
+    _check_first(records[0], where)
     if cut:
         os.ftruncate(fd, end)
         _fdatasync(fd)
     return records, cut, created
+
+
+def _check_first(first: Record, where: str) -> None:
+    if not isinstance(first, Baseline):
+        raise LogCorrupt(
+            f"{where}: the first record is a {type(first).__name__}, not a Baseline; "
+            f"this is not a usable session log: move it aside",
+            len(HEADER),
+        )
 
 
 def _check_header(data: bytes, where: str) -> None:

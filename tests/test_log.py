@@ -24,6 +24,7 @@ from actors.log import (
     SessionLocked,
     SessionLog,
     frame,
+    read_records,
 )
 from actors.records import (
     Assistant,
@@ -476,3 +477,30 @@ def test_append_after_close_is_refused(opened: SessionLog) -> None:
     opened.close()
     with pytest.raises(SessionError, match="session s1: the log is closed"):
         opened.append(User(content="x"))
+
+
+# --- read_records (readers, no lock) --------------------------------------------------------------
+
+
+def test_read_records_works_while_open_and_leaves_a_torn_tail_alone(opened: SessionLog) -> None:
+    user = User(content="hi")
+    opened.append(user)
+    with open(opened.path, "ab") as f:
+        f.write(b"\x05\0\0")  # a record being appended right now
+    assert read_records(opened.path) == (opened.baseline, user)
+    assert opened.path.read_bytes().endswith(b"\x05\0\0")
+
+
+def test_read_records_refuses_missing_and_corrupt(log_path: Path) -> None:
+    with pytest.raises(SessionError, match="session s1 does not exist"):
+        read_records(log_path)
+    records = every_kind()
+    data = bytearray(write_log(log_path, records))
+    data[frame_ends(records)[0] + 9] ^= 1
+    log_path.write_bytes(bytes(data))
+    with pytest.raises(LogCorrupt) as info:
+        read_records(log_path, name="mine")
+    assert info.value.offset == frame_ends(records)[0]
+    log_path.write_bytes(HEADER)
+    with pytest.raises(SessionError, match="no baseline record"):
+        read_records(log_path)
