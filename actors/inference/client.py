@@ -1,0 +1,420 @@
+"""A streaming llama-server client: one ChatRequest in, ChatEvents out, one Completion back.
+
+One ``LlamaClient`` per server, shared by threads (httpx's client is thread-safe). Each
+request is ``POST /v1/chat/completions`` with ``stream: true``, parsed with httpx-sse and
+assembled by :class:`~actors.inference.sse.StreamAssembler`.
+
+Decisions (design section 4 and the protocol notes):
+
+- **Retries** (``chat_with_retry``): connect errors, a closed connection with no response,
+  timeouts before any of the answer arrived, 503 and other 5xx, an ``error`` event inside a
+  200 stream, and a stream cut before ``[DONE]`` are retried up to ``inference.retries``
+  times with exponential backoff and jitter, each announced by a ``Retrying`` event. The
+  partial output of a failed stream is dropped: a sink that showed it must discard it on
+  ``Retrying``. 4xx, malformed chunks, a non-SSE answer, a timeout after the answer began
+  and the wall-clock deadline are not retried.
+- **Deadline**: ``inference.timeout_s`` bounds the whole call, retries and backoff included;
+  httpx's read timeout bounds the gap between two chunks. A watchdog shuts the socket down
+  when the deadline passes or the cancel token is set, so neither waits for the next chunk.
+- **Thinking cap**: ``ChatRequest.thinking_budget`` goes to the server as
+  ``reasoning_budget_tokens`` (with ``reasoning_control``). Reasoning deltas are counted as
+  a backstop: past the budget, one ``reasoning_end`` control call; if that fails, or reasoning
+  goes on for more than ``CONTROL_GRACE`` deltas after it, the stream is closed and the same
+  messages are asked again with thinking off. Reaching the budget emits ``ThinkingCapped``
+  once. Once content or a tool call has started, reasoning is left to finish. The abandoned
+  stream's reasoning is kept on the Completion (it was shown, and it counts toward the cap).
+- **Queueing**: at most ``inference.parallel`` requests stream at once; later ones emit
+  ``Queued`` and wait (cancel and deadline still apply).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from actors.config import InferenceConfig
+from actors.events import Queued, Retrying, Sink, ThinkingCapped, Waiting
+from actors.inference.sse import StreamAssembler
+from actors.inference.types import (
+    CancelToken,
+    ChatRequest,
+    Completion,
+    InferError,
+    InferErrorKind,
+)
+from actors.inference.watchdog import Watch, Watchdog, tracked_transport
+
+__all__ = ["CONTROL_GRACE", "LlamaClient", "request_body"]
+
+CHAT_PATH = "/v1/chat/completions"
+CONTROL_PATH = "/v1/chat/completions/control"
+CONTROL_GRACE = 8  # reasoning deltas still accepted after a successful reasoning_end
+_MAX_ERROR_BODY = 64 * 1024
+_MAX_BACKOFF_S = 30.0
+_QUEUE_POLL_S = 0.05
+
+
+def request_body(request: ChatRequest) -> dict[str, Any]:
+    """The JSON body llama-server gets for ``request`` (never ``X-Conversation-Id``)."""
+    body: dict[str, Any] = {
+        "model": "loopd",  # ignored by a server with one model
+        "messages": request.messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "id_slot": request.slot,
+        "cache_prompt": True,
+        "return_progress": True,
+    }
+    if request.tools:
+        body["tools"] = request.tools
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    if not request.thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    elif request.thinking_budget is not None:
+        body["reasoning_budget_tokens"] = request.thinking_budget
+        body["reasoning_control"] = True
+    return body
+
+
+class _Failed(Exception):
+    """One exchange failed; ``retry`` says whether the retry policy may try again."""
+
+    def __init__(self, error: InferError, *, retry: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry = retry
+
+
+@dataclasses.dataclass(slots=True)
+class _Abandoned:
+    """A stream closed by the thinking cap before any answer: ask again, thinking off."""
+
+    reasoning: str | None
+    reasoning_tokens: int
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """What one logical request carries across its exchanges."""
+
+    deadline: float
+    capped: bool = False  # ThinkingCapped already emitted
+    reasoning: str | None = None  # from an abandoned, capped stream
+    reasoning_tokens: int = 0
+
+
+class LlamaClient:
+    """One llama-server; ``chat`` makes one attempt, ``chat_with_retry`` applies the policy."""
+
+    def __init__(
+        self, config: InferenceConfig, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        if not config.url:
+            raise ValueError(
+                "inference.url is empty: set it to the llama-server's URL "
+                "(e.g. http://127.0.0.1:8080) or start the embedded server first"
+            )
+        self._config = config
+        self._url = config.url.rstrip("/")
+        timeout = httpx.Timeout(
+            connect=config.connect_timeout_s,
+            read=config.read_timeout_s,
+            write=config.read_timeout_s,
+            pool=config.connect_timeout_s,
+        )
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        limits = httpx.Limits(max_connections=config.parallel * 2 + 2)
+        self._watchdog = Watchdog() if transport is None else None
+        self._http = httpx.Client(
+            timeout=timeout,
+            headers=headers,
+            transport=transport if transport is not None else tracked_transport(limits),
+        )
+        self._slots = threading.Semaphore(config.parallel)
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    # --- public ------------------------------------------------------------------------
+
+    def chat(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
+        """One attempt (plus the thinking-off re-ask if the thinking cap needs it)."""
+        return self._run(request, sink, cancel, retries=0)
+
+    def chat_with_retry(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
+        """The design's retry policy around ``chat``; raises the last InferError."""
+        return self._run(request, sink, cancel, retries=self._config.retries)
+
+    def close(self) -> None:
+        self._http.close()
+        if self._watchdog is not None:
+            self._watchdog.close()
+
+    # --- one logical request -----------------------------------------------------------
+
+    def _run(
+        self, request: ChatRequest, sink: Sink, cancel: CancelToken, *, retries: int
+    ) -> Completion:
+        run = _Run(deadline=time.monotonic() + self._config.timeout_s)
+        failures = 0
+        while True:
+            if cancel.cancelled:
+                raise _cancelled()
+            try:
+                outcome = self._exchange(request, sink, cancel, run)
+            except _Failed as f:
+                if not f.retry or failures >= retries:
+                    raise f.error from None
+                failures += 1
+                self._backoff(failures, f.error, sink, cancel, run)
+                continue
+            if isinstance(outcome, _Abandoned):
+                run.reasoning, run.reasoning_tokens = outcome.reasoning, outcome.reasoning_tokens
+                request = dataclasses.replace(request, thinking=False, thinking_budget=None)
+                continue
+            return outcome.completion(
+                thinking_capped=run.capped,
+                extra_reasoning=run.reasoning_tokens,
+                reasoning=run.reasoning,
+            )
+
+    def _backoff(
+        self, failures: int, error: InferError, sink: Sink, cancel: CancelToken, run: _Run
+    ) -> None:
+        base = self._config.backoff_s * 2 ** (failures - 1)
+        delay = min(_MAX_BACKOFF_S, base * random.uniform(0.5, 1.5))
+        if time.monotonic() + delay >= run.deadline:
+            raise error  # no time left for another attempt
+        reason = f"HTTP {error.status}: {error.message}" if error.status else error.message
+        sink(Retrying(attempt=failures, delay=delay, reason=reason))
+        if cancel.wait(delay):
+            raise _cancelled()
+
+    # --- one exchange ------------------------------------------------------------------
+
+    def _exchange(
+        self, request: ChatRequest, sink: Sink, cancel: CancelToken, run: _Run
+    ) -> StreamAssembler | _Abandoned:
+        content = json.dumps(
+            request_body(request), ensure_ascii=False, separators=(",", ":"), default=_plain
+        ).encode()
+        with self._slot(sink, cancel, run.deadline), self._watch(cancel, run.deadline) as watch:
+            sink(Waiting())
+            try:
+                response = self._http.send(
+                    self._http.build_request(
+                        "POST", self._url + CHAT_PATH, content=content,
+                        headers={"Content-Type": "application/json"},
+                    ),
+                    stream=True,
+                )
+            except httpx.HTTPError as e:
+                raise self._transport_failure(e, watch, cancel, run, answered=False) from None
+            try:
+                if response.status_code != 200:
+                    raise self._http_failure(response, watch, cancel, run)
+                kind = response.headers.get("content-type", "")
+                if "text/event-stream" not in kind:
+                    raise _Failed(
+                        InferError(
+                            InferErrorKind.PROTOCOL,
+                            f"{self._url}{CHAT_PATH} answered 200 with {kind or 'no'} content "
+                            "type, not an event stream: is inference.url a llama-server?",
+                            status=200,
+                        ),
+                        retry=False,
+                    )
+                return self._read(response, request, sink, cancel, run, watch)
+            finally:
+                response.close()
+
+    def _read(
+        self,
+        response: httpx.Response,
+        request: ChatRequest,
+        sink: Sink,
+        cancel: CancelToken,
+        run: _Run,
+        watch: Watch | None,
+    ) -> StreamAssembler | _Abandoned:
+        asm = StreamAssembler()
+        budget = request.thinking_budget if request.thinking else None
+        seen = 0  # reasoning deltas already checked against the budget
+        control_sent = False
+        try:
+            for sse in EventSource(response).iter_sse():
+                if cancel.cancelled:
+                    raise _Failed(_cancelled(), retry=False)
+                if time.monotonic() >= run.deadline:
+                    raise _Failed(self._timed_out(), retry=False)
+                try:
+                    events = asm.feed(sse.data)
+                except InferError as e:  # an error event is a 5xx; bad chunks are not retried
+                    raise _Failed(e, retry=_retryable_status(e.status)) from None
+                for event in events:
+                    sink(event)
+                if asm.done:
+                    return asm
+                if budget is None or asm.reasoning_deltas == seen:
+                    continue
+                seen = asm.reasoning_deltas
+                if seen >= budget and not run.capped:
+                    run.capped = True
+                    sink(ThinkingCapped(tokens=seen, cap=budget))
+                if seen <= budget or asm.answered:
+                    continue
+                if not control_sent:
+                    control_sent = True
+                    if self._reasoning_end(asm.id):
+                        continue
+                elif seen <= budget + CONTROL_GRACE:
+                    continue
+                return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
+        except httpx.HTTPError as e:
+            raise self._transport_failure(e, watch, cancel, run, answered=asm.answered) from None
+        if cancel.cancelled or (watch is not None and watch.expired):
+            raise self._expired(watch, cancel)
+        raise _Failed(
+            InferError(
+                InferErrorKind.PROTOCOL,
+                "the server closed the stream before the answer ended (no [DONE])",
+                status=200,
+            ),
+            retry=True,
+        )
+
+    def _reasoning_end(self, chat_id: str | None) -> bool:
+        """Ask the server to end the running reasoning now; False if it could not."""
+        if chat_id is None:
+            return False
+        try:
+            r = self._http.post(
+                self._url + CONTROL_PATH,
+                json={"id": chat_id, "action": "reasoning_end"},
+                timeout=self._config.connect_timeout_s,
+            )
+            return r.status_code == 200 and r.json().get("success") is True
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    # --- queueing and watching -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _slot(self, sink: Sink, cancel: CancelToken, deadline: float) -> Iterator[None]:
+        """Hold one of ``inference.parallel`` places; emit Queued when none is free."""
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self._waiting += 1
+                ahead = self._waiting
+            try:
+                sink(Queued(ahead=ahead))
+                while not self._slots.acquire(timeout=_QUEUE_POLL_S):
+                    if cancel.cancelled:
+                        raise _cancelled()
+                    if time.monotonic() >= deadline:
+                        raise self._timed_out()
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    @contextlib.contextmanager
+    def _watch(self, cancel: CancelToken, deadline: float) -> Iterator[Watch | None]:
+        if self._watchdog is None:
+            yield None
+        else:
+            with self._watchdog.watch(cancel, deadline) as w:
+                yield w
+
+    # --- errors --------------------------------------------------------------------------
+
+    def _timed_out(self) -> InferError:
+        return InferError(
+            InferErrorKind.TIMEOUT,
+            f"no complete answer within inference.timeout_s = {self._config.timeout_s:g} s",
+        )
+
+    def _expired(self, watch: Watch | None, cancel: CancelToken) -> _Failed:
+        if cancel.cancelled or (watch is not None and watch.expired == "cancelled"):
+            return _Failed(_cancelled(), retry=False)
+        return _Failed(self._timed_out(), retry=False)
+
+    def _transport_failure(
+        self, e: httpx.HTTPError, watch: Watch | None, cancel: CancelToken, run: _Run,
+        *, answered: bool,
+    ) -> _Failed:
+        if cancel.cancelled or (watch is not None and watch.expired):
+            return self._expired(watch, cancel)
+        if time.monotonic() >= run.deadline:
+            return _Failed(self._timed_out(), retry=False)
+        where = self._url
+        if isinstance(e, httpx.ConnectTimeout):
+            msg = f"could not connect to {where} within {self._config.connect_timeout_s:g} s"
+            return _Failed(InferError(InferErrorKind.CONNECT, msg), retry=True)
+        if isinstance(e, httpx.ConnectError):
+            msg = f"could not connect to {where}: {e} (is llama-server running there?)"
+            return _Failed(InferError(InferErrorKind.CONNECT, msg), retry=True)
+        if isinstance(e, httpx.TimeoutException):
+            msg = (
+                f"{where} sent nothing for inference.read_timeout_s = "
+                f"{self._config.read_timeout_s:g} s"
+            )
+            return _Failed(InferError(InferErrorKind.TIMEOUT, msg), retry=not answered)
+        if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            msg = f"the connection to {where} closed before the answer ended: {e}"
+            return _Failed(InferError(InferErrorKind.PROTOCOL, msg), retry=True)
+        msg = f"the exchange with {where} failed: {type(e).__name__}: {e}"
+        return _Failed(InferError(InferErrorKind.PROTOCOL, msg), retry=False)
+
+    def _http_failure(
+        self, response: httpx.Response, watch: Watch | None, cancel: CancelToken, run: _Run
+    ) -> _Failed:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size >= _MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError as e:
+            if cancel.cancelled or (watch is not None and watch.expired):
+                return self._expired(watch, cancel)
+            del e  # a cut error body still says enough with its status
+        body = b"".join(chunks)[:_MAX_ERROR_BODY].decode("utf-8", errors="replace")
+        status = response.status_code
+        said = InferError(InferErrorKind.HTTP, "", body=body).error_body().get("message")
+        message = str(said) if said else (body.strip()[:300] or response.reason_phrase)
+        return _Failed(
+            InferError(InferErrorKind.HTTP, message, status=status, body=body),
+            retry=_retryable_status(status),
+        )
+
+
+def _retryable_status(status: int | None) -> bool:
+    return status is not None and status >= 500
+
+
+def _cancelled() -> InferError:
+    return InferError(InferErrorKind.CANCELLED, "cancelled")
+
+
+def _plain(value: object) -> Any:
+    """JSON for the Mapping and tuple types the records use."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

@@ -1,0 +1,241 @@
+"""Turns llama-server's streamed ``data:`` objects into ChatEvents and one assembled answer.
+
+Pure logic, no I/O: the client feeds it the ``data`` of each server-sent event (httpx-sse
+has already skipped the ``:`` keep-alive comments) and passes the returned events to the
+sink. Anything that is not the shape llama-server sends becomes an ``InferError``
+(``PROTOCOL``), never another exception, so a broken or hostile server cannot crash a turn.
+An ``error`` object inside the stream becomes ``InferError(HTTP)`` with the status the
+server put in it (500 when it gave none), which the retry policy treats like a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
+from actors.inference.types import Completion, InferError, InferErrorKind
+from actors.records import ToolCall
+
+__all__ = ["DONE", "StreamAssembler"]
+
+DONE = "[DONE]"
+_SHOWN = 200  # characters of a bad chunk quoted in an error message
+
+
+class _Call:
+    """One tool call being assembled from its fragments."""
+
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self, id: str | None, name: str | None) -> None:
+        self.id = id
+        self.name = name
+        self.arguments: list[str] = []
+
+
+class StreamAssembler:
+    """State of one streamed answer: what arrived so far, and whether ``[DONE]`` was seen."""
+
+    __slots__ = (
+        "_calls",
+        "_content",
+        "_reasoning",
+        "answered",
+        "done",
+        "finish_reason",
+        "id",
+        "reasoning_deltas",
+        "timings",
+        "usage",
+    )
+
+    def __init__(self) -> None:
+        self.id: str | None = None  # the chatcmpl id, needed for the reasoning_end control
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, _Call] = {}
+        self.reasoning_deltas = 0
+        self.answered = False  # content or a tool call started: the answer is under way
+        self.usage: dict[str, Any] = {}
+        self.timings: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def feed(self, data: str) -> list[ChatEvent]:
+        """The events carried by one ``data:`` payload; raises InferError on a bad one."""
+        if self.done:
+            raise _protocol("data after [DONE]", data)
+        if data == DONE:
+            self.done = True
+            return []
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            raise _protocol("a stream chunk is not JSON", data) from None
+        if not isinstance(obj, dict):
+            raise _protocol("a stream chunk is not a JSON object", data)
+        try:
+            return self._chunk(obj, data)
+        except InferError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError):
+            raise _protocol("a stream chunk has an unexpected shape", data) from None
+
+    def _chunk(self, obj: dict[str, Any], data: str) -> list[ChatEvent]:
+        if "error" in obj:
+            raise _stream_error(obj["error"], data)
+        chunk_id = obj.get("id")
+        if isinstance(chunk_id, str) and self.id is None:
+            self.id = chunk_id
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        if isinstance(obj.get("timings"), dict):
+            self.timings = obj["timings"]
+        progress = obj.get("prompt_progress")
+        if progress is not None:  # its role delta is not content
+            if not isinstance(progress, dict):
+                raise _protocol("prompt_progress is not an object", data)
+            return [
+                Progress(
+                    processed=_int(progress.get("processed", 0)),
+                    total=_int(progress.get("total", 0)),
+                    cache=_int(progress.get("cache", 0)),
+                )
+            ]
+        choices = obj.get("choices")
+        if choices is None or choices == []:
+            return []  # the usage chunk, or a chunk with nothing to show
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise _protocol("choices is not a list of objects", data)
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if not isinstance(finish, str):
+                raise _protocol("finish_reason is not a string", data)
+            self.finish_reason = finish
+        delta = choice.get("delta")
+        if delta is None:
+            return []
+        if not isinstance(delta, dict):
+            raise _protocol("delta is not an object", data)
+        return self._delta(delta, data)
+
+    def _delta(self, delta: dict[str, Any], data: str) -> list[ChatEvent]:
+        events: list[ChatEvent] = []
+        reasoning = delta.get("reasoning_content")
+        if reasoning:
+            if not isinstance(reasoning, str):
+                raise _protocol("reasoning_content is not a string", data)
+            self._reasoning.append(reasoning)
+            self.reasoning_deltas += 1
+            events.append(Reasoning(reasoning))
+        content = delta.get("content")
+        if content:
+            if not isinstance(content, str):
+                raise _protocol("content is not a string", data)
+            self._content.append(content)
+            self.answered = True
+            events.append(Content(content))
+        calls = delta.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise _protocol("tool_calls is not a list", data)
+            for fragment in calls:
+                events.append(self._fragment(fragment, data))
+            self.answered = True
+        return events
+
+    def _fragment(self, fragment: Any, data: str) -> ToolCallDelta:
+        """First fragment of an index sets id and name; a later name replaces; args append."""
+        if not isinstance(fragment, dict):
+            raise _protocol("a tool-call fragment is not an object", data)
+        index = fragment.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise _protocol("a tool-call fragment has no valid index", data)
+        fn = fragment.get("function") or {}
+        if not isinstance(fn, dict):
+            raise _protocol("a tool-call fragment's function is not an object", data)
+        call_id, name, args = fragment.get("id"), fn.get("name"), fn.get("arguments")
+        if not all(v is None or isinstance(v, str) for v in (call_id, name, args)):
+            raise _protocol("a tool-call fragment has non-string fields", data)
+        call = self._calls.get(index)
+        if call is None:
+            call = self._calls[index] = _Call(call_id, name)
+        else:
+            call.id = call_id or call.id
+            call.name = name or call.name
+        if args:
+            call.arguments.append(args)
+        return ToolCallDelta(index=index, id=call_id, name=name, arguments=args or "")
+
+    def reasoning_text(self) -> str | None:
+        return "".join(self._reasoning) or None
+
+    def completion(self, *, thinking_capped: bool = False, extra_reasoning: int = 0,
+                   reasoning: str | None = None) -> Completion:
+        """The assembled answer; ``extra_reasoning``/``reasoning`` carry an abandoned stream's."""
+        calls = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if not call.name:
+                raise InferError(
+                    InferErrorKind.PROTOCOL, f"tool call #{index} ended without a name"
+                )
+            calls.append(
+                ToolCall(id=call.id or uuid.uuid4().hex, name=call.name,
+                         arguments="".join(call.arguments))
+            )
+        own = self.reasoning_text()
+        return Completion(
+            content="".join(self._content) or None,
+            reasoning=(reasoning or "") + (own or "") or None,
+            tool_calls=tuple(calls),
+            timings=self.timings,
+            usage=self.usage,
+            reasoning_tokens=extra_reasoning + self._reasoning_tokens(),
+            thinking_capped=thinking_capped,
+            finish_reason=self.finish_reason or "stop",
+        )
+
+    def _reasoning_tokens(self) -> int:
+        """The server's own count when it gives one, else the reasoning deltas seen."""
+        details = self.usage.get("completion_tokens_details")
+        if isinstance(details, Mapping):
+            n = details.get("reasoning_tokens")
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+                return n
+        return self.reasoning_deltas
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(value)
+    return value
+
+
+def _protocol(what: str, data: str) -> InferError:
+    shown = data if len(data) <= _SHOWN else data[:_SHOWN] + "..."
+    return InferError(
+        InferErrorKind.PROTOCOL,
+        f"{what}: {shown!r} (is inference.url a llama-server?)",
+        body=data[:65536],
+    )
+
+
+def _stream_error(error: Any, data: str) -> InferError:
+    """``data: {"error": ...}`` inside a 200 stream: the server failed mid-answer."""
+    message, status = str(error), 500
+    if isinstance(error, dict):
+        message = str(error.get("message") or error)
+        code = error.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+            status = code
+    return InferError(
+        InferErrorKind.HTTP,
+        f"the server failed mid-answer: {message}",
+        status=status,
+        body=data[:65536],
+    )

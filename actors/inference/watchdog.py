@@ -1,0 +1,179 @@
+"""Ends a blocked HTTP exchange at once when its turn is cancelled or its deadline passes.
+
+A cancel checked between chunks is not enough: llama-server sends nothing at all (not even
+headers) while a request waits for its slot, and keep-alive comments come only every 30 s
+during a long prompt. So the client's transport records, per thread, the socket that an
+exchange is using, and one watchdog thread per client shuts that socket down when the
+exchange's cancel token is set or its wall-clock deadline passes. ``shutdown(SHUT_RDWR)``
+wakes a ``recv`` blocked in another thread at once (``close`` does not); the reader then
+sees the connection end, and the client turns that into ``Cancelled`` or ``Timeout``.
+
+With an injected transport (tests' ``httpx.MockTransport``) there is no socket: the
+client's own checks between chunks are all there is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpcore
+import httpx
+
+from actors.inference.types import CancelToken
+
+__all__ = ["Watch", "Watchdog", "tracked_transport"]
+
+_local = threading.local()
+
+
+class Watch:
+    """One exchange under watch: its cancel token, deadline and current socket."""
+
+    __slots__ = ("_shut", "cancel", "deadline", "expired", "stream")
+
+    def __init__(self, cancel: CancelToken, deadline: float) -> None:
+        self.cancel = cancel
+        self.deadline = deadline  # time.monotonic() value
+        self.stream: _TrackedStream | None = None  # set by the transport, from this thread
+        self.expired: str | None = None  # "cancelled" | "deadline", set by the watchdog
+        self._shut: _TrackedStream | None = None
+
+    def check(self, now: float) -> None:
+        """Mark the watch expired when due, and shut the socket it is using (once each)."""
+        if self.expired is None:
+            if self.cancel.cancelled:
+                self.expired = "cancelled"
+            elif now >= self.deadline:
+                self.expired = "deadline"
+        stream = self.stream
+        if self.expired is not None and stream is not None and stream is not self._shut:
+            self._shut = stream
+            stream.shutdown()
+
+
+class _TrackedStream(httpcore.NetworkStream):
+    """A socket stream that tells the watch of the calling thread it is in use."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        watch = getattr(_local, "watch", None)
+        if watch is not None:
+            watch.stream = self
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        watch = getattr(_local, "watch", None)
+        if watch is not None:
+            watch.stream = self
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _TrackedStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+    def shutdown(self) -> None:
+        sock = self._inner.get_extra_info("socket")
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):  # already closed: nothing is blocked on it
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _TrackingBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _TrackedStream(
+            self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _TrackedStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def tracked_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    """httpx's own transport, whose sockets the watchdog can shut down."""
+    transport = httpx.HTTPTransport(limits=limits)
+    # httpx builds its httpcore pool without a way to pass a network backend; this is the
+    # pool it would build (no proxy, no TLS to a loopback server), with ours.
+    transport._pool = httpcore.ConnectionPool(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=_TrackingBackend(),
+    )
+    return transport
+
+
+class Watchdog:
+    """One daemon thread per client; it wakes every ``interval`` only while watches exist."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self._interval = interval
+        self._watches: set[Watch] = set()
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watch(self, cancel: CancelToken, deadline: float) -> Iterator[Watch]:
+        """Watch the exchanges the calling thread makes inside the block."""
+        w = Watch(cancel, deadline)
+        previous = getattr(_local, "watch", None)
+        _local.watch = w
+        with self._lock:
+            self._watches.add(w)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="loopd-inference-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+        try:
+            yield w
+        finally:
+            _local.watch = previous
+            with self._lock:
+                self._watches.discard(w)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._watches and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                watches = list(self._watches)
+            now = time.monotonic()
+            for w in watches:
+                w.check(now)
+            with self._lock:
+                self._lock.wait_for(lambda: self._closed, timeout=self._interval)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
