@@ -1,0 +1,1 @@
+"""Tests of the tool hosts and what runs their tools."""

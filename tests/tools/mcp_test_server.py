@@ -1,0 +1,129 @@
+"""A tiny MCP server for loopd's tests: tools that crash, hang, fail and return non-text.
+
+Written with the official SDK's server API (``MCPServer``) so the client side under test talks
+to a real MCP implementation. Run as ``python tests/tools/mcp_test_server.py [--record FILE]
+[--http]``: every ``notifications/cancelled`` the server receives is appended to FILE as a JSON
+line, so a test can prove that a timed-out call was cancelled on the server. ``--http`` serves
+streamable HTTP on a free loopback port and prints ``PORT <n>`` once it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import AudioContent, ImageContent, TextContent, ToolAnnotations
+
+__all__ = ["build"]
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def build(record: str | None) -> MCPServer:
+    """The server; ``record`` is the file that receives each cancellation notice."""
+    server = MCPServer("loopd-test", version="1")
+
+    async def record_cancel(
+        ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if record is not None and ctx.method == "notifications/cancelled":
+            with open(record, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"method": ctx.method, "params": ctx.params}) + "\n")
+        return await call_next(ctx)
+
+    server.middleware.append(record_cancel)
+
+    @server.tool(annotations=_READ_ONLY)
+    def echo(text: str) -> str:
+        """Answer with the text."""
+        return text
+
+    @server.tool(annotations=_READ_ONLY)
+    def pid() -> str:
+        """This server process's id."""
+        return str(os.getpid())
+
+    @server.tool(annotations=_READ_ONLY)
+    def crash() -> str:
+        """Kill this server process mid-call."""
+        os._exit(3)
+
+    @server.tool(annotations=_READ_ONLY)
+    async def hang() -> str:
+        """Never answer (cancellable: the server stays healthy)."""
+        await anyio.sleep_forever()
+        return "unreachable"
+
+    @server.tool(annotations=_READ_ONLY)
+    async def wedge() -> str:
+        """Block the server's event loop: the whole server stops answering."""
+        time.sleep(3600)
+        return "unreachable"
+
+    @server.tool(annotations=_READ_ONLY)
+    def fail() -> str:
+        """An error the tool reports (isError)."""
+        raise ToolError("the tool failed on purpose")
+
+    @server.tool(annotations=_READ_ONLY)
+    def media() -> list[TextContent | ImageContent | AudioContent]:
+        """Text, an image and an audio clip."""
+        return [
+            TextContent(text="here are the files"),
+            ImageContent(data=_b64(b"\x89PNG" + bytes(96)), mime_type="image/png"),
+            AudioContent(data=_b64(bytes(1000)), mime_type="audio/wav"),
+        ]
+
+    @server.tool()
+    def delete_all() -> str:
+        """A tool without annotations: MCP's defaults make it destructive."""
+        return "deleted"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True))
+    def web() -> str:
+        """Reads from the open world."""
+        return "text from the web"
+
+    return server
+
+
+def _serve_http(server: MCPServer) -> None:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)  # connections queue from here on, so PORT means ready
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    app = server.streamable_http_app(host="127.0.0.1")
+    config = uvicorn.Config(app, log_level="warning")
+    anyio.run(lambda: uvicorn.Server(config).serve(sockets=[sock]))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--record", help="append each notifications/cancelled here")
+    parser.add_argument("--http", action="store_true", help="serve streamable HTTP")
+    args = parser.parse_args(argv)
+    server = build(args.record)
+    if args.http:
+        _serve_http(server)
+    else:
+        server.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

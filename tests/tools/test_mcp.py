@@ -1,0 +1,405 @@
+"""MCP servers as tool hosts: the McpProvider against real MCP servers.
+
+The servers are real: ``mcp-server-time`` and ``mcp-server-git`` from PyPI, and a tiny server
+written with the SDK's own server API (tests/tools/mcp_test_server.py) for the faults a
+published server will not produce on demand (a crash mid-call, a hang, a wedged loop).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+def _need(module: str) -> Any:
+    """The module, or skip; in CI a missing extra is a failure, not a skip."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs {module} (the test extra installs it)")
+
+
+_need("mcp")
+
+import mcp_types  # noqa: E402
+
+from actors.records import ResultClass  # noqa: E402
+from actors.tools.mcp import (  # noqa: E402
+    McpError,
+    McpProvider,
+    describe_content,
+    policy,
+    tool_spec,
+)
+from actors.tools.wire import Failed, PendingApproval, Result  # noqa: E402
+
+pytestmark = pytest.mark.mcp
+
+TEST_SERVER = Path(__file__).with_name("mcp_test_server.py")
+TIME_SERVER = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
+WAIT_S = 20.0  # upper bound for things that happen "soon"; never a speed assertion
+
+
+def _wait_until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def make_provider() -> Iterator[Callable[..., McpProvider]]:
+    """Builds providers and closes every one of them, even when the test fails."""
+    made: list[McpProvider] = []
+
+    def make(*args: Any, **kwargs: Any) -> McpProvider:
+        provider = McpProvider(*args, **kwargs)
+        made.append(provider)
+        return provider
+
+    try:
+        yield make
+    finally:
+        for provider in made:
+            provider.close()
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    return tmp_path / "cancelled.jsonl"
+
+
+@pytest.fixture
+def test_server(make_provider: Callable[..., McpProvider], record: Path) -> McpProvider:
+    command = [sys.executable, str(TEST_SERVER), "--record", str(record)]
+    return make_provider(command)
+
+
+def _pid(provider: McpProvider) -> int:
+    answer = provider.run("pid", {}, 10)
+    assert isinstance(answer, Result), answer
+    return int(answer.content)
+
+
+# --- policy and mapping ---------------------------------------------------------------------
+
+_hint = st.sampled_from([None, True, False])
+
+
+@given(read_only=_hint, destructive=_hint, open_world=_hint, absent=st.booleans())
+def test_annotations_only_choose_the_stricter_side(
+    read_only: bool | None, destructive: bool | None, open_world: bool | None, absent: bool
+) -> None:
+    annotations = None if absent else mcp_types.ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=destructive, open_world_hint=open_world
+    )
+    needs_approval, untrusted = policy(annotations)
+    if not needs_approval:  # only an explicit, consistent read-only claim skips approval
+        assert not absent and read_only is True and destructive is not True
+    if not untrusted:  # only an explicit closed-world claim makes results trusted
+        assert not absent and open_world is False
+    if absent:
+        assert (needs_approval, untrusted) == (True, True)
+
+
+def test_policy_table() -> None:
+    A = mcp_types.ToolAnnotations
+    assert policy(A(read_only_hint=True, open_world_hint=False)) == (False, False)
+    assert policy(A(read_only_hint=True, destructive_hint=True)) == (True, True)
+    assert policy(A(read_only_hint=False, destructive_hint=False)) == (True, True)  # additive
+    assert policy(A(destructive_hint=False)) == (True, True)  # readOnly defaults to false
+    assert policy(A(read_only_hint=True)) == (False, True)  # openWorld defaults to true
+
+
+def test_tool_spec_carries_name_description_schema_and_policy() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    tool = mcp_types.Tool(
+        name="t",
+        description="does t",
+        input_schema=schema,
+        annotations=mcp_types.ToolAnnotations(read_only_hint=True, open_world_hint=True),
+    )
+    spec = tool_spec(tool)
+    assert (spec.name, spec.description, dict(spec.parameters)) == ("t", "does t", schema)
+    assert (spec.needs_approval, spec.untrusted, spec.result_class) == (
+        False, True, ResultClass.PUBLIC,
+    )
+    bare = tool_spec(mcp_types.Tool(name="u", input_schema={"type": "object"}))
+    assert bare.description and bare.needs_approval and bare.untrusted
+
+
+@given(data=st.binary(max_size=3000), kind=st.sampled_from(["image", "audio"]))
+def test_binary_content_is_described_with_kind_type_and_size(data: bytes, kind: str) -> None:
+    cls = mcp_types.ImageContent if kind == "image" else mcp_types.AudioContent
+    block = cls(data=base64.b64encode(data).decode(), mime_type=f"{kind}/x-test")
+    assert describe_content(block) == f"[{kind}: {kind}/x-test, {len(data):,} bytes; not shown]"
+
+
+def test_resources_are_described_and_text_resources_kept() -> None:
+    link = mcp_types.ResourceLink(uri="file:///a.txt", name="a", mime_type="text/plain", size=12)
+    assert describe_content(link) == "[resource link: file:///a.txt (a, text/plain, 12 bytes)]"
+    text = mcp_types.EmbeddedResource(
+        resource=mcp_types.TextResourceContents(uri="file:///b", mime_type="text/x", text="body")
+    )
+    assert describe_content(text) == "[resource file:///b (text/x)]\nbody"
+    blob = mcp_types.BlobResourceContents(uri="file:///c", blob=base64.b64encode(b"abcd").decode())
+    assert describe_content(mcp_types.EmbeddedResource(resource=blob)) == (
+        "[resource file:///c: type unknown, 4 bytes of binary data; not shown]"
+    )
+
+
+def test_bad_construction_says_what_to_fix(make_provider: Callable[..., McpProvider]) -> None:
+    with pytest.raises(ValueError, match="exactly one of command"):
+        McpProvider()
+    with pytest.raises(ValueError, match="exactly one of command"):
+        McpProvider(["x"], url="http://127.0.0.1:1/mcp")
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        McpProvider([])
+    with pytest.raises(ValueError, match="http:// or https://"):
+        McpProvider(url="ftp://example/mcp")
+    with pytest.raises(McpError, match=r"could not be started.*\[\[tools.hosts\]\]"):
+        make_provider(["/nonexistent/mcp-server"])
+
+
+def test_a_server_that_exits_at_start_is_an_error(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    with pytest.raises(McpError, match="did not start"):
+        make_provider([sys.executable, "-c", "import sys; sys.exit(2)"])
+
+
+def test_a_server_that_never_answers_times_out_and_is_stopped(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(McpError, match="did not finish the MCP handshake within 1 s"):
+        make_provider([sys.executable, "-c", "import time; time.sleep(600)"], connect_timeout_s=1)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert all(_gone(p.pid) for p in left), left
+
+
+# --- a real server from PyPI: mcp-server-time ------------------------------------------------
+
+
+def test_time_server_lists_its_tools_and_answers(make_provider: Callable[..., McpProvider]) -> None:
+    _need("mcp_server_time")
+    provider = make_provider(TIME_SERVER)
+    specs = {s.name: s for s in provider.specs()}
+    assert {"get_current_time", "convert_time"} <= set(specs)
+    spec = specs["get_current_time"]
+    assert spec.parameters["properties"]["timezone"]["type"] == "string"
+    assert not spec.needs_approval and not spec.untrusted  # it says read-only, closed-world
+
+    answer = provider.run("get_current_time", {"timezone": "Asia/Tokyo"}, 10)
+    assert isinstance(answer, Result), answer
+    assert json.loads(answer.content)["timezone"] == "Asia/Tokyo"
+
+    bad = provider.run("get_current_time", {"timezone": "Nowhere/Atlantis"}, 10)
+    assert isinstance(bad, Failed) and "Nowhere/Atlantis" in bad.message  # isError -> Failed
+
+
+# --- a real server from PyPI: mcp-server-git --------------------------------------------------
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "notes.txt").write_text("hello\n")
+    subprocess.run([*git, "add", "notes.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first commit from the test"], check=True)
+    return repo
+
+
+def _status(repo: Path) -> str:
+    git = ["git", "-C", str(repo), "status", "--porcelain"]
+    return subprocess.run(git, capture_output=True, text=True, check=True).stdout
+
+
+def test_git_server_reads_and_config_alone_allows_writes(
+    make_provider: Callable[..., McpProvider], repo: Path
+) -> None:
+    _need("mcp_server_git")
+    command = [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
+    provider = make_provider(command)
+    specs = {s.name: s for s in provider.specs()}
+    assert not specs["git_log"].needs_approval
+    assert specs["git_add"].needs_approval  # additive write: destructiveHint false, not read-only
+
+    log = provider.run("git_log", {"repo_path": str(repo)}, 20)
+    assert isinstance(log, Result), log
+    assert "first commit from the test" in log.content
+
+    (repo / "new.txt").write_text("new\n")
+    asked = provider.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20)
+    assert isinstance(asked, PendingApproval), asked
+    assert "git_add" in asked.prompt and "tools.allow" in asked.prompt
+    assert "?? new.txt" in _status(repo)  # nothing ran
+
+    allowed = make_provider(command, allow=["git_add"])
+    added = allowed.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20)
+    assert isinstance(added, Result), added
+    assert "A  new.txt" in _status(repo)
+
+
+# --- faults, with the tiny SDK server ---------------------------------------------------------
+
+
+def test_content_mapping_through_a_real_server(test_server: McpProvider) -> None:
+    media = test_server.run("media", {}, 10)
+    assert isinstance(media, Result), media
+    assert media.content.splitlines() == [
+        "here are the files",
+        "[image: image/png, 100 bytes; not shown]",
+        "[audio: audio/wav, 1,000 bytes; not shown]",
+    ]
+    failed = test_server.run("fail", {}, 10)
+    assert isinstance(failed, Failed) and "the tool failed on purpose" in failed.message
+    unknown = test_server.run("no_such_tool", {}, 10)
+    assert isinstance(unknown, Failed) and "no tool named 'no_such_tool'" in unknown.message
+
+
+def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    command = [sys.executable, str(TEST_SERVER)]
+    strict = make_provider(command)
+    assert isinstance(strict.run("delete_all", {}, 10), PendingApproval)
+    assert strict.run("echo", {"text": "x"}, 10) == Result(content="x", untrusted=False)
+    web = strict.run("web", {}, 10)
+    assert isinstance(web, Result) and web.untrusted  # openWorldHint: true
+
+    allowing = make_provider(command, allow=["delete_all"])
+    deleted = allowing.run("delete_all", {}, 10)
+    assert deleted == Result(content="deleted", untrusted=True)  # no openWorldHint: untrusted
+
+
+def test_a_crash_mid_call_fails_the_call_and_the_next_call_restarts(
+    test_server: McpProvider,
+) -> None:
+    first = _pid(test_server)
+    crashed = test_server.run("crash", {}, 10)
+    assert isinstance(crashed, Failed), crashed
+    assert "exited or closed the connection during the call to crash" in crashed.message
+    assert "restarted for the next call" in crashed.message
+    second = _pid(test_server)
+    assert second != first
+    _wait_until(lambda: _gone(first), "the crashed server to be reaped")
+    assert test_server.run("echo", {"text": "again"}, 10) == Result(content="again")
+
+
+def test_a_server_killed_between_calls_is_replaced_before_the_next_call(
+    test_server: McpProvider,
+) -> None:
+    first = _pid(test_server)
+    os.kill(first, signal.SIGKILL)
+    _wait_until(lambda: not test_server.connected, "the provider to see the server gone")
+    assert test_server.run("echo", {"text": "fresh"}, 10) == Result(content="fresh")
+    assert _pid(test_server) != first
+
+
+def test_a_timed_out_call_is_cancelled_on_the_server(
+    test_server: McpProvider, record: Path
+) -> None:
+    first = _pid(test_server)
+    answer = test_server.run("hang", {}, 1.0)
+    assert isinstance(answer, Failed), answer
+    assert "did not answer within 1 s" in answer.message and "cancelled" in answer.message
+    _wait_until(record.exists, "the server to record notifications/cancelled")
+    notes = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [n["method"] for n in notes] == ["notifications/cancelled"]
+    assert isinstance(notes[0]["params"]["requestId"], int)
+    # The server itself was healthy (it answered the probe): same process, still working.
+    assert _pid(test_server) == first
+
+
+def test_a_wedged_server_is_replaced_after_the_timeout(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    provider = make_provider([sys.executable, str(TEST_SERVER)], probe_timeout_s=1.0)
+    first = _pid(provider)
+    answer = provider.run("wedge", {}, 1.0)
+    assert isinstance(answer, Failed) and "did not answer within 1 s" in answer.message
+    second = _pid(provider)  # waits for the probe, which fails, then starts a new server
+    assert second != first
+    _wait_until(lambda: _gone(first), "the wedged server to be stopped")
+
+
+def test_concurrent_calls_each_get_their_own_answer(test_server: McpProvider) -> None:
+    answers: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        answers[i] = test_server.run("echo", {"text": f"call {i}"}, 20)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=WAIT_S)
+    assert answers == {i: Result(content=f"call {i}") for i in range(8)}
+
+
+def test_close_stops_the_server_and_later_calls_fail(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    provider = make_provider([sys.executable, str(TEST_SERVER)])
+    pid = _pid(provider)
+    provider.close()
+    assert _gone(pid)
+    assert pid not in {p.pid for p in psutil.Process().children(recursive=True) if not _gone(p.pid)}
+    after = provider.run("echo", {"text": "x"}, 5)
+    assert isinstance(after, Failed) and "closed" in after.message
+    provider.close()  # twice is fine
+
+
+# --- streamable HTTP --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(TEST_SERVER), "--http"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("PORT "), f"the HTTP test server did not start: {line!r}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+    finally:
+        proc.kill()
+        proc.wait(timeout=WAIT_S)
+
+
+def test_a_streamable_http_server(
+    make_provider: Callable[..., McpProvider], http_server: str
+) -> None:
+    provider = make_provider(url=http_server)
+    assert "echo" in {s.name for s in provider.specs()}
+    assert provider.run("echo", {"text": "over http"}, 10) == Result(content="over http")
+    hung = provider.run("hang", {}, 1.0)
+    assert isinstance(hung, Failed) and "did not answer within 1 s" in hung.message
+    assert provider.run("echo", {"text": "still there"}, 10) == Result(content="still there")
