@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,9 +129,12 @@ def test_list_sessions(config: Config) -> None:
 
 def test_stop_after_failure_closes_the_log(config: Config) -> None:
     """on_failure (a failing tell) releases the lock like on_stop does."""
+    before = set(threading.enumerate())
     proxy = open_session(config, "gamma", BASE)
-    ref = proxy.actor_ref
+    (thread,) = [t for t in threading.enumerate() if t not in before]
     proxy.append.defer("not a record")  # pykka: a tell that raises kills the actor
-    assert ref.actor_stopped.wait(WAIT)
+    # pykka marks the actor stopped before on_failure runs: wait for its thread to end
+    thread.join(WAIT)
+    assert not thread.is_alive()
     log, _ = SessionLog.open(config.log_dir / "gamma" / "log.bin")
     log.close()
