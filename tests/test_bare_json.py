@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.inference.bare_json import parse_bare_tool_call
+from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
 
 KNOWN = ("find_tool", "call_tool", "read_file")
 
@@ -109,6 +109,19 @@ def test_call_tool_wrapping_another_tool() -> None:
     assert call is not None
     assert call[0] == "call_tool"
     assert json.loads(call[1]) == {"name": "list_dir", "arguments": {"path": "."}}
+
+
+def test_a_found_tool_called_by_its_own_name_goes_through_call_tool() -> None:
+    content = '```json\n{"name": "list_dir", "arguments": {"path": "/workspace"}}\n```'
+    call = parse_bare_tool_call(content, (*KNOWN, "list_dir"))  # as the real model wrote it
+    assert call == ("list_dir", '{"path": "/workspace"}')
+    name, arguments = via_call_tool(*call)
+    assert name == "call_tool"
+    assert json.loads(arguments) == {"name": "list_dir", "arguments": {"path": "/workspace"}}
+    assert parse_bare_tool_call(json.dumps({"name": name, "arguments": arguments}), KNOWN) == (
+        name,
+        arguments,
+    )
 
 
 @pytest.mark.parametrize(

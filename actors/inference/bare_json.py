@@ -19,7 +19,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["parse_bare_tool_call"]
+__all__ = ["parse_bare_tool_call", "via_call_tool"]
 
 _FENCE = re.compile(r"\A```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL | re.IGNORECASE)
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -57,6 +57,18 @@ def parse_bare_tool_call(content: str | None, known: Collection[str]) -> tuple[s
     return name, json.dumps(arguments, ensure_ascii=False)
 
 
+def via_call_tool(name: str, arguments_json: str) -> tuple[str, str]:
+    """The same call routed through ``call_tool``.
+
+    After ``find_tool`` a small model tends to call the found tool by its own name, which
+    the server does not offer directly. Pass the registry's names in ``known`` as well and
+    route a call whose name is not a baseline tool through this.
+    """
+    return "call_tool", json.dumps(
+        {"name": name, "arguments": json.loads(arguments_json)}, ensure_ascii=False
+    )
+
+
 def _call_tool_arguments(arguments: dict[str, Any]) -> dict[str, Any] | None:
     """call_tool's own arguments: ``name`` (a string) and ``arguments`` (an object)."""
     inner_name = arguments.get("name")
@@ -86,4 +98,3 @@ def _loads(text: str) -> Any:
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
-
