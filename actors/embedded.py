@@ -351,7 +351,8 @@ class EmbeddedServer:
         ``binary`` and ``model`` default to the embedded extra's (assembling the model the
         first time). ``embedded.startup_timeout_s`` bounds the wait for the server, not the
         one-off assembly. With ``embedded.port = 0`` a free port is picked, and picked again
-        if another process took it first.
+        if another process took it first. A server that crashes while starting is started
+        once more with ``--no-repack`` (see below). Stop it with :meth:`stop` or ``with``.
         """
         data_dir = Path(config.embedded.data_dir).expanduser()
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -382,8 +383,13 @@ class EmbeddedServer:
                     marker.set()
                     _progress(on_progress, f"llama-server {e.how}; retrying with --no-repack")
                     continue
+                hint = (
+                    f"port {port} is in use: set embedded.port to a free port, or 0 to pick one. "
+                    if e.port_taken
+                    else ""
+                )
                 raise EmbeddedError(
-                    f"llama-server {e.how} while starting; the end of its log "
+                    f"{hint}llama-server {e.how} while starting; the end of its log "
                     f"({server.log_path}):\n{e.tail}"
                 ) from None
             except BaseException:
@@ -501,7 +507,11 @@ class _EarlyExit(Exception):
     @property
     def how(self) -> str:
         if self.returncode < 0:
-            return f"was killed by {signal.Signals(-self.returncode).name}"
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"was killed by {name}"
         return f"exited with status {self.returncode}"
 
 
