@@ -65,6 +65,7 @@ FSYNC_POLICIES = ("always", "turn", "never")
 
 _FRAME = struct.Struct("<II")
 _fdatasync = getattr(os, "fdatasync", os.fsync)
+_MAP_STARTS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # msgpack fixmap, map16, map32
 
 
 class SessionError(Exception):
@@ -261,20 +262,26 @@ def _open_locked(path: Path, name: str, baseline: Baseline | None) -> tuple[int,
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
     created = False
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        if baseline is None:
-            raise SessionError(
-                f"session {name} does not exist ({path}); give a baseline to create it"
-            ) from None
-        made = _mkdirs(path.parent)
         try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            created = True
-        except FileExistsError:  # created by someone else just now: open theirs
             fd = os.open(path, flags)
-        for d in {path.parent, *(m.parent for m in made)}:
-            _fsync_dir(d)
+        except FileNotFoundError:
+            if baseline is None:
+                raise SessionError(
+                    f"session {name} does not exist ({path}); give a baseline to create it"
+                ) from None
+            made = _mkdirs(path.parent)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                created = True
+            except FileExistsError:  # created by someone else just now: open theirs
+                fd = os.open(path, flags)
+            for d in {path.parent, *(m.parent for m in made)}:
+                _fsync_dir(d)
+    except OSError as e:
+        raise SessionError(
+            f"session {name}: cannot open {path}: {e.strerror or e}; check that the log "
+            f"directory (log.dir) is writable"
+        ) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -436,7 +443,13 @@ def _next_valid_frame(data: bytes, start: int) -> int | None:
     unpack = _FRAME.unpack_from
     for q in range(start, n - 8):
         length, crc = unpack(data, q)
-        if 0 < length <= n - q - 8 and zlib.crc32(view[q + 8 : q + 8 + length]) == crc:
+        # Every record is a msgpack map: checking its first byte before the CRC keeps this
+        # scan cheap over a large torn record whose bytes look like small lengths.
+        if (
+            0 < length <= n - q - 8
+            and (data[q + 8] in _MAP_STARTS)
+            and zlib.crc32(view[q + 8 : q + 8 + length]) == crc
+        ):
             return q
     return None
 

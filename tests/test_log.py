@@ -508,3 +508,22 @@ def test_read_records_refuses_missing_and_corrupt(log_path: Path) -> None:
     log_path.write_bytes(HEADER)
     with pytest.raises(SessionError, match="no baseline record"):
         read_records(log_path)
+
+
+def test_unwritable_log_dir_is_a_session_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(SessionError, match=r"session s: cannot open .*log\.dir"):
+        SessionLog.open(blocker / "s" / "log.bin", baseline=baseline())
+
+
+def test_scan_for_a_later_frame_is_not_fooled_by_length_like_bytes(log_path: Path) -> None:
+    """A torn record full of bytes that read as small lengths is still a torn tail."""
+    records = every_kind()
+    data = write_log(log_path, records)
+    torn = frame(User(content="\0\1\0\0" * 5000))[:-3]
+    log_path.write_bytes(data + torn)
+    log, report = SessionLog.open(log_path)
+    with log:
+        assert log.records == tuple(records)
+        assert report.cut_bytes == len(torn)
