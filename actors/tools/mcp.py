@@ -32,6 +32,7 @@ import json
 import logging
 import shlex
 import threading
+import time
 from collections.abc import AsyncIterator, Collection, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -62,6 +63,7 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
+_CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
@@ -290,6 +292,12 @@ class McpProvider:
         return list(self._specs)
 
     def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer:
+        return self.run_cancellable(tool, arguments, timeout_s, threading.Event())
+
+    def run_cancellable(
+        self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
+    ) -> Answer:
+        """``run``, given up early when ``cancel`` is set (the server is told, as on a timeout)."""
         spec = self._by_name.get(tool)
         if spec is None:
             return Failed(message=f"MCP server {self.label} has no tool named {tool!r}")
@@ -300,15 +308,21 @@ class McpProvider:
         # Answer a little before the host gives up, so the message is ours and precise.
         own_s = max(0.001, timeout_s - min(0.5, timeout_s * 0.1))
         future = self._submit(self._call(tool, dict(arguments), own_s, timeout_s))
-        try:
-            answer: Answer = future.result(timeout=timeout_s)
-            return answer
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # the SDK sends notifications/cancelled on the way out
-            return Failed(message=self._timeout_message(tool, timeout_s))
-        except Exception as e:  # a bug on our side must still answer the call
-            log.exception("MCP call %s on %s failed", tool, self.label)
-            return Failed(message=f"MCP call {tool} on {self.label} failed: {e!r}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                answer: Answer = future.result(timeout=_CANCEL_POLL_S)
+                return answer
+            except concurrent.futures.TimeoutError:
+                if cancel.is_set():
+                    future.cancel()  # the SDK sends notifications/cancelled on the way out
+                    return Failed(message=f"the call to {tool} was cancelled")
+                if time.monotonic() >= deadline:
+                    future.cancel()
+                    return Failed(message=self._timeout_message(tool, timeout_s))
+            except Exception as e:  # a bug on our side must still answer the call
+                log.exception("MCP call %s on %s failed", tool, self.label)
+                return Failed(message=f"MCP call {tool} on {self.label} failed: {e!r}")
 
     def close(self) -> None:
         """Stop the server (the whole process tree, for a command) and the loop thread."""
@@ -365,6 +379,7 @@ class McpProvider:
         self._count += 1
         conn = _Connection(self._count)
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(_retrieved)  # nobody may be waiting any more
         conn.task = asyncio.create_task(self._hold(conn, ready))
         try:
             conn.client = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
@@ -402,7 +417,10 @@ class McpProvider:
                 await conn.stop.wait()
         except BaseException as e:
             if not ready.done():
-                ready.set_exception(e if isinstance(e, Exception) else McpError(repr(e)))
+                if isinstance(e, Exception):
+                    ready.set_exception(e)
+                else:
+                    ready.cancel()
             elif not isinstance(e, asyncio.CancelledError):
                 log.info("MCP server %s connection %d ended: %r", self.label, conn.number, e)
             if isinstance(e, asyncio.CancelledError):
@@ -532,6 +550,11 @@ class McpProvider:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _reason(e: BaseException) -> str:

@@ -2,9 +2,10 @@
 
 Written with the official SDK's server API (``MCPServer``) so the client side under test talks
 to a real MCP implementation. Run as ``python tests/tools/mcp_test_server.py [--record FILE]
-[--http]``: every ``notifications/cancelled`` the server receives is appended to FILE as a JSON
-line, so a test can prove that a timed-out call was cancelled on the server. ``--http`` serves
-streamable HTTP on a free loopback port and prints ``PORT <n>`` once it listens.
+[--http]``. Every ``notifications/cancelled`` the server receives, and the start of each
+``hang`` call, is appended to FILE as a JSON line, so a test can prove that a call was
+cancelled on the server. ``--http`` serves streamable HTTP on a free loopback port and
+prints ``PORT <n>`` once it listens.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ def build(record: str | None) -> MCPServer:
     """The server; ``record`` is the file that receives each cancellation notice."""
     server = MCPServer("loopd-test", version="1")
 
+    def note(entry: dict[str, Any]) -> None:
+        if record is not None:
+            with open(record, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+
     async def record_cancel(
         ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        if record is not None and ctx.method == "notifications/cancelled":
-            with open(record, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"method": ctx.method, "params": ctx.params}) + "\n")
+        if ctx.method == "notifications/cancelled":
+            note({"method": ctx.method, "params": ctx.params})
         return await call_next(ctx)
 
     server.middleware.append(record_cancel)
@@ -65,6 +70,7 @@ def build(record: str | None) -> MCPServer:
     @server.tool(annotations=_READ_ONLY)
     async def hang() -> str:
         """Never answer (cancellable: the server stays healthy)."""
+        note({"method": "started", "tool": "hang"})
         await anyio.sleep_forever()
         return "unreachable"
 

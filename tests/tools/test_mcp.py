@@ -97,6 +97,14 @@ def test_server(make_provider: Callable[..., McpProvider], record: Path) -> McpP
     return make_provider(command)
 
 
+def _notes(record: Path) -> list[dict[str, Any]]:
+    """What the test server recorded; a line still being written is not counted yet."""
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines(keepends=True)
+            if line.endswith("\n")]
+
+
 def _pid(provider: McpProvider) -> int:
     answer = provider.run("pid", {}, 10)
     assert isinstance(answer, Result), answer
@@ -329,10 +337,10 @@ def test_a_timed_out_call_is_cancelled_on_the_server(
     answer = test_server.run("hang", {}, 1.0)
     assert isinstance(answer, Failed), answer
     assert "did not answer within 1 s" in answer.message and "cancelled" in answer.message
-    _wait_until(record.exists, "the server to record notifications/cancelled")
-    notes = [json.loads(line) for line in record.read_text().splitlines()]
-    assert [n["method"] for n in notes] == ["notifications/cancelled"]
-    assert isinstance(notes[0]["params"]["requestId"], int)
+    _wait_until(lambda: len(_notes(record)) == 2, "the server to record notifications/cancelled")
+    notes = _notes(record)
+    assert [n["method"] for n in notes] == ["started", "notifications/cancelled"]
+    assert isinstance(notes[1]["params"]["requestId"], int)
     # The server itself was healthy (it answered the probe): same process, still working.
     assert _pid(test_server) == first
 
@@ -381,17 +389,16 @@ def test_close_stops_the_server_and_later_calls_fail(
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(TEST_SERVER), "--http"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), f"the HTTP test server did not start: {line!r}"
-        yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
-    finally:
-        proc.kill()
-        proc.wait(timeout=WAIT_S)
+    command = [sys.executable, str(TEST_SERVER), "--http"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("PORT "), f"the HTTP test server did not start: {line!r}"
+            yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        finally:
+            proc.kill()
+            proc.wait(timeout=WAIT_S)
 
 
 def test_a_streamable_http_server(
@@ -403,3 +410,23 @@ def test_a_streamable_http_server(
     hung = provider.run("hang", {}, 1.0)
     assert isinstance(hung, Failed) and "did not answer within 1 s" in hung.message
     assert provider.run("echo", {"text": "still there"}, 10) == Result(content="still there")
+
+
+def test_a_cancelled_call_is_cancelled_on_the_server(
+    test_server: McpProvider, record: Path
+) -> None:
+    cancel = threading.Event()
+    answers: list[Any] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(test_server.run_cancellable("hang", {}, 60, cancel))
+    )
+    caller.start()
+    try:
+        _wait_until(lambda: len(_notes(record)) == 1, "the hang tool to start on the server")
+    finally:
+        cancel.set()
+        caller.join(timeout=WAIT_S)
+    assert len(answers) == 1 and isinstance(answers[0], Failed), answers
+    assert "cancelled" in answers[0].message
+    _wait_until(lambda: len(_notes(record)) == 2, "the server to record notifications/cancelled")
+    assert [n["method"] for n in _notes(record)] == ["started", "notifications/cancelled"]
