@@ -278,7 +278,7 @@ def decode(payload: bytes) -> Record:
             values[attr] = check(body[wire])
         except TypeError as e:
             raise RecordError(f"{kind}.{wire}: {e}") from None
-    record: Record = _BY_KIND[kind](**values)
+    record: Record = _BY_KIND[str(kind)](**values)
     return record
 
 
