@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--workspace", help="root of the file tools (overrides tools.workspace)")
     common.add_argument("--log-dir", help="where sessions live (overrides log.dir)")
 
-    p = argparse.ArgumentParser(prog="loopd", description=__doc__.splitlines()[0] if __doc__ else "")
+    p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
     sub = p.add_subparsers(dest="command", required=True)
     chat = sub.add_parser("chat", parents=[common], help="talk with the model, turn by turn")
     chat.add_argument("--session", default="default", help="session name (default: default)")

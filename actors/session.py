@@ -11,12 +11,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import pykka
 
 from actors.config import Config
 from actors.log import OpenReport, SessionError, SessionLog
 from actors.records import Baseline, Record
+
+if TYPE_CHECKING:
+    from actors.events import Sink
+    from actors.inference.types import CancelToken
+    from actors.turn import Runtime, TurnOutcome
 
 __all__ = ["SessionActor", "check_name", "list_sessions", "open_session"]
 
@@ -100,6 +106,14 @@ class SessionActor(pykka.ThreadingActor):
 
     def next_call(self) -> int:
         return self._open_log().next_call()
+
+    def turn(
+        self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None
+    ) -> TurnOutcome:
+        """Run one turn (actors.turn.run_turn) in this actor: only it writes the log."""
+        from actors.turn import run_turn
+
+        return run_turn(self._open_log(), runtime, content, sink, cancel)
 
 
 def open_session(

@@ -15,8 +15,9 @@ The five limits and where each is decided here:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.config import Config
@@ -30,8 +31,8 @@ from actors.inference.types import (
     InferErrorKind,
     is_context_full,
 )
-from actors.log import SessionError, SessionLog
 from actors.limits import Repeats, cache_outcome, cap_result
+from actors.log import SessionError, SessionLog
 from actors.records import Assistant, ResultClass, ToolCall, ToolResult, Usage, User
 from actors.render import messages
 from actors.tools import wire
@@ -146,10 +147,8 @@ def run_turn(
         raise Session(e) from e
     finally:
         if runtime.config.log.fsync == "turn":
-            try:
+            with contextlib.suppress(SessionError):  # the failed append already said so
                 log.sync()
-            except SessionError:
-                pass  # already reported by the append that broke the log
 
 
 class _Turn:
