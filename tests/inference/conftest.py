@@ -1,0 +1,81 @@
+"""Fixtures for the inference tests: a fake llama-server and a client, both always closed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.config import InferenceConfig
+from actors.events import Event
+from actors.inference.client import LlamaClient
+from actors.inference.types import CancelToken, ChatRequest, Completion
+from tests.support.fake_llama import FakeLlama, Reply
+
+# Real llama-server recordings: ../shared/fixtures/http beside the repository.
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "http"
+
+USER = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi?"})
+
+
+def config(url: str, **changes: Any) -> InferenceConfig:
+    """Small timeouts and backoff, so failure paths stay fast."""
+    base: dict[str, Any] = dict(
+        url=url, retries=3, backoff_s=0.001, timeout_s=30.0, read_timeout_s=10.0,
+        connect_timeout_s=5.0,
+    )
+    return InferenceConfig(**{**base, **changes})
+
+
+def request(**changes: Any) -> ChatRequest:
+    base: dict[str, Any] = dict(slot=0, messages=USER, tools=())
+    return ChatRequest(**{**base, **changes})
+
+
+class Rig:
+    """A fake server, a client to it, and the events the last call emitted."""
+
+    def __init__(self, fake: FakeLlama, client: LlamaClient) -> None:
+        self.fake = fake
+        self.client = client
+        self.events: list[Event] = []
+        self.cancel = CancelToken()
+
+    def chat(self, req: ChatRequest | None = None, *, retry: bool = True,
+             sink: Callable[[Event], None] | None = None) -> Completion:
+        self.events = []
+
+        def record(event: Event) -> None:
+            self.events.append(event)
+            if sink is not None:
+                sink(event)
+
+        call = self.client.chat_with_retry if retry else self.client.chat
+        return call(req or request(), record, self.cancel)
+
+    def kinds(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+
+@pytest.fixture
+def rig() -> Iterator[Callable[..., Rig]]:
+    made: list[Rig] = []
+
+    def make(script: Sequence[Reply] | Callable[[dict[str, Any]], Reply], **changes: Any) -> Rig:
+        fake = FakeLlama(script).start()
+        try:
+            client = LlamaClient(config(fake.url, **changes))
+        except BaseException:
+            fake.close()
+            raise
+        made.append(Rig(fake, client))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for r in made:
+            r.client.close()
+            r.fake.close()

@@ -1,0 +1,757 @@
+"""A fake llama-server on loopback: replays recordings and scripted scenarios over real HTTP.
+
+Tests use it in a thread (``with FakeLlama(script) as fake: ... fake.url``); benchmarks run
+it in its own process (``python -m tests.support.fake_llama --port 0 --replay FILE
+--cycle`` prints its URL), since a server thread in the bench process would share its GIL.
+
+``script`` is a list of :class:`Reply`, served in order, one per chat request (one more
+request gets a 500 "script exhausted"), or a callable ``body -> Reply``. Streams are sent
+like llama-server sends them: HTTP/1.1, chunked, one ``data:`` event per chunk, the role
+delta on progress chunks, usage and timings at the end, ``[DONE]``.
+
+:func:`answer` also behaves like the server where loopd depends on it: a per-slot prompt
+cache (prompt tokens = rendered prompt length // 4; ``cache_n`` = common prefix with the
+slot's previous prompt plus what was generated for it, // 4), ``max_tokens`` (finish
+"length"), ``enable_thinking: false`` (no reasoning), ``reasoning_budget_tokens`` (reasoning
+cut after that many deltas, unless the reply says ``honor_budget=False``) and the
+``reasoning_end`` control (``control="honor" | "ignore" | "missing"``). A reply that does
+not honour the budget, on a request with ``reasoning_control``, waits (up to 5 s) after
+the first delta past the budget for the client's control call, so the race is settled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import random
+import select
+import signal
+import socket
+import string
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+from actors.inference import recording
+
+__all__ = [
+    "Conn",
+    "FakeLlama",
+    "Reply",
+    "after",
+    "answer",
+    "close_without_response",
+    "context_full",
+    "cut_stream",
+    "hang",
+    "http_error",
+    "malformed",
+    "not_json",
+    "render_prompt",
+    "replay",
+    "stream_error",
+    "trickle",
+]
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+CONTROL_PATH = "/v1/chat/completions/control"
+CONTROL_WAIT_S = 5.0
+_POLL_S = 0.02
+
+Control = Literal["honor", "ignore", "missing"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One scripted answer: ``serve`` writes the whole HTTP response to the connection."""
+
+    name: str
+    serve: Callable[[Conn], None]
+    honor_budget: bool = True
+    control: Control = "honor"
+
+
+# --- the connection a reply writes to ------------------------------------------------------
+
+
+class _Stream:
+    """A running answer the control endpoint can reach by its chatcmpl id."""
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.reasoning_end = threading.Event()
+
+
+class Conn:
+    """What a Reply gets: the request body and ways to answer like llama-server."""
+
+    def __init__(self, handler: _Handler, body: dict[str, Any], fake: FakeLlama) -> None:
+        self._handler = handler
+        self.body = body
+        self.fake = fake
+
+    @property
+    def stopping(self) -> bool:
+        return self.fake.stopping.is_set()
+
+    def head(self, status: int, content_type: str, *, length: int | None = None) -> None:
+        h = self._handler
+        h.send_response(status)
+        h.send_header("Content-Type", content_type)
+        if length is None:
+            h.send_header("Transfer-Encoding", "chunked")
+        else:
+            h.send_header("Content-Length", str(length))
+        h.end_headers()
+
+    def chunk(self, data: bytes) -> None:
+        if data:
+            self._handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end(self) -> None:
+        self._handler.wfile.write(b"0\r\n\r\n")
+
+    def event(self, obj: Any) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+        self.chunk(b"data: " + data.encode() + b"\n\n")
+
+    def json(self, status: int, obj: Any) -> None:
+        data = (obj if isinstance(obj, str) else json.dumps(obj)).encode()
+        kind = "application/json; charset=utf-8" if not isinstance(obj, str) else "text/plain"
+        self.head(status, kind, length=len(data))
+        self._handler.wfile.write(data)
+
+    def abort(self) -> None:
+        """Close the connection at once, mid-whatever (no terminating chunk)."""
+        self._handler.close_connection = True
+        with contextlib.suppress(OSError):
+            self._handler.connection.shutdown(socket.SHUT_RDWR)
+
+    def client_gone(self, wait: float = 0.0) -> bool:
+        """True when the client closed its side (checked for up to ``wait`` seconds)."""
+        sock = self._handler.connection
+        try:
+            readable, _, _ = select.select([sock], [], [], wait)
+            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def wait_until_gone(self) -> None:
+        while not self.stopping and not self.client_gone(_POLL_S):
+            pass
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.fake._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            super().finish()
+        self.server.fake._track(self.connection, add=False)
+
+    def do_GET(self) -> None:
+        conn = Conn(self, {}, self.server.fake)
+        if self.path in ("/health", "/v1/health"):
+            conn.json(200, {"status": "ok"})
+        else:
+            conn.json(404, _error(404, "File Not Found", "not_found_error"))
+
+    def do_POST(self) -> None:
+        fake = self.server.fake
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            err = _error(400, f"bad JSON body: {e}", "invalid_request_error")
+            Conn(self, {}, fake).json(400, err)
+            return
+        conn = Conn(self, body, fake)
+        try:
+            if self.path in CHAT_PATHS:
+                fake._chat(conn, dict(self.headers))
+            elif self.path == CONTROL_PATH:
+                fake._control(conn)
+            else:
+                conn.json(404, _error(404, "File Not Found", "not_found_error"))
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self.close_connection = True  # the client went away mid-answer: fine
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], fake: FakeLlama) -> None:
+        self.fake = fake
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away (reset, broken pipe): normal for these tests
+        super().handle_error(request, client_address)
+
+
+class FakeLlama:
+    """A llama-server stand-in on 127.0.0.1; a context manager. ``url`` once started."""
+
+    def __init__(
+        self, script: Sequence[Reply] | Callable[[dict[str, Any]], Reply], *, port: int = 0
+    ) -> None:
+        self._script: Callable[[dict[str, Any]], Reply] | None = None
+        self._replies: list[Reply] = []
+        if callable(script):
+            self._script = script
+        else:
+            self._replies = list(script)
+        self._served = 0
+        self.requests: list[dict[str, Any]] = []  # chat request bodies, in order
+        self.headers: list[dict[str, str]] = []  # their HTTP headers
+        self.control_calls: list[dict[str, Any]] = []
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._slots: dict[int, str] = {}  # id_slot -> cached text (prompt + generated)
+        self._streams: dict[str, _Stream] = {}
+        self._conns: set[socket.socket] = set()
+        self._server = _Server(("127.0.0.1", port), self)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeLlama:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+            name="fake-llama", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:  # wake handlers blocked on idle keep-alive connections
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        self._server.server_close()
+
+    def __enter__(self) -> FakeLlama:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- handlers -----------------------------------------------------------------------
+
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def _next(self, body: dict[str, Any]) -> Reply | None:
+        with self._lock:
+            number = self._served = self._served + 1
+            if self._script is not None:
+                return self._script(body)
+            if number <= len(self._replies):
+                return self._replies[number - 1]
+            return None
+
+    def _chat(self, conn: Conn, headers: dict[str, str]) -> None:
+        with self._lock:
+            self.requests.append(conn.body)
+            self.headers.append(headers)
+        reply = self._next(conn.body)
+        if reply is None:
+            message = (
+                f"fake llama-server: script exhausted: {len(self._replies)} replies were "
+                f"scripted and this is chat request {len(self.requests)}"
+            )
+            conn.json(500, _error(500, message, "server_error"))
+            return
+        reply.serve(conn)
+
+    def _control(self, conn: Conn) -> None:
+        with self._lock:
+            stream = self._streams.get(str(conn.body.get("id")))
+        known = stream is not None and stream.reply.control != "missing"
+        good = conn.body.get("action") == "reasoning_end"
+        if stream is not None and known and good and stream.reply.control == "honor":
+            stream.reasoning_end.set()  # before the call is seen, so a waiting stream stops
+        with self._lock:
+            self.control_calls.append(conn.body)
+        if not known:
+            conn.json(404, _error(404, "File Not Found", "not_found_error"))
+        elif not good:
+            conn.json(400, _error(400, "unknown action", "invalid_request_error"))
+        else:
+            conn.json(200, {"success": True})
+
+    def _register(self, chat_id: str, reply: Reply) -> _Stream:
+        stream = _Stream(reply)
+        with self._lock:
+            self._streams[chat_id] = stream
+        return stream
+
+    def _cache(self, slot: int, prompt: str) -> int:
+        """Characters of ``prompt`` the slot already holds (and makes it hold ``prompt``)."""
+        with self._lock:
+            held = self._slots.get(slot, "")
+            self._slots[slot] = prompt
+        n = 0
+        for a, b in zip(held, prompt, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def _generated(self, slot: int, text: str) -> None:
+        with self._lock:
+            self._slots[slot] = self._slots.get(slot, "") + text
+
+
+# --- prompt rendering (the fake's "chat template") -------------------------------------------
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _render_calls(calls: Iterable[tuple[str, str]]) -> str:
+    return "".join(f"<tool_call>{name}{args}</tool_call>" for name, args in calls)
+
+
+def _render_turn(
+    reasoning: str | None, content: str | None, calls: Iterable[tuple[str, str]]
+) -> str:
+    think = f"<think>{reasoning}</think>" if reasoning else ""
+    return f"{think}{content or ''}{_render_calls(calls)}<|end|>"
+
+
+def render_prompt(body: dict[str, Any]) -> str:
+    """The text the fake "evaluates": tools, then each message, then the assistant cue.
+
+    An assistant message renders exactly as the fake appended its generation to the slot,
+    so a conversation that only grows is a full cache hit, like on a real server.
+    """
+    out = [f"<tools>{_canon(body.get('tools') or [])}</tools>"]
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict):
+            out.append(_canon(m))
+            continue
+        role = m.get("role")
+        if role == "assistant":
+            calls = []
+            for c in m.get("tool_calls") or []:
+                fn = (c.get("function") or {}) if isinstance(c, dict) else {}
+                calls.append((str(fn.get("name")), str(fn.get("arguments"))))
+            turn = _render_turn(m.get("reasoning_content"), m.get("content"), calls)
+            out.append(f"<|assistant|>{turn}")
+        else:
+            extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+            content = m.get("content")
+            text = content if isinstance(content, str) else _canon(content)
+            out.append(f"<|{role}|>{_canon(extra) if extra else ''}{text}<|end|>")
+    out.append("<|assistant|>")
+    return "".join(out)
+
+
+# --- replies ------------------------------------------------------------------------------
+
+
+def _error(code: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "type": kind}}
+
+
+def _chat_id() -> str:
+    return "chatcmpl-" + "".join(random.choices(string.ascii_letters + string.digits, k=32))
+
+
+def _call_id() -> str:
+    return "".join(random.choices(string.ascii_letters + string.digits, k=32))
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))]
+
+
+def _normal_calls(tool_calls: Iterable[Sequence[str]]) -> list[tuple[str, str, str]]:
+    calls = []
+    for c in tool_calls:
+        if len(c) == 2:
+            calls.append((_call_id(), c[0], c[1]))
+        elif len(c) == 3:
+            calls.append((c[0], c[1], c[2]))
+        else:
+            raise ValueError(f"a tool call is (name, arguments) or (id, name, arguments): {c!r}")
+    return calls
+
+
+def _answer_events(
+    conn: Conn,
+    reply: Reply,
+    *,
+    content: str | None,
+    reasoning: str | None,
+    tool_calls: list[tuple[str, str, str]],
+    finish_reason: str | None,
+    chunk: int,
+    usage: dict[str, Any] | None,
+    timings: dict[str, Any] | None,
+) -> Iterator[dict[str, Any] | str]:
+    """The events of one answer, made lazily so a control call can still change them."""
+    body = conn.body
+    fake = conn.fake
+    chat_id = _chat_id()
+    stream = fake._register(chat_id, reply)
+    base = {"created": int(time.time()), "id": chat_id, "model": "fake-llama",
+            "system_fingerprint": "fake", "object": "chat.completion.chunk"}
+
+    def chunk_of(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], **base}
+
+    slot_field = body.get("id_slot")
+    slot = slot_field if isinstance(slot_field, int) else -1
+    prompt = render_prompt(body)
+    total = len(prompt) // 4
+    cached = fake._cache(slot, prompt) if body.get("cache_prompt", True) else 0
+    cache = min(cached // 4, max(0, total - 1))
+    role = {"role": "assistant", "content": None}
+    if body.get("return_progress"):
+        for processed in (cache, total):
+            yield {**chunk_of(role), "prompt_progress": {
+                "total": total, "cache": cache, "processed": processed, "time_ms": 0}}
+    yield chunk_of(role)
+
+    max_tokens = body.get("max_tokens")
+    limit = max_tokens if isinstance(max_tokens, int) and max_tokens >= 0 else None
+    kwargs = body.get("chat_template_kwargs") or {}
+    thinking = kwargs.get("enable_thinking", True) is not False
+    budget = body.get("reasoning_budget_tokens")
+    budget = budget if isinstance(budget, int) and budget >= 0 else None
+    n = 0
+    cut = False
+    said_reasoning: list[str] = []
+    said_content: list[str] = []
+    if thinking and reasoning:
+        for i, piece in enumerate(_pieces(reasoning, chunk)):
+            over = budget is not None and reply.honor_budget and i >= budget
+            if over or stream.reasoning_end.is_set():
+                break
+            if limit is not None and n >= limit:
+                cut = True
+                break
+            yield chunk_of({"reasoning_content": piece})
+            said_reasoning.append(piece)
+            n += 1
+            if (budget is not None and not reply.honor_budget and body.get("reasoning_control")
+                    and i == budget):
+                _wait_for_control(fake, chat_id)  # settle the race with the client
+    said_calls: list[tuple[str, str]] = []
+    if not cut and content:
+        for piece in _pieces(content, chunk):
+            if limit is not None and n >= limit:
+                cut = True
+                break
+            yield chunk_of({"content": piece})
+            said_content.append(piece)
+            n += 1
+    for index, (call_id, name, args) in enumerate(tool_calls):
+        if cut:
+            break
+        parts = [args[:1], *_pieces(args[1:], chunk)] if args else [""]
+        sent = []
+        for j, part in enumerate(parts):
+            if limit is not None and n >= limit:
+                cut = True
+                break
+            fn: dict[str, Any] = {"arguments": part}
+            frag: dict[str, Any] = {"index": index, "function": fn}
+            if j == 0:
+                frag.update(id=call_id, type="function")
+                fn["name"] = name
+            yield chunk_of({"tool_calls": [frag]})
+            sent.append(part)
+            n += 1
+        said_calls.append((name, "".join(sent)))
+    finish = "length" if cut else finish_reason or ("tool_calls" if tool_calls else "stop")
+    fake._generated(slot, _render_turn("".join(said_reasoning), "".join(said_content), said_calls))
+    completion_tokens = n + (0 if cut else 1)  # the EOS token counts
+    real_usage = usage if usage is not None else {
+        "completion_tokens": completion_tokens, "prompt_tokens": total,
+        "total_tokens": total + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cache},
+    }
+    real_timings = timings if timings is not None else {
+        "cache_n": cache, "prompt_n": total - cache, "prompt_ms": 1.0,
+        "prompt_per_token_ms": 0.01, "prompt_per_second": 100000.0,
+        "predicted_n": completion_tokens, "predicted_ms": 1.0,
+        "predicted_per_token_ms": 0.01, "predicted_per_second": 100000.0,
+    }
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    last = chunk_of({}, finish)
+    if include_usage:
+        yield last
+        yield {"choices": [], **base, "usage": real_usage, "timings": real_timings}
+    else:
+        yield {**last, "timings": real_timings}
+    yield "[DONE]"
+
+
+def _wait_for_control(fake: FakeLlama, chat_id: str) -> None:
+    """Wait (up to CONTROL_WAIT_S) until the client's control call for ``chat_id`` came."""
+    deadline = time.monotonic() + CONTROL_WAIT_S
+    while time.monotonic() < deadline:
+        with fake._lock:
+            if any(c.get("id") == chat_id for c in fake.control_calls):
+                return
+        time.sleep(_POLL_S)
+
+
+def _send_events(conn: Conn, events: Iterator[dict[str, Any] | str], *,
+                 limit: int | None = None, then: Callable[[Conn], None] | None = None) -> None:
+    """Stream ``events`` (at most ``limit``); then ``then`` ends it, else the chunked end."""
+    conn.head(200, "text/event-stream")
+    for i, ev in enumerate(events):
+        if limit is not None and i >= limit:
+            break
+        conn.event(ev)
+    if then is not None:
+        then(conn)
+    else:
+        conn.end()
+
+
+def answer(
+    content: str | None = None,
+    reasoning: str | None = None,
+    tool_calls: Iterable[Sequence[str]] = (),
+    finish_reason: str | None = None,
+    *,
+    chunk: int = 4,
+    usage: dict[str, Any] | None = None,
+    timings: dict[str, Any] | None = None,
+    honor_budget: bool = True,
+    control: Control = "honor",
+) -> Reply:
+    """A streamed answer: progress, reasoning, content, tool-call fragments, usage, [DONE]."""
+    calls = _normal_calls(tool_calls)
+
+    def serve(conn: Conn) -> None:
+        _send_events(conn, _answer_events(
+            conn, reply, content=content, reasoning=reasoning, tool_calls=calls,
+            finish_reason=finish_reason, chunk=chunk, usage=usage, timings=timings,
+        ))
+
+    reply = Reply("answer", serve, honor_budget=honor_budget, control=control)
+    return reply
+
+
+_DEFAULT_TEXT = "The files are notes.txt, plan.md and src/."
+
+
+def _partial(after_events: int, then: Callable[[Conn], None], name: str) -> Reply:
+    def serve(conn: Conn) -> None:
+        events = _answer_events(
+            conn, reply, content=_DEFAULT_TEXT, reasoning=None, tool_calls=[],
+            finish_reason=None, chunk=4, usage=None, timings=None,
+        )
+        _send_events(conn, events, limit=after_events, then=then)
+
+    reply = Reply(name, serve)
+    return reply
+
+
+def cut_stream(after_events: int) -> Reply:
+    """``after_events`` events of an answer, then the connection closes (no [DONE])."""
+    return _partial(after_events, lambda c: c.abort(), "cut_stream")
+
+
+def stream_error(
+    after_events: int,
+    message: str = "The model produced output that does not match the expected peg-native format",
+) -> Reply:
+    """Events, then ``data: {"error": ...}`` inside the 200 stream, then its end (no [DONE])."""
+
+    def then(conn: Conn) -> None:
+        conn.event(_error(500, message, "server_error"))
+        conn.end()
+
+    return _partial(after_events, then, "stream_error")
+
+
+def malformed(after_events: int = 2, line: str = "data: {\"choices\": [oops\n\n") -> Reply:
+    """Events, then a raw line that is not a valid chunk, then the answer goes on."""
+
+    def serve(conn: Conn) -> None:
+        events = _answer_events(
+            conn, reply, content=_DEFAULT_TEXT, reasoning=None, tool_calls=[],
+            finish_reason=None, chunk=4, usage=None, timings=None,
+        )
+        conn.head(200, "text/event-stream")
+        for i, ev in enumerate(events):
+            if i == after_events:
+                conn.chunk(line.encode())
+            conn.event(ev)
+        conn.end()
+
+    reply = Reply("malformed", serve)
+    return reply
+
+
+def not_json(body: str = "<html><body>It works!</body></html>",
+             content_type: str = "text/html") -> Reply:
+    """A 200 that is not an event stream (inference.url pointing at some other server)."""
+
+    def serve(conn: Conn) -> None:
+        data = body.encode()
+        conn.head(200, content_type, length=len(data))
+        conn._handler.wfile.write(data)
+
+    return Reply("not_json", serve)
+
+
+def http_error(status: int, body: dict[str, Any] | str) -> Reply:
+    """A plain HTTP error, as llama-server sends before any SSE."""
+    return Reply(f"http_{status}", lambda conn: conn.json(status, body))
+
+
+def context_full(n_prompt_tokens: int = 9000, n_ctx: int = 8192) -> Reply:
+    """llama-server's 400 ``exceed_context_size_error``."""
+    err = _error(
+        400,
+        f"request ({n_prompt_tokens} tokens) exceeds the available context size "
+        f"({n_ctx} tokens), try increasing it",
+        "exceed_context_size_error",
+    )
+    err["error"].update(n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx)
+    return http_error(400, err)
+
+
+def close_without_response() -> Reply:
+    """The request is read, then the connection closes with not one byte sent."""
+    return Reply("close_without_response", lambda conn: conn.abort())
+
+
+def trickle(interval_s: float) -> Reply:
+    """200 and keep-alive comments every ``interval_s``, forever (until the client goes)."""
+
+    def serve(conn: Conn) -> None:
+        conn.head(200, "text/event-stream")
+        while not conn.stopping:
+            conn.chunk(b":\n\n")
+            if conn.client_gone(interval_s):
+                return
+        conn.abort()
+
+    return Reply("trickle", serve)
+
+
+def hang() -> Reply:
+    """The request is read and nothing is ever sent (a server queueing the request)."""
+
+    def serve(conn: Conn) -> None:
+        conn.wait_until_gone()
+        conn.abort()
+
+    return Reply("hang", serve)
+
+
+def after(gate: threading.Event, reply: Reply) -> Reply:
+    """``reply``, once ``gate`` is set (headers withheld until then, like a busy slot)."""
+
+    def serve(conn: Conn) -> None:
+        while not gate.wait(_POLL_S):
+            if conn.stopping or conn.client_gone():
+                conn.abort()
+                return
+        reply.serve(conn)
+
+    return Reply(f"after_{reply.name}", serve, reply.honor_budget, reply.control)
+
+
+def _recorded(response: recording.Response) -> Reply:
+    def serve(conn: Conn) -> None:
+        kind = response.content_type or "application/octet-stream"
+        if "text/event-stream" not in kind:
+            conn.head(response.status, kind, length=len(response.body))
+            conn._handler.wfile.write(response.body)
+            return
+        conn.head(response.status, kind)
+        for event in _split_events(response.body):
+            conn.chunk(event)
+        conn.end()
+
+    return Reply(f"recorded_{response.status}", serve)
+
+
+def _split_events(body: bytes) -> list[bytes]:
+    """The body cut after each blank line: one SSE event per chunk, as the server wrote it."""
+    parts = body.split(b"\n\n")
+    out = [p + b"\n\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def replay(path: str | Path) -> list[Reply]:
+    """The responses of a .http recording, in order, sent as recorded."""
+    return [_recorded(ex.response) for ex in recording.load(path)]
+
+
+# --- its own process (benchmarks) ------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--replay", nargs="+", required=True, metavar="FILE")
+    parser.add_argument("--cycle", action="store_true", help="serve the replies again and again")
+    args = parser.parse_args(argv)
+    replies = [r for f in args.replay for r in replay(f)]
+    if args.cycle:
+        ring = itertools.cycle(replies)
+        lock = threading.Lock()
+
+        def script(body: dict[str, Any]) -> Reply:
+            with lock:
+                return next(ring)
+
+        fake = FakeLlama(script, port=args.port)
+    else:
+        fake = FakeLlama(replies, port=args.port)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with fake:
+        print(fake.url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
