@@ -101,6 +101,7 @@ class ToolsConfig:
     max_frame_bytes: int = 4 * 1024 * 1024  # largest ZeroMQ frame accepted
     max_output_bytes: int = 1024 * 1024  # a tool's output is cut here, at the host
     standard: bool = True  # start the standard tool hosts
+    start_timeout_s: float = 15.0  # how long start-up waits for each host's tool list
     hosts: tuple[HostConfig, ...] = ()
 
 
@@ -156,6 +157,7 @@ _MINIMUM: dict[str, float] = {
     "tools.max_concurrent_calls": 1,
     "tools.max_frame_bytes": 1024,
     "tools.max_output_bytes": 1,
+    "tools.start_timeout_s": 0.001,
     "embedded.ctx_size": 512,
     "embedded.port": 0,
     "embedded.startup_timeout_s": 1,

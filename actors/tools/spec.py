@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from actors.records import ResultClass
 
-__all__ = ["Answer", "ToolProvider", "ToolSpec"]
+__all__ = ["Answer", "CancellableProvider", "ToolProvider", "ToolSpec"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,3 +39,15 @@ class ToolProvider(Protocol):
     def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer: ...
 
     def close(self) -> None: ...
+
+
+class CancellableProvider(ToolProvider, Protocol):
+    """A provider that can stop a call early (optional; the host uses it when present).
+
+    The host sets ``cancel`` when the call passes its timeout or the caller gives up, so a
+    tool that runs a subprocess can kill it at once instead of running on unobserved.
+    """
+
+    def run_cancellable(
+        self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
+    ) -> Answer: ...

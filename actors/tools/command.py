@@ -1,0 +1,101 @@
+"""Running one shell command for ``run_command``: captured, capped, and killed with its tree.
+
+The command runs under ``/bin/sh -c`` in a process group of its own (inside the tool host's
+session, see :mod:`actors.tools.procs`). Its output (stdout and stderr together) is read as
+it comes; past ``max_output`` bytes it is still read, so the command never blocks on a full
+pipe, but only counted. On a timeout or a cancel the whole group and every descendant is
+killed. When the shell itself exits, whatever it left running in the background is killed
+too: a command must not leave processes behind in the tool host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from actors.tools.procs import kill_group
+
+__all__ = ["CommandOutcome", "run_shell"]
+
+_DRAIN_AFTER_EXIT_S = 0.5  # an escaped background process may hold the pipe open
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommandOutcome:
+    exit_code: int | None  # None when it was stopped (timeout or cancel)
+    output: bytes  # at most max_output bytes
+    dropped: int  # output bytes read past max_output
+    stopped: str = ""  # "timeout" or "cancelled" when it did not end by itself
+
+
+def run_shell(
+    command: str,
+    *,
+    cwd: Path,
+    timeout_s: float,
+    max_output: int,
+    cancel: threading.Event | None = None,
+) -> CommandOutcome:
+    """Run ``command`` to its end, its timeout, or ``cancel``; never leaves a process."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        process_group=0,
+        close_fds=True,
+    )
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    buf = bytearray()
+    dropped = 0
+    stopped = ""
+    deadline = time.monotonic() + timeout_s
+    exited_at: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if cancel is not None and cancel.is_set():
+                stopped = "cancelled"
+                break
+            if now >= deadline:
+                stopped = "timeout"
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                kill_group(proc.pid, wait_s=0.2)  # background leftovers
+            if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT_S:
+                break
+            ready, _, _ = select.select([fd], [], [], min(0.05, deadline - now))
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            keep = max(0, max_output - len(buf))
+            buf += chunk[:keep]
+            dropped += max(0, len(chunk) - keep)
+    finally:
+        kill_group(proc.pid, also=proc.pid)
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent above
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    return CommandOutcome(
+        exit_code=None if stopped else proc.returncode,
+        output=bytes(buf),
+        dropped=dropped,
+        stopped=stopped,
+    )

@@ -1,0 +1,645 @@
+"""A tool host: the separate process that runs tools, behind a ZeroMQ ROUTER socket.
+
+``loopd toolhost --bind ENDPOINT --tools NAMES...`` (or ``python -m actors.tools.host``).
+
+The main thread owns the socket and never runs a tool: it answers ``Hello`` with the tool
+list and ``Ping`` with ``Pong`` at once, checks each ``ToolRequest`` (known tool, arguments
+valid against its JSON schema, approval) and hands it to a worker thread, with at most
+``--max-calls`` tools running at a time (a call over the cap is answered ``Failed`` at once
+rather than queued behind a slow tool). Workers hand their answers back through a queue and
+a wake-up pipe, and the main thread sends them. A call that passes ``--timeout`` is answered
+``Failed`` and told to stop (a tool with a subprocess kills its whole process tree).
+
+A frame that is not a valid message is answered ``Failed`` (or dropped, when libzmq already
+cut off a peer over ``MAXMSGSIZE``) and logged, at a bounded rate; nothing a peer sends
+can end the host. With ``--parent-pid`` the host exits when that process is gone, so a
+daemon killed with SIGKILL leaves no host behind.
+
+Remote use: ``--curve-secret FILE --allow-keys DIR`` turns on CURVE encryption and client
+authentication; a client whose public key is not in DIR is refused during the handshake, so
+it gets no answer and no tool runs. The key directory is read again when an unknown key
+knocks (at most once a second), so adding a client's ``.key`` file needs no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import queue
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+import psutil
+import zmq
+
+from actors.tools import wire
+from actors.tools.keys import KeyFileError, load_secret
+from actors.tools.procs import kill_tree
+from actors.tools.spec import ToolProvider, ToolSpec
+from actors.tools.wire import (
+    Cancel,
+    Failed,
+    Hello,
+    PendingApproval,
+    Ping,
+    Pong,
+    Result,
+    ToolRequest,
+)
+
+__all__ = ["HOST_GRACE_S", "Host", "main"]
+
+log = logging.getLogger("loopd.toolhost")
+
+# The host gives a tool this long past its timeout to answer for itself (a tool's own
+# "timed out" answer says more than the host's) before answering Failed in its place.
+HOST_GRACE_S = 0.25
+_PARENT_CHECK_S = 0.25
+_MAX_BATCH = 256  # frames read per wake-up before timers are looked at again
+
+
+@dataclasses.dataclass(slots=True)
+class _Tool:
+    spec: ToolSpec
+    provider: ToolProvider
+    validator: Any  # a jsonschema validator
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Call:
+    peer: bytes
+    id: int
+    tool: str
+    deadline: float
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class _Complaints:
+    """Logs bad frames at WARNING, ``burst`` per ``window_s`` at most: a flood fills no disk."""
+
+    def __init__(self, burst: int = 20, window_s: float = 10.0) -> None:
+        self.burst, self.window_s = burst, window_s
+        self.start, self.count, self.dropped = 0.0, 0, 0
+
+    def __call__(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.start > self.window_s:
+            if self.dropped:
+                log.warning("%d more bad frames were not logged", self.dropped)
+            self.start, self.count, self.dropped = now, 0, 0
+        self.count += 1
+        if self.count <= self.burst:
+            log.warning(message, *args)
+        else:
+            self.dropped += 1
+
+
+class Host:
+    """The request loop of one tool host, on a ROUTER socket made by the caller."""
+
+    def __init__(
+        self,
+        providers: list[ToolProvider],
+        *,
+        name: str,
+        allow: frozenset[str] = frozenset(),
+        timeout_s: float = 60.0,
+        max_calls: int = 8,
+        max_frame_bytes: int = wire.DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.name = name
+        self.timeout_s = timeout_s
+        self.max_calls = max_calls
+        self.max_frame = max_frame_bytes
+        self.tools: dict[str, _Tool] = {}
+        for provider in providers:
+            for spec in provider.specs():
+                if spec.name in self.tools:
+                    raise ValueError(f"two providers in tool host {name} offer {spec.name!r}")
+                spec = dataclasses.replace(
+                    spec, needs_approval=spec.needs_approval and spec.name not in allow
+                )
+                schema = dict(spec.parameters)
+                cls = jsonschema.validators.validator_for(schema)
+                try:
+                    cls.check_schema(schema)
+                except jsonschema.exceptions.SchemaError as e:
+                    raise ValueError(
+                        f"tool {spec.name}: its argument schema is invalid: {e.message}"
+                    ) from None
+                self.tools[spec.name] = _Tool(spec, provider, cls(schema))
+        self.providers = providers
+        self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
+        self._active: dict[tuple[bytes, int], _Call] = {}
+        self._running = 0  # worker threads busy, including ones past their deadline
+        self._done: queue.SimpleQueue[tuple[_Call, bytes]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_calls, thread_name_prefix="tool")
+        self._stop = False
+        self._complain = _Complaints()
+
+    # --- control -------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask :meth:`serve` to return (safe from a signal handler or another thread)."""
+        self._stop = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe already wakes the loop
+            os.write(self._wake_w, b"!")
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def serve(
+        self, sock: zmq.Socket[Any], *, parent_alive: Callable[[], bool] | None = None
+    ) -> None:
+        """Answer on ``sock`` until :meth:`request_stop` or the parent is gone; then clean up."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_parent_check = 0.0
+        log.info(
+            "serving %s on %s",
+            ", ".join(self.tools) or "no tools",
+            sock.getsockopt_string(zmq.LAST_ENDPOINT),
+        )
+        try:
+            while not self._stop:
+                events = dict(poller.poll(self._poll_timeout_ms()))
+                if sock in events:
+                    self._read(sock)
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                self._send_done(sock)
+                self._expire(sock)
+                now = time.monotonic()
+                if parent_alive is not None and now >= next_parent_check:
+                    next_parent_check = now + _PARENT_CHECK_S
+                    if not parent_alive():
+                        log.warning("the process that started this host is gone; exiting")
+                        break
+        finally:
+            self._shutdown()
+
+    def _poll_timeout_ms(self) -> int:
+        wait = _PARENT_CHECK_S
+        if self._active:
+            wait = min(wait, min(c.deadline for c in self._active.values()) - time.monotonic())
+        return max(0, int(wait * 1000) + 1)
+
+    def _read(self, sock: zmq.Socket[Any]) -> None:
+        for _ in range(_MAX_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            peer = frames[0]
+            if len(frames) != 2:
+                self._complain(
+                    "peer %s sent %d frames; one message is one frame", peer.hex(), len(frames) - 1
+                )
+                self._send(
+                    sock, peer, Failed(0, f"tool host {self.name}: one message must be one frame")
+                )
+                continue
+            try:
+                msg = wire.decode(frames[1], self.max_frame)
+            except wire.WireError as e:
+                self._complain("bad frame from peer %s: %s", peer.hex(), e)
+                self._send(
+                    sock,
+                    peer,
+                    Failed(e.id or 0, f"tool host {self.name} could not read the message: {e}"),
+                )
+                continue
+            self._handle(sock, peer, msg)
+
+    def _handle(self, sock: zmq.Socket[Any], peer: bytes, msg: wire.Message) -> None:
+        if isinstance(msg, Ping):
+            self._send_frame(sock, peer, _PONG)
+        elif isinstance(msg, ToolRequest):
+            self._start(sock, peer, msg)
+        elif isinstance(msg, Hello):
+            self._send_frame(sock, peer, self._tools_frame)
+        elif isinstance(msg, Cancel):
+            call = self._active.pop((peer, msg.id), None)
+            if call is not None:
+                call.cancel.set()
+                log.info("call %d (%s) cancelled by the caller", msg.id, call.tool)
+        else:
+            kind = type(msg).__name__
+            self._complain("peer %s sent %s, which only a host sends", peer.hex(), kind)
+            self._send(
+                sock,
+                peer,
+                Failed(getattr(msg, "id", 0), f"a tool host does not take {kind} messages"),
+            )
+
+    def _start(self, sock: zmq.Socket[Any], peer: bytes, req: ToolRequest) -> None:
+        tool = self.tools.get(req.tool)
+        if tool is None:
+            known = ", ".join(self.tools) or "none"
+            self._send(
+                sock,
+                peer,
+                Failed(req.id, f"tool host {self.name} has no tool {req.tool!r} (it has: {known})"),
+            )
+            return
+        error = jsonschema.exceptions.best_match(tool.validator.iter_errors(req.arguments))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
+            self._send(
+                sock,
+                peer,
+                Failed(
+                    req.id,
+                    f"arguments of {req.tool} do not match its schema at {where}: {error.message}",
+                ),
+            )
+            return
+        if tool.spec.needs_approval:
+            args = json.dumps(req.arguments, ensure_ascii=False)
+            prompt = (
+                f"Allow {req.tool} to run with {args[:500]}? (To let it run without asking, "
+                f'add "{req.tool}" to tools.allow in the config.)'
+            )
+            self._send(sock, peer, PendingApproval(req.id, prompt))
+            return
+        key = (peer, req.id)
+        if key in self._active:
+            self._send(
+                sock, peer, Failed(req.id, f"call id {req.id} is already running on this host")
+            )
+            return
+        if self._running >= self.max_calls:
+            self._send(
+                sock,
+                peer,
+                Failed(
+                    req.id,
+                    f"tool host {self.name} is busy: {self._running} calls are running, the "
+                    "most it runs at once (tools.max_concurrent_calls); try again when one "
+                    "has finished",
+                ),
+            )
+            return
+        call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S)
+        self._active[key] = call
+        self._running += 1
+        self._pool.submit(self._work, call, tool, req.arguments)
+
+    def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
+        """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
+        try:
+            run_cancellable = getattr(tool.provider, "run_cancellable", None)
+            if run_cancellable is not None:
+                answer = run_cancellable(call.tool, arguments, self.timeout_s, call.cancel)
+            else:
+                answer = tool.provider.run(call.tool, arguments, self.timeout_s)
+        except BaseException as e:  # a tool must not take its worker (or the host) down
+            log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
+            answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
+        self._done.put((call, self._frame(call, tool.spec, answer)))
+        self._wake()
+
+    def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
+        """The answer as a frame with the call's id, cut to fit in one frame."""
+        if isinstance(answer, str):
+            answer = Result(content=answer, class_=spec.result_class)
+        if isinstance(answer, Result):
+            answer = dataclasses.replace(answer, untrusted=answer.untrusted or spec.untrusted)
+        if not isinstance(answer, Result | Failed | wire.Denied | PendingApproval):
+            answer = Failed(
+                message=f"{call.tool} returned {type(answer).__name__}, not an answer "
+                "(a bug in its provider)"
+            )
+        answer = dataclasses.replace(answer, id=call.id)
+        try:
+            frame = wire.encode(answer)
+        except wire.WireError:
+            if not isinstance(answer, Result) or not isinstance(answer.content, str):
+                return wire.encode(
+                    Failed(call.id, f"{call.tool} gave an answer that cannot be sent")
+                )
+            clean = answer.content.encode("utf-8", "replace").decode("utf-8")
+            frame = wire.encode(dataclasses.replace(answer, content=clean))
+        if len(frame) > self.max_frame and isinstance(answer, Result):
+            room = self.max_frame - 4096
+            cut = answer.content.encode()[:room].decode("utf-8", "ignore")
+            note = f"\n[cut by the tool host: over the frame limit of {self.max_frame} bytes]"
+            frame = wire.encode(dataclasses.replace(answer, content=cut + note))
+        if len(frame) > self.max_frame:
+            frame = wire.encode(Failed(call.id, f"{call.tool}'s answer is too large to send"))
+        return frame
+
+    def _send_done(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                call, frame = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._running -= 1
+            if self._active.get((call.peer, call.id)) is call:
+                del self._active[(call.peer, call.id)]
+                self._send_frame(sock, call.peer, frame)
+
+    def _expire(self, sock: zmq.Socket[Any]) -> None:
+        now = time.monotonic()
+        late = [c for c in self._active.values() if c.deadline <= now]
+        for call in late:
+            del self._active[(call.peer, call.id)]
+            call.cancel.set()
+            log.warning(
+                "call %d (%s) passed the %g s limit; told to stop",
+                call.id,
+                call.tool,
+                self.timeout_s,
+            )
+            self._send(
+                sock,
+                call.peer,
+                Failed(
+                    call.id,
+                    f"{call.tool} did not finish within {self.timeout_s:g} s (the tool host's "
+                    "limit, tools.timeout_s); it was stopped",
+                ),
+            )
+
+    def _send(self, sock: zmq.Socket[Any], peer: bytes, msg: wire.Message) -> None:
+        self._send_frame(sock, peer, wire.encode(msg))
+
+    def _send_frame(self, sock: zmq.Socket[Any], peer: bytes, frame: bytes) -> None:
+        try:
+            sock.send_multipart([peer, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("peer %s is not reading; an answer was dropped", peer.hex())
+        except zmq.ZMQError as e:  # EHOSTUNREACH (ROUTER_MANDATORY): the peer is gone
+            log.info("peer %s is gone (%s); an answer was dropped", peer.hex(), e)
+
+    def _shutdown(self) -> None:
+        """Stop every running tool (and its processes), then close the providers."""
+        for call in self._active.values():
+            call.cancel.set()
+        self._active.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + 2.0
+        while self._running > 0 and time.monotonic() < deadline:
+            try:
+                self._done.get(timeout=0.05)
+                self._running -= 1
+            except queue.Empty:
+                pass
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children():
+                kill_tree(child.pid, wait_s=0.5)
+        for provider in self.providers:
+            try:
+                provider.close()
+            except Exception as e:
+                log.warning("closing a provider failed: %s", e)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+_PONG = wire.encode(Pong())
+
+
+# --- the process --------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loopd toolhost",
+        description="Run a tool host: a process that runs tools for loopd over ZeroMQ.",
+    )
+    p.add_argument("--bind", required=True, help="ipc:///path/host.sock or tcp://ADDRESS:PORT")
+    p.add_argument(
+        "--name", default="", help="name used in messages and logs (default: from the tools)"
+    )
+    p.add_argument("--tools", nargs="*", default=[], metavar="NAME", help="standard tools to run")
+    p.add_argument(
+        "--provider",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="a callable returning a ToolProvider (repeatable)",
+    )
+    p.add_argument("--mcp", metavar="COMMAND", help="an MCP server's command line (stdio)")
+    p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL")
+    p.add_argument("--workspace", default=".", help="root of the file tools and run_command")
+    p.add_argument(
+        "--allow", nargs="*", default=[], metavar="NAME", help="tools that run without approval"
+    )
+    p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds one call may run (default 60)"
+    )
+    p.add_argument("--max-calls", type=int, default=8, help="calls running at once (default 8)")
+    p.add_argument("--max-frame-bytes", type=int, default=wire.DEFAULT_MAX_FRAME)
+    p.add_argument("--max-output-bytes", type=int, default=1024 * 1024)
+    p.add_argument(
+        "--curve-secret", metavar="FILE", help="this host's .key_secret file (from loopd keys)"
+    )
+    p.add_argument(
+        "--allow-keys", metavar="DIR", help="directory of the .key files of allowed clients"
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+class _UsageError(Exception):
+    """Bad flags or set-up; main prints it and exits 2."""
+
+
+def _providers(args: argparse.Namespace) -> list[ToolProvider]:
+    providers: list[ToolProvider] = []
+    if args.tools:
+        from actors.tools.standard import StandardTools
+        from actors.tools.workspace import Workspace
+
+        try:
+            workspace = Workspace(args.workspace)
+            providers.append(
+                StandardTools(
+                    args.tools, workspace=workspace, max_output_bytes=args.max_output_bytes
+                )
+            )
+        except ValueError as e:
+            raise _UsageError(str(e)) from None
+    for ref in args.provider:
+        module, _, attr = ref.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr or "provider")
+        except (ImportError, AttributeError) as e:
+            raise _UsageError(
+                f"--provider {ref}: cannot load it ({e}); give MODULE:ATTR of a factory"
+            ) from None
+        providers.append(factory())
+    if args.mcp or args.mcp_url:
+        try:
+            from actors.tools.mcp import McpProvider
+        except ModuleNotFoundError as e:
+            if e.name == "actors.tools.mcp":
+                raise _UsageError(
+                    "--mcp: this loopd has no MCP support (actors/tools/mcp.py is missing)"
+                ) from None
+            raise _UsageError(
+                f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
+            ) from None
+        command = shlex.split(args.mcp) if args.mcp else None
+        providers.append(McpProvider(command=command, url=args.mcp_url))
+    if not providers:
+        raise _UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")
+    return providers
+
+
+def _parent_watch(pid: int) -> Callable[[], bool]:
+    direct = os.getppid() == pid
+    if direct:
+        return lambda: os.getppid() == pid  # reparented: the parent is gone (pid reuse-proof)
+    return lambda: psutil.pid_exists(pid)
+
+
+class _KeyDirectory:
+    """ZAP credentials callback: lets in a client whose public key has a .key file in ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys: set[bytes] = set()
+        self.loaded = 0.0
+        self._complain = _Complaints()
+        self.reload()
+
+    def reload(self) -> None:
+        import zmq.auth
+
+        keys = set()
+        for f in sorted(self.path.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(f)
+                keys.add(public)
+            except (OSError, ValueError) as e:
+                log.warning("allow-keys: skipping %s: %s", f, e)
+        self.keys, self.loaded = keys, time.monotonic()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        if time.monotonic() - self.loaded > 1.0:
+            self.reload()
+            if key in self.keys:
+                return True
+        self._complain(
+            "refused a client with unknown key %s (not in %s)",
+            key.decode(errors="replace"),
+            self.path,
+        )
+        return False
+
+
+def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket[Any], Any]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
+    sock.setsockopt(zmq.LINGER, 0)
+    auth = None
+    if args.curve_secret or args.allow_keys:
+        if not (args.curve_secret and args.allow_keys):
+            sock.close()
+            raise _UsageError(
+                "--curve-secret and --allow-keys go together (the host's key and its clients' keys)"
+            )
+        allow_dir = Path(args.allow_keys).expanduser()
+        if not allow_dir.is_dir():
+            sock.close()
+            raise _UsageError(
+                f"--allow-keys {allow_dir}: not a directory; put the clients' .key files in one"
+            )
+        try:
+            public, secret = load_secret(args.curve_secret)
+        except KeyFileError as e:
+            sock.close()
+            raise _UsageError(str(e)) from None
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(ctx)
+        auth.start()
+        auth.configure_curve_callback(domain="*", credentials_provider=_KeyDirectory(allow_dir))
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+    elif args.bind.startswith("tcp://"):
+        log.warning("%s has no CURVE keys: anyone who can reach it can run its tools", args.bind)
+    try:
+        sock.bind(args.bind)
+    except zmq.ZMQError as e:
+        sock.close()
+        if auth is not None:
+            auth.stop()
+        raise _UsageError(f"cannot bind {args.bind}: {e}") from None
+    return sock, auth
+
+
+def main(argv: list[str]) -> int:
+    """Run a tool host until SIGTERM/SIGINT or the parent's exit; 2 on bad usage."""
+    args = _parser().parse_args(argv)
+    name = args.name or "+".join(args.tools) or "host"
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
+    )
+    ctx: zmq.Context[Any] = zmq.Context()
+    providers: list[ToolProvider] = []
+    auth = None
+    sock = None
+    try:
+        providers = _providers(args)
+        host = Host(
+            providers,
+            name=name,
+            allow=frozenset(args.allow),
+            timeout_s=args.timeout,
+            max_calls=args.max_calls,
+            max_frame_bytes=args.max_frame_bytes,
+        )
+        sock, auth = _socket(ctx, args)
+    except (_UsageError, ValueError) as e:
+        print(f"loopd toolhost: {e}", file=sys.stderr)
+        for provider in providers:
+            with contextlib.suppress(Exception):
+                provider.close()
+        ctx.term()
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: host.request_stop())
+    try:
+        host.serve(sock, parent_alive=_parent_watch(args.parent_pid) if args.parent_pid else None)
+    finally:
+        if auth is not None:
+            auth.stop()
+        sock.close(linger=0)
+        ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
