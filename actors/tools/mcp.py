@@ -30,10 +30,14 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import shlex
+import shutil
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Coroutine, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -63,6 +67,7 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
+_CHILD = Path(__file__).with_name("mcp_child.py")
 _CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
@@ -238,6 +243,7 @@ class McpProvider:
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("McpProvider needs exactly one of command (stdio) or url (HTTP)")
+        self._command: list[str] | None = None
         if command is not None:
             words = [] if isinstance(command, str) else list(command)
             if not words or not all(isinstance(c, str) for c in words):
@@ -245,13 +251,17 @@ class McpProvider:
                     f"MCP server command {command!r}: must be a non-empty list of strings, "
                     'e.g. ["uvx", "mcp-server-time"]'
                 )
-            self.label = shlex.join(command)
+            self._command, self.label = words, shlex.join(words)
+            if shutil.which(words[0]) is None:
+                raise McpError(
+                    f"MCP server command {words[0]!r} was not found (not on PATH, not an "
+                    "executable file); check the command in [[tools.hosts]] (is it installed?)"
+                )
         else:
             assert url is not None
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"MCP server url {url!r}: must start with http:// or https://")
             self.label = _strip_userinfo(url)
-        self._command = list(command) if command is not None else None
         self._restarted = "restarted" if command is not None else "reconnected"
         self._url = url
         self._allow = frozenset(allow)
@@ -350,7 +360,9 @@ class McpProvider:
 
     def _transport(self, ended: asyncio.Event) -> Any:
         if self._command is not None:
-            params = StdioServerParameters(command=self._command[0], args=self._command[1:])
+            # Through mcp_child, so the server dies with this host even if the host is killed.
+            child = ["-I", "-S", str(_CHILD), str(os.getpid()), *self._command]
+            params = StdioServerParameters(command=sys.executable, args=child)
             return _watched(stdio_client(params), ended)
         assert self._url is not None
         return _watched(streamable_http_client(self._url), ended)

@@ -3,9 +3,9 @@
 Written with the official SDK's server API (``MCPServer``) so the client side under test talks
 to a real MCP implementation. Run as ``python tests/tools/mcp_test_server.py [--record FILE]
 [--http]``. Every ``notifications/cancelled`` the server receives, and the start of each
-``hang`` call, is appended to FILE as a JSON line, so a test can prove that a call was
-cancelled on the server. ``--http`` serves streamable HTTP on a free loopback port and
-prints ``PORT <n>`` once it listens.
+``hang`` and ``wedge`` call, is appended to FILE as a JSON line, so a test can prove that a
+call was cancelled on the server. ``--http`` serves streamable HTTP on a free loopback port
+and prints ``PORT <n>`` once it listens.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def build(record: str | None) -> MCPServer:
     @server.tool(annotations=_READ_ONLY)
     async def wedge() -> str:
         """Block the server's event loop: the whole server stops answering."""
+        note({"method": "started", "tool": "wedge"})
         time.sleep(3600)
         return "unreachable"
 

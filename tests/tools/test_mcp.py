@@ -46,11 +46,10 @@ from actors.tools.mcp import (  # noqa: E402
     tool_spec,
 )
 from actors.tools.wire import Failed, PendingApproval, Result  # noqa: E402
+from tests.tools.mcp_support import TEST_SERVER, TIME_SERVER, mcp_port  # noqa: E402
 
 pytestmark = pytest.mark.mcp
 
-TEST_SERVER = Path(__file__).with_name("mcp_test_server.py")
-TIME_SERVER = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
 WAIT_S = 20.0  # upper bound for things that happen "soon"; never a speed assertion
 
 
@@ -187,7 +186,7 @@ def test_bad_construction_says_what_to_fix(make_provider: Callable[..., McpProvi
         McpProvider([])
     with pytest.raises(ValueError, match="http:// or https://"):
         McpProvider(url="ftp://example/mcp")
-    with pytest.raises(McpError, match=r"could not be started.*\[\[tools.hosts\]\]"):
+    with pytest.raises(McpError, match=r"'/nonexistent/mcp-server' was not found.*tools.hosts"):
         make_provider(["/nonexistent/mcp-server"])
 
 
@@ -430,3 +429,66 @@ def test_a_cancelled_call_is_cancelled_on_the_server(
     assert "cancelled" in answers[0].message
     _wait_until(lambda: len(_notes(record)) == 2, "the server to record notifications/cancelled")
     assert [n["method"] for n in _notes(record)] == ["started", "notifications/cancelled"]
+
+
+# --- end to end: a real tool host process behind a real tool port ------------------------------
+
+
+def _call(port: Any, tool: str, arguments: dict[str, Any], call: int = 1) -> Any:
+    return port.call(session="test", call=call, tool=tool, arguments=arguments)
+
+
+def test_time_tools_through_a_tool_host_and_port() -> None:
+    _need("mcp_server_time")
+    with mcp_port(command=TIME_SERVER, name="time") as port:
+        names = {s.name for s in port.specs()}
+        assert {"get_current_time", "convert_time"} <= names
+        answer = _call(port, "get_current_time", {"timezone": "Europe/Paris"})
+        assert isinstance(answer, Result), answer
+        assert json.loads(answer.content)["timezone"] == "Europe/Paris"
+        assert not answer.untrusted
+        bad = _call(port, "get_current_time", {}, call=2)  # the host checks the schema
+        assert isinstance(bad, Failed) and "timezone" in bad.message
+
+
+def test_git_tools_through_a_tool_host_and_port(repo: Path) -> None:
+    _need("mcp_server_git")
+    command = [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
+    with mcp_port(command=command, name="git") as port:
+        log = _call(port, "git_log", {"repo_path": str(repo)})
+        assert isinstance(log, Result) and "first commit from the test" in log.content
+        (repo / "new.txt").write_text("new\n")
+        asked = _call(port, "git_add", {"repo_path": str(repo), "files": ["new.txt"]}, call=2)
+        assert isinstance(asked, PendingApproval), asked
+        assert "?? new.txt" in _status(repo)
+
+
+def test_a_crash_mid_call_through_the_host(record: Path) -> None:
+    command = [sys.executable, str(TEST_SERVER), "--record", str(record)]
+    with mcp_port(command=command) as port:
+        first = _call(port, "pid", {})
+        crashed = _call(port, "crash", {}, call=2)
+        assert isinstance(crashed, Failed) and "exited" in crashed.message, crashed
+        second = _call(port, "pid", {}, call=3)
+        assert isinstance(first, Result) and isinstance(second, Result), (first, second)
+        assert first.content != second.content  # a new server answered
+
+
+def test_a_killed_host_takes_its_wedged_mcp_server_with_it(record: Path) -> None:
+    command = [sys.executable, str(TEST_SERVER), "--record", str(record)]
+    with mcp_port(command=command, timeout_s=60) as port:
+        pid = _call(port, "pid", {})
+        assert isinstance(pid, Result), pid
+        server = int(pid.content)
+        answers: list[Any] = []
+        caller = threading.Thread(target=lambda: answers.append(_call(port, "wedge", {}, 2)))
+        caller.start()
+        try:
+            _wait_until(lambda: len(_notes(record)) == 1, "the wedge tool to start")
+            host = port.status().pid
+            assert host is not None
+            os.kill(host, signal.SIGKILL)
+            _wait_until(lambda: _gone(server), "the wedged MCP server to die with its host")
+        finally:
+            caller.join(timeout=WAIT_S)
+        assert len(answers) == 1 and isinstance(answers[0], Failed), answers

@@ -1,0 +1,77 @@
+"""Starting an MCP tool host behind a real tool port, for tests (and the turn's tests).
+
+``mcp_port(command=[...])`` is a context manager: it starts ``python -m actors.tools.host
+--mcp "COMMAND"`` through :func:`actors.tools.port.start_port` (so the port supervises and
+restarts the host, as the daemon does), waits until the host has listed its tools, yields
+the :class:`~actors.tools.port.PortHandle`, and stops the port and host on the way out, even
+when the test fails. The host's log goes to ``host.log`` in a fresh short directory (ipc
+paths must stay under ~100 bytes), printed if the host does not come up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from actors.tools.port import HostLauncher, PortHandle, PortSettings, start_port
+
+__all__ = ["TEST_SERVER", "TIME_SERVER", "mcp_host_argv", "mcp_port"]
+
+TEST_SERVER = Path(__file__).with_name("mcp_test_server.py")
+TIME_SERVER = (sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC")
+
+
+def mcp_host_argv(
+    endpoint: str,
+    *,
+    command: Sequence[str] | None = None,
+    url: str | None = None,
+    name: str = "mcp",
+    allow: Sequence[str] = (),
+    timeout_s: float = 60.0,
+) -> tuple[str, ...]:
+    """The command line of a tool host that serves one MCP server's tools on ``endpoint``."""
+    argv = [sys.executable, "-m", "actors.tools.host", "--bind", endpoint, "--name", name]
+    if command is not None:
+        argv += ["--mcp", shlex.join(command)]
+    if url is not None:
+        argv += ["--mcp-url", url]
+    argv += ["--timeout", f"{timeout_s:g}", "--parent-pid", str(os.getpid())]
+    if allow:
+        argv += ["--allow", *allow]
+    return tuple(argv)
+
+
+@contextlib.contextmanager
+def mcp_port(
+    *,
+    command: Sequence[str] | None = None,
+    url: str | None = None,
+    name: str = "mcp",
+    allow: Sequence[str] = (),
+    timeout_s: float = 10.0,
+    ready_s: float = 60.0,
+) -> Iterator[PortHandle]:
+    """A ready port to a fresh MCP tool host; stopped (host and server too) on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="loopd-mcp-"))
+    endpoint = f"ipc://{workdir}/host.sock"
+    log_path = workdir / "host.log"
+    argv = mcp_host_argv(
+        endpoint, command=command, url=url, name=name, allow=allow, timeout_s=timeout_s
+    )
+    settings = PortSettings(name=name, endpoint=endpoint, timeout_s=timeout_s)
+    port = start_port(settings, launcher=HostLauncher(argv=argv, log_path=log_path))
+    try:
+        if not port.wait_ready(ready_s):
+            log = log_path.read_text(errors="replace") if log_path.exists() else "(no log)"
+            raise AssertionError(f"the MCP tool host did not come up in {ready_s:g} s:\n{log}")
+        yield port
+    finally:
+        port.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
