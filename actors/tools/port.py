@@ -70,6 +70,7 @@ PORT_GRACE_S = 0.75  # past tools.timeout_s, so the host's own timeout answer ar
 _CANCEL_CHECK_S = 0.05  # how often a waiting call looks at its cancel token
 _HELLO_RETRY_S = 0.05  # while not connected: how often to try to say Hello
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S, _STABLE_S = 0.1, 5.0, 10.0
+_USAGE_EXIT = 2  # the host refused its flags or set-up: restarting would not help
 
 
 class PortState(enum.StrEnum):
@@ -527,6 +528,13 @@ class ToolPortActor(pykka.ThreadingActor):
             self._io.host_exited(reason)
             if self._proc is not None:
                 kill_session(self._proc.pid, wait_s=0.5)  # its tools' processes, orphaned
+            if message.returncode == _USAGE_EXIT:
+                log.error(
+                    "tool host %s exited with code 2: bad usage or set-up (see its log); "
+                    "it is not restarted",
+                    self.settings.name,
+                )
+                return None
             if time.monotonic() - self._started_at > _STABLE_S:
                 self._backoff = _BACKOFF_FIRST_S
             self._schedule_restart(message.generation)

@@ -19,6 +19,7 @@ directly by its own name (which is how pinned tools are called).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import re
@@ -152,7 +153,8 @@ class Registry:
                 f"No tool matches {query!r}. The tools are: {names}. Try other words with "
                 "find_tool, or call_tool with one of these names."
             )
-        best = [s for _, _, s in scored[:limit]]
+        top = scored[0][0]
+        best = [s for score, _, s in scored[:limit] if score >= top / 4]  # drop weak tails
         return _describe(f"Tools matching {query!r}, best first:", best)
 
     def validator(self, spec: ToolSpec) -> Any:
@@ -286,8 +288,7 @@ def _json_kind(value: Any) -> str:
 
 
 def _unknown(registry: Registry, name: str) -> Local:
-    specs = registry.specs()
-    near = [s.name for s in specs if _score(_query_words(name), s) > 0][:5]
+    near = difflib.get_close_matches(name, [s.name for s in registry.specs()], n=3, cutoff=0.6)
     hint = f" Similar tools: {', '.join(near)}." if near else ""
     return Local(
         f"There is no tool named {name!r}.{hint} Use find_tool with a few words saying what you "

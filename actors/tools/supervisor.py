@@ -1,0 +1,260 @@
+"""The daemon's tool side: starts the tool hosts, connects their ports, and stops them all.
+
+:meth:`Toolbox.start` reads ``[tools]``:
+
+- the standard hosts (``tools.standard``), each a separate process: ``files`` (read_file,
+  list_dir, search_files, write_file), ``shell`` (run_command) and ``web`` (fetch_url), so
+  a runaway command cannot stall file reads, and fetched pages are handled apart;
+- each ``[[tools.hosts]]`` entry: ``local`` (standard tools by name) and ``mcp`` (an MCP
+  server behind a tool host) run here as child processes on ``ipc://`` sockets in a private
+  run directory (mode 0700); ``remote`` ones are reached at their ``tcp://`` endpoint with
+  CURVE keys.
+
+It then waits, up to ``tools.start_timeout_s`` in all, for every host's tool list. A host
+that does not come up is not a hang and not fatal: it is named in :attr:`Toolbox.problems`
+(with the end of its log) and its port keeps trying, so its tools appear when it does.
+
+Each local host is supervised by its port actor (restarted with backoff when it dies, see
+:mod:`actors.tools.port`), runs with ``--parent-pid`` so it exits if the daemon is killed,
+and leads a process session of its own, so :meth:`Toolbox.close` can kill everything it
+and its tools started. Nothing is left running after ``close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+import actors
+from actors.config import Config, ConfigError, HostConfig, ToolsConfig
+from actors.tools.keys import KeyFileError, load_public, load_secret
+from actors.tools.port import (
+    CurveClient,
+    HostLauncher,
+    PortHandle,
+    PortSettings,
+    PortStatus,
+    start_port,
+    stop_ports,
+)
+from actors.tools.procs import kill_session, kill_tree
+from actors.tools.registry import Registry
+
+__all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
+
+log = logging.getLogger("loopd.toolbox")
+
+STANDARD_HOSTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("files", ("read_file", "list_dir", "search_files", "write_file")),
+    ("shell", ("run_command",)),
+    ("web", ("fetch_url",)),
+)
+_IPC_MAX = 100  # the ipc:// path limit on Linux is 107 bytes; stay well under
+
+
+def host_argv(
+    name: str,
+    endpoint: str,
+    tools: ToolsConfig,
+    workspace: Path,
+    *,
+    standard: tuple[str, ...] = (),
+    mcp_command: tuple[str, ...] = (),
+    mcp_url: str = "",
+) -> tuple[str, ...]:
+    """The command line of a local tool host."""
+    argv = [
+        sys.executable, "-m", "actors.tools.host", "--bind", endpoint, "--name", name,
+        "--workspace", str(workspace), "--parent-pid", str(os.getpid()),
+        "--timeout", repr(tools.timeout_s), "--max-calls", str(tools.max_concurrent_calls),
+        "--max-frame-bytes", str(tools.max_frame_bytes),
+        "--max-output-bytes", str(tools.max_output_bytes),
+    ]  # fmt: skip
+    if standard:
+        argv += ["--tools", *standard]
+    if tools.allow:
+        argv += ["--allow", *tools.allow]
+    if mcp_command:
+        argv += ["--mcp", shlex.join(mcp_command)]
+    if mcp_url:
+        argv += ["--mcp-url", mcp_url]
+    return tuple(argv)
+
+
+def _host_env() -> dict[str, str]:
+    """The daemon's environment, with this loopd importable even when not installed."""
+    root = str(Path(actors.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run_dir(given: Path | None) -> tuple[Path, bool]:
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        return given, False
+    base = tempfile.gettempdir()
+    if len(base) > 40:  # e.g. macOS's long $TMPDIR: ipc paths must stay short
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="loopd-", dir=base)), True
+
+
+def _curve(h: HostConfig, where: str) -> CurveClient:
+    if not h.client_key:
+        raise KeyFileError(
+            f"{where}: a remote host needs client_key, this daemon's secret key file "
+            "(make one with `loopd keys NAME`, and put NAME.key in the host's --allow-keys)"
+        )
+    public, secret = load_secret(h.client_key)
+    return CurveClient(server_key=load_public(h.server_key), public=public, secret=secret)
+
+
+class Toolbox:
+    """The running tool hosts and their ports; :attr:`registry` holds their tools."""
+
+    def __init__(self, ports: list[PortHandle], run_dir: Path, owns_run_dir: bool) -> None:
+        self.ports = ports
+        self.registry = Registry(ports)
+        self.problems: dict[str, str] = {}
+        self.run_dir = run_dir
+        self._owns_run_dir = owns_run_dir
+        self._closed = False
+
+    @classmethod
+    def start(cls, config: Config, *, run_dir: Path | None = None) -> Toolbox:
+        """Start the local hosts, connect every port, and wait (bounded) for their tools."""
+        tools = config.tools
+        local_needed = tools.standard or any(h.kind != "remote" for h in tools.hosts)
+        workspace = config.workspace
+        if local_needed and not workspace.is_dir():
+            raise ConfigError(
+                f"tools.workspace = {tools.workspace!r}: {workspace} is not a directory; "
+                "create it or point tools.workspace at one"
+            )
+        standard_names = {name for name, _ in STANDARD_HOSTS} if tools.standard else set()
+        clash = standard_names & {h.name for h in tools.hosts}
+        if clash:
+            raise ConfigError(
+                f"tools.hosts: {', '.join(sorted(clash))} is the name of a standard host; "
+                "rename it, or set tools.standard = false"
+            )
+        directory, owned = _run_dir(run_dir)
+        os.chmod(directory, 0o700)
+        box = cls([], directory, owned)
+        try:
+            box._start_hosts(config, workspace)
+            box.registry = Registry(box.ports)
+            box._wait(tools.start_timeout_s)
+        except BaseException:
+            box.close()
+            raise
+        return box
+
+    def _endpoint(self, name: str) -> str:
+        endpoint = f"ipc://{self.run_dir}/{name}.sock"
+        if len(endpoint) > _IPC_MAX:
+            raise ConfigError(f"run directory {self.run_dir} is too long for an ipc:// socket path")
+        return endpoint
+
+    def _start_local(self, name: str, tools: ToolsConfig, argv: tuple[str, ...]) -> None:
+        endpoint = argv[argv.index("--bind") + 1]
+        launcher = HostLauncher(argv, env=_host_env(), log_path=self.run_dir / f"{name}.log")
+        settings = PortSettings.from_config(name, endpoint, tools)
+        self.ports.append(start_port(settings, launcher=launcher))
+
+    def _start_hosts(self, config: Config, workspace: Path) -> None:
+        tools = config.tools
+        if tools.standard:
+            for name, names in STANDARD_HOSTS:
+                argv = host_argv(name, self._endpoint(name), tools, workspace, standard=names)
+                self._start_local(name, tools, argv)
+        for i, h in enumerate(tools.hosts):
+            where = f"tools.hosts[{i}] ({h.name})"
+            if h.kind == "remote":
+                try:
+                    curve = _curve(h, where)
+                except KeyFileError as e:
+                    self.problems[h.name] = str(e)
+                    log.error("%s", e)
+                    continue
+                settings = PortSettings.from_config(h.name, h.endpoint, tools, curve)
+                self.ports.append(start_port(settings))
+                continue
+            endpoint = self._endpoint(h.name)
+            if h.kind == "mcp":
+                argv = host_argv(
+                    h.name, endpoint, tools, workspace, mcp_command=h.command, mcp_url=h.url
+                )
+            else:
+                argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools)
+            self._start_local(h.name, tools, argv)
+
+    def _wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for port in self.ports:
+            if port.wait_ready(max(0.0, deadline - time.monotonic())):
+                continue
+            status = port.status()
+            why = f"no tool list within {timeout_s:g} s (tools.start_timeout_s): {status.state}"
+            if status.reason:
+                why += f", {status.reason}"
+            tail = self._log_tail(port.name)
+            self.problems[port.name] = why + (f"; its log ends:\n{tail}" if tail else "")
+            log.error("tool host %s: %s", port.name, self.problems[port.name])
+
+    def _log_tail(self, name: str, lines: int = 8) -> str:
+        path = self.run_dir / f"{name}.log"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def status(self) -> dict[str, PortStatus]:
+        """Each host's state, tools, pid and restart count."""
+        return {port.name: port.status() for port in self.ports}
+
+    def close(self) -> None:
+        """Stop every port and host process, and whatever they started. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        stop_ports(self.ports)
+        _sweep(os.getpid())
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> Toolbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _sweep(parent_pid: int) -> None:
+    """Kill any tool host this process started that is somehow still running."""
+    mark = ["--parent-pid", str(parent_pid)]
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "actors.tools.host" not in cmd:
+            continue
+        if any(cmd[i : i + 2] == mark for i in range(len(cmd) - 1)):
+            log.warning("tool host pid %d was still running after close; killing it", p.pid)
+            with contextlib.suppress(psutil.Error, OSError):
+                kill_tree(p.pid)
+                kill_session(p.pid)
