@@ -114,7 +114,7 @@ def _exchange(part: bytes, number: int) -> Exchange:
         body = body[:-1]  # the line break before '### response' is not part of the body
     status_line, rheaders, rbody = _head(response_text, where + " response")
     try:
-        _v, status, reason = (status_line.split(" ", 2) + [""])[:3]
+        _v, status, reason = [*status_line.split(" ", 2), ""][:3]
         code = int(status)
     except ValueError:
         raise RecordingError(f"{where}: bad status line {status_line!r}") from None

@@ -59,8 +59,11 @@ class Rig:
         return [type(e).__name__ for e in self.events]
 
 
+MakeRig = Callable[..., Rig]  # rig(script, **config changes) -> Rig
+
+
 @pytest.fixture
-def rig() -> Iterator[Callable[..., Rig]]:
+def rig() -> Iterator[MakeRig]:
     made: list[Rig] = []
 
     def make(script: Sequence[Reply] | Callable[[dict[str, Any]], Reply], **changes: Any) -> Rig:

@@ -12,7 +12,7 @@ import pytest
 
 from actors.events import Content, Event, Queued, Retrying, Waiting
 from actors.inference.types import InferError, InferErrorKind
-from tests.inference.conftest import request
+from tests.inference.conftest import MakeRig, request
 from tests.support.fake_llama import Conn, Reply, after, answer, hang, http_error
 
 SLOW = {"read_timeout_s": 600.0, "timeout_s": 900.0}
@@ -34,7 +34,7 @@ def gone_after_content() -> tuple[Reply, threading.Event]:
     return Reply("gone_after_content", serve), gone
 
 
-def test_cancel_mid_stream_closes_the_stream_and_returns_nothing(rig):
+def test_cancel_mid_stream_closes_the_stream_and_returns_nothing(rig: MakeRig) -> None:
     reply, gone = gone_after_content()
     r = rig([reply], **SLOW)
 
@@ -49,7 +49,7 @@ def test_cancel_mid_stream_closes_the_stream_and_returns_nothing(rig):
     assert len(r.fake.requests) == 1  # and nothing was retried
 
 
-def test_cancel_from_another_thread_while_the_server_is_silent(rig):
+def test_cancel_from_another_thread_while_the_server_is_silent(rig: MakeRig) -> None:
     reply, gone = gone_after_content()
     r = rig([reply], **SLOW)
     started = threading.Event()
@@ -58,7 +58,11 @@ def test_cancel_from_another_thread_while_the_server_is_silent(rig):
         if isinstance(e, Content) and e.text == "three ":
             started.set()
 
-    canceller = threading.Thread(target=lambda: started.wait(10) and r.cancel.cancel())
+    def cancel_when_started() -> None:
+        if started.wait(10):
+            r.cancel.cancel()
+
+    canceller = threading.Thread(target=cancel_when_started)
     canceller.start()
     try:
         with pytest.raises(InferError) as e:
@@ -69,7 +73,7 @@ def test_cancel_from_another_thread_while_the_server_is_silent(rig):
     assert gone.wait(10)
 
 
-def test_cancel_before_any_byte_came_back(rig):
+def test_cancel_before_any_byte_came_back(rig: MakeRig) -> None:
     r = rig([hang()], **SLOW)
 
     def sink(e: Event) -> None:
@@ -81,7 +85,7 @@ def test_cancel_before_any_byte_came_back(rig):
     assert e.value.kind is InferErrorKind.CANCELLED
 
 
-def test_cancel_during_backoff(rig):
+def test_cancel_during_backoff(rig: MakeRig) -> None:
     r = rig([http_error(503, {"error": {"code": 503, "message": "Loading model"}})] * 2,
             backoff_s=600.0, **SLOW)
 
@@ -95,7 +99,7 @@ def test_cancel_during_backoff(rig):
     assert len(r.fake.requests) == 1
 
 
-def test_cancel_while_queued(rig):
+def test_cancel_while_queued(rig: MakeRig) -> None:
     gate = threading.Event()
     r = rig([after(gate, answer("first"))], parallel=1, **SLOW)
     from actors.inference.types import CancelToken
@@ -104,9 +108,13 @@ def test_cancel_while_queued(rig):
     sent = threading.Event()
     outcome: list[BaseException] = []
 
+    def note_sent(e: Event) -> None:
+        if isinstance(e, Waiting):
+            sent.set()
+
     def first() -> None:
         try:
-            r.client.chat(request(), lambda e: isinstance(e, Waiting) and sent.set(), first_cancel)
+            r.client.chat(request(), note_sent, first_cancel)
         except BaseException as e:
             outcome.append(e)
 
@@ -128,7 +136,7 @@ def test_cancel_while_queued(rig):
     assert len(r.fake.requests) == 1  # the queued one never reached the server
 
 
-def test_already_cancelled_sends_nothing(rig):
+def test_already_cancelled_sends_nothing(rig: MakeRig) -> None:
     r = rig([answer("never")])
     r.cancel.cancel()
     with pytest.raises(InferError) as e:
@@ -136,7 +144,7 @@ def test_already_cancelled_sends_nothing(rig):
     assert e.value.kind is InferErrorKind.CANCELLED and r.fake.requests == []
 
 
-def test_the_deadline_ends_a_request_the_server_never_answers(rig):
+def test_the_deadline_ends_a_request_the_server_never_answers(rig: MakeRig) -> None:
     r = rig([hang()], read_timeout_s=600.0, timeout_s=0.3)
     with pytest.raises(InferError) as e:
         r.chat()

@@ -42,7 +42,7 @@ def finish(asm: StreamAssembler, reason: str = "tool_calls") -> None:
     asm.feed("[DONE]")
 
 
-def test_a_later_name_replaces_and_arguments_append():
+def test_a_later_name_replaces_and_arguments_append() -> None:
     asm = StreamAssembler()
     events = [
         *asm.feed(frag(0, "{", id="a1", name="find")),
@@ -58,7 +58,7 @@ def test_a_later_name_replaces_and_arguments_append():
     ]
 
 
-def test_progress_chunk_role_delta_is_not_content():
+def test_progress_chunk_role_delta_is_not_content() -> None:
     asm = StreamAssembler()
     role = {"role": "assistant", "content": None}
     progress = {"total": 10, "cache": 2, "processed": 2, "time_ms": 0}
@@ -69,7 +69,7 @@ def test_progress_chunk_role_delta_is_not_content():
     assert (done.content, done.reasoning, done.tool_calls) == (None, None, ())
 
 
-def test_usage_and_timings_are_kept_whole():
+def test_usage_and_timings_are_kept_whole() -> None:
     asm = StreamAssembler()
     usage = {"prompt_tokens": 5, "completion_tokens": 2,
              "completion_tokens_details": {"reasoning_tokens": 7}}
@@ -82,7 +82,7 @@ def test_usage_and_timings_are_kept_whole():
     assert done.reasoning_tokens == 7  # the server's count wins over the deltas seen
 
 
-def test_data_after_done_is_refused():
+def test_data_after_done_is_refused() -> None:
     asm = StreamAssembler()
     asm.feed("[DONE]")
     with pytest.raises(InferError) as e:
@@ -90,7 +90,7 @@ def test_data_after_done_is_refused():
     assert e.value.kind is InferErrorKind.PROTOCOL
 
 
-def test_a_call_without_a_name_is_a_protocol_error():
+def test_a_call_without_a_name_is_a_protocol_error() -> None:
     asm = StreamAssembler()
     asm.feed(frag(0, "{}", id="x"))
     finish(asm)
@@ -110,7 +110,9 @@ calls_strategy = st.lists(
 
 
 @given(calls=calls_strategy, data=st.data())
-def test_tool_calls_assemble_from_fragments_split_anywhere(calls, data):
+def test_tool_calls_assemble_from_fragments_split_anywhere(
+    calls: list[tuple[str, dict[str, Any]]], data: st.DataObject
+) -> None:
     """Arguments cut at any points, calls interleaved in any order: same calls come out."""
     wanted = [
         ToolCall(f"id{i}", name, json.dumps(args, ensure_ascii=False))
@@ -157,7 +159,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @given(body=st.binary(max_size=2000), cuts=st.lists(st.integers(0, 4000), max_size=8))
-def test_arbitrary_bytes_give_only_inferror(body, cuts):
+def test_arbitrary_bytes_give_only_inferror(body: bytes, cuts: list[int]) -> None:
     run_body(split(body, cuts))
 
 
@@ -213,6 +215,8 @@ shaped_chunk = optional_keys(
     done=st.booleans(),
     cuts=st.lists(st.integers(0, 4000), max_size=8),
 )
-def test_arbitrary_json_in_sse_framing_gives_only_inferror(objs, done, cuts):
+def test_arbitrary_json_in_sse_framing_gives_only_inferror(
+    objs: list[Any], done: bool, cuts: list[int]
+) -> None:
     lines = [f"data: {json.dumps(o)}\n\n" for o in objs] + (["data: [DONE]\n\n"] if done else [])
     run_body(split("".join(lines).encode(), cuts))

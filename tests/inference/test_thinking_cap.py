@@ -4,30 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from actors.events import Content, Reasoning, ThinkingCapped
+from actors.events import Content, Event, Reasoning, ThinkingCapped
 from actors.inference.client import CONTROL_GRACE
-from tests.inference.conftest import USER, request
-from tests.support.fake_llama import Conn, Reply, answer
+from tests.inference.conftest import USER, MakeRig, request
+from tests.support.fake_llama import Conn, Control, Reply, answer
 
 LONG = "".join(f"step {i}. " for i in range(200))  # far more reasoning than any budget here
 
 
-def capped(events: list) -> list[ThinkingCapped]:
+def capped(events: list[Event]) -> list[ThinkingCapped]:
     return [e for e in events if isinstance(e, ThinkingCapped)]
 
 
-def reasoning_deltas(events: list) -> int:
+def reasoning_deltas(events: list[Event]) -> int:
     return sum(isinstance(e, Reasoning) for e in events)
 
 
-def test_no_budget_means_no_cap(rig):
+def test_no_budget_means_no_cap(rig: MakeRig) -> None:
     r = rig([answer("Answer.", reasoning=LONG)])
     done = r.chat(request())
     assert "reasoning_budget_tokens" not in r.fake.requests[0]
     assert done.reasoning == LONG and not done.thinking_capped and capped(r.events) == []
 
 
-def test_the_servers_budget_does_the_job(rig):
+def test_the_servers_budget_does_the_job(rig: MakeRig) -> None:
     r = rig([answer("Answer.", reasoning=LONG)])
     done = r.chat(request(thinking_budget=5))
     body = r.fake.requests[0]
@@ -38,7 +38,7 @@ def test_the_servers_budget_does_the_job(rig):
     assert done.thinking_capped and done.reasoning_tokens == 5 and done.content == "Answer."
 
 
-def test_a_server_ignoring_the_budget_gets_the_reasoning_end_control(rig):
+def test_a_server_ignoring_the_budget_gets_the_reasoning_end_control(rig: MakeRig) -> None:
     r = rig([answer("Answer.", reasoning=LONG, honor_budget=False, control="honor")])
     done = r.chat(request(thinking_budget=5))
     (call,) = r.fake.control_calls
@@ -50,7 +50,9 @@ def test_a_server_ignoring_the_budget_gets_the_reasoning_end_control(rig):
 
 
 @pytest.mark.parametrize("control", ["ignore", "missing"])
-def test_when_the_control_fails_the_same_messages_are_asked_again_thinking_off(rig, control):
+def test_when_the_control_fails_the_same_messages_are_asked_again_thinking_off(
+    rig: MakeRig, control: Control
+) -> None:
     r = rig([
         answer("first", reasoning=LONG, honor_budget=False, control=control),
         answer("Second answer.", reasoning="never shown: thinking is off"),
@@ -70,7 +72,7 @@ def test_when_the_control_fails_the_same_messages_are_asked_again_thinking_off(r
     assert "".join(e.text for e in r.events if isinstance(e, Content)) == "Second answer."
 
 
-def test_reasoning_after_the_answer_began_is_left_to_finish(rig):
+def test_reasoning_after_the_answer_began_is_left_to_finish(rig: MakeRig) -> None:
     def serve(conn: Conn) -> None:
         conn.head(200, "text/event-stream")
         base = {"id": "chatcmpl-late", "object": "chat.completion.chunk"}
@@ -89,14 +91,14 @@ def test_reasoning_after_the_answer_began_is_left_to_finish(rig):
     assert done.thinking_capped and len(capped(r.events)) == 1
 
 
-def test_thinking_off_sends_no_budget_and_is_never_capped(rig):
+def test_thinking_off_sends_no_budget_and_is_never_capped(rig: MakeRig) -> None:
     r = rig([answer("Plain.", reasoning=LONG)])
     done = r.chat(request(thinking=False, thinking_budget=3))
     assert done.reasoning is None and not done.thinking_capped
     assert r.fake.requests[0]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
-def test_a_zero_budget_stops_thinking_at_once(rig):
+def test_a_zero_budget_stops_thinking_at_once(rig: MakeRig) -> None:
     r = rig([answer("Now.", reasoning=LONG)])
     done = r.chat(request(thinking_budget=0))
     assert r.fake.requests[0]["reasoning_budget_tokens"] == 0

@@ -43,6 +43,7 @@ from actors.inference import recording
 
 __all__ = [
     "Conn",
+    "Control",
     "FakeLlama",
     "Reply",
     "after",
