@@ -6,7 +6,9 @@ command, streamable HTTP for a URL) on an asyncio loop in a thread of its own, s
 host's worker threads can call ``run`` concurrently and block only themselves.
 
 Policy (the server's annotations are hints from a program we did not write, so they only
-ever choose the stricter side of MCP's defaults; only loopd's config allows a tool):
+ever choose the stricter side of MCP's defaults; only loopd's config allows a tool). The
+annotations become the ToolSpec's ``needs_approval`` and ``untrusted``; the tool host
+applies ``tools.allow`` to ``needs_approval`` as for any other tool:
 
 - approval: a tool runs without approval only if it says ``readOnlyHint: true`` and does
   not also say ``destructiveHint: true``. Everything else (no annotations, additive writes
@@ -228,8 +230,13 @@ class McpProvider:
     """Runs the tools of one MCP server (a command over stdio, or a streamable-HTTP URL).
 
     Construction starts the server and lists its tools, raising :class:`McpError` with
-    the reason if that fails. ``allow`` is ``tools.allow`` from loopd's config: the only
-    way a tool that needs approval runs without it.
+    the reason if that fails.
+
+    Approval: inside a tool host, leave ``allow`` as None; the host answers
+    ``PendingApproval`` for every provider's tools whose spec says ``needs_approval`` and
+    that ``tools.allow`` does not name, before ``run`` is called. Used on its own, give
+    ``allow`` (``tools.allow``, the only way a tool that needs approval runs without it)
+    and the provider answers ``PendingApproval`` itself.
     """
 
     def __init__(
@@ -237,7 +244,7 @@ class McpProvider:
         command: Sequence[str] | None = None,
         url: str | None = None,
         *,
-        allow: Collection[str] = (),
+        allow: Collection[str] | None = None,
         connect_timeout_s: float = 30.0,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
@@ -264,7 +271,7 @@ class McpProvider:
             self.label = _strip_userinfo(url)
         self._restarted = "restarted" if command is not None else "reconnected"
         self._url = url
-        self._allow = frozenset(allow)
+        self._allow = None if allow is None else frozenset(allow)
         self._connect_timeout_s = connect_timeout_s
         self._probe_timeout_s = probe_timeout_s
         self._closed = False
@@ -311,7 +318,7 @@ class McpProvider:
         spec = self._by_name.get(tool)
         if spec is None:
             return Failed(message=f"MCP server {self.label} has no tool named {tool!r}")
-        if spec.needs_approval and tool not in self._allow:
+        if self._allow is not None and spec.needs_approval and tool not in self._allow:
             return PendingApproval(prompt=self._approval_prompt(tool, arguments))
         if self._closed:
             return Failed(message=f"MCP server {self.label} is closed")

@@ -11,6 +11,7 @@ import base64
 import importlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -252,7 +253,7 @@ def test_git_server_reads_and_config_alone_allows_writes(
 ) -> None:
     _need("mcp_server_git")
     command = [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
-    provider = make_provider(command)
+    provider = make_provider(command, allow=())  # gating here, as no host is in front
     specs = {s.name: s for s in provider.specs()}
     assert not specs["git_log"].needs_approval
     assert specs["git_add"].needs_approval  # additive write: destructiveHint false, not read-only
@@ -294,7 +295,7 @@ def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
     make_provider: Callable[..., McpProvider],
 ) -> None:
     command = [sys.executable, str(TEST_SERVER)]
-    strict = make_provider(command)
+    strict = make_provider(command, allow=())
     assert isinstance(strict.run("delete_all", {}, 10), PendingApproval)
     assert strict.run("echo", {"text": "x"}, 10) == Result(content="x", untrusted=False)
     web = strict.run("web", {}, 10)
@@ -303,6 +304,9 @@ def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
     allowing = make_provider(command, allow=["delete_all"])
     deleted = allowing.run("delete_all", {}, 10)
     assert deleted == Result(content="deleted", untrusted=True)  # no openWorldHint: untrusted
+
+    behind_a_host = make_provider(command)  # allow=None: the host has already checked
+    assert behind_a_host.run("delete_all", {}, 10) == Result(content="deleted", untrusted=True)
 
 
 def test_a_crash_mid_call_fails_the_call_and_the_next_call_restarts(
@@ -461,6 +465,10 @@ def test_git_tools_through_a_tool_host_and_port(repo: Path) -> None:
         asked = _call(port, "git_add", {"repo_path": str(repo), "files": ["new.txt"]}, call=2)
         assert isinstance(asked, PendingApproval), asked
         assert "?? new.txt" in _status(repo)
+    with mcp_port(command=command, name="git", allow=["git_add"]) as port:  # tools.allow
+        added = _call(port, "git_add", {"repo_path": str(repo), "files": ["new.txt"]})
+        assert isinstance(added, Result), added
+        assert "A  new.txt" in _status(repo)
 
 
 def test_a_crash_mid_call_through_the_host(record: Path) -> None:
@@ -492,3 +500,36 @@ def test_a_killed_host_takes_its_wedged_mcp_server_with_it(record: Path) -> None
         finally:
             caller.join(timeout=WAIT_S)
         assert len(answers) == 1 and isinstance(answers[0], Failed), answers
+
+
+def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_path: Path) -> None:
+    _need("mcp_server_time")
+    import tomllib
+
+    from actors.config import parse
+    from actors.tools.registry import Local, Port, dispatch
+    from actors.tools.supervisor import Toolbox
+
+    command = shlex.join(TIME_SERVER)
+    config = parse(tomllib.loads(f"""
+        [tools]
+        standard = false
+        workspace = {json.dumps(str(tmp_path))}
+        [[tools.hosts]]
+        name = "time"
+        kind = "mcp"
+        command = {json.dumps(command)}
+    """))
+    with Toolbox.start(config) as box:
+        assert not box.problems, box.problems
+        found = dispatch(box.registry, "find_tool", '{"query": "current time in a timezone"}')
+        assert isinstance(found, Local) and "get_current_time" in found.text, found
+        call = dispatch(
+            box.registry,
+            "call_tool",
+            '{"name": "get_current_time", "arguments": {"timezone": "America/New_York"}}',
+        )
+        assert isinstance(call, Port) and call.tool == "get_current_time", call
+        answer = call.port.call(session="s", call=1, tool=call.tool, arguments=call.arguments)
+        assert isinstance(answer, Result), answer
+        assert json.loads(answer.content)["timezone"] == "America/New_York"
