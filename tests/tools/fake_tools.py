@@ -1,0 +1,72 @@
+"""Tools for tests, loaded into real tool hosts with ``--provider tests.tools.fake_tools:provider``.
+
+Each one makes one behaviour easy to trigger and to observe from outside the host: a
+tool that waits for a file (so a test decides when it ends, with no sleeps), one that
+hangs in pure Python ignoring every request to stop, one that raises, one that returns
+something that is not an answer, and one that leaves a marker file (so a test can prove a
+call did or did not run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from actors.tools.spec import ToolSpec
+from actors.tools.wire import Answer, Result
+
+__all__ = ["FakeTools", "provider"]
+
+
+def _obj(**props: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+_SPECS = [
+    ToolSpec("echo", "Answer with the text.", _obj(text={"type": "string"})),
+    ToolSpec(
+        "wait_for_file", "Wait until a file exists, then answer.", _obj(path={"type": "string"})
+    ),
+    ToolSpec("hang", "Sleep in Python, ignoring cancel.", _obj(seconds={"type": "number"})),
+    ToolSpec("boom", "Raise an exception.", _obj(message={"type": "string"})),
+    ToolSpec("not_an_answer", "Return something that is not an answer.", _obj()),
+    ToolSpec("touch", "Create a marker file.", _obj(path={"type": "string"})),
+    ToolSpec("pid", "This host's process id.", _obj()),
+]
+
+
+class FakeTools:
+    def specs(self) -> list[ToolSpec]:
+        return list(_SPECS)
+
+    def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer:
+        if tool == "echo":
+            return Result(content=str(arguments["text"]))
+        if tool == "wait_for_file":
+            path = Path(arguments["path"])
+            while not path.exists():
+                time.sleep(0.01)
+            return Result(content="file appeared")
+        if tool == "hang":
+            time.sleep(float(arguments["seconds"]))
+            return Result(content="woke up")
+        if tool == "boom":
+            raise RuntimeError(str(arguments["message"]))
+        if tool == "not_an_answer":
+            return 42
+        if tool == "touch":
+            Path(arguments["path"]).write_text("ran", encoding="utf-8")
+            return Result(content="touched")
+        if tool == "pid":
+            return Result(content=str(os.getpid()))
+        raise AssertionError(tool)
+
+    def close(self) -> None:
+        pass
+
+
+def provider() -> FakeTools:
+    return FakeTools()

@@ -1,0 +1,135 @@
+"""Helpers for tests that start real tool hosts: short socket paths, processes that are
+always cleaned up, a raw DEALER for speaking the wire protocol by hand, and process checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+from actors.tools import wire
+from actors.tools.procs import is_alive, kill_session, kill_tree
+
+__all__ = [
+    "FAKE",
+    "ROOT",
+    "ask",
+    "descendants",
+    "host_processes",
+    "raw_dealer",
+    "recv",
+    "short_dir",
+    "spawn_host",
+    "wait_until",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = "tests.tools.fake_tools:provider"
+
+
+@contextlib.contextmanager
+def short_dir() -> Iterator[Path]:
+    """A fresh directory with a short path (ipc:// paths must stay under ~100 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="lt-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def host_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@contextlib.contextmanager
+def spawn_host(
+    endpoint: str, *args: str, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A tool host process (its own session); killed with everything it started on exit."""
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actors.tools.host", "--bind", endpoint,
+         "--parent-pid", str(os.getpid()), *args],
+        cwd=ROOT, env=host_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+        kill_session(proc.pid)
+        if not isinstance(out, int):
+            out.close()
+
+
+@contextlib.contextmanager
+def raw_dealer(endpoint: str, **options: Any) -> Iterator[zmq.Socket[Any]]:
+    """A DEALER connected to ``endpoint`` (its own context), closed on exit."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        setattr(sock, name, value)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def recv(sock: zmq.Socket[Any], timeout: float = 10.0) -> wire.Message | None:
+    """The next message on ``sock``, or None after ``timeout``."""
+    if not sock.poll(int(timeout * 1000)):
+        return None
+    return wire.decode(sock.recv())
+
+
+def ask(sock: zmq.Socket[Any], msg: wire.Message, timeout: float = 10.0) -> wire.Message | None:
+    sock.send(wire.encode(msg))
+    return recv(sock, timeout)
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` until true; fail the test after ``timeout`` (a bound, not a timing)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """Living descendants of ``pid`` (default: this test process)."""
+    try:
+        procs = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in procs if is_alive(p)]
+
+
+def host_processes() -> list[psutil.Process]:
+    """Living tool host processes started by this test process (any depth)."""
+    me = str(os.getpid())
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "actors.tools.host" in cmd and me in cmd and is_alive(p):
+            found.append(p)
+    return found
