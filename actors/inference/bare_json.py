@@ -7,9 +7,10 @@ tool-call tags, so the server reports no ``tool_calls``. Under the setting
 
 The rule is deliberately narrow so that a real answer is never mistaken for a call: the
 whole content (surrounding whitespace allowed, optionally inside one ``` or ```json code
-fence) must be exactly one JSON object whose only keys are ``name`` (a known tool) and
-``arguments`` (or ``parameters``), an object or a JSON string holding one. A JSON object
-inside prose, several objects, a truncated object, or extra keys are not a call.
+fence) must be exactly one JSON object with ``name`` (a known tool) and exactly one of
+``arguments`` / ``parameters`` (an object, or a JSON string holding one). Other keys are
+ignored: the real model adds an echo of the tool's ``description``. A JSON object inside
+prose, several objects (the model repeating itself) or a truncated object are not a call.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def parse_bare_tool_call(content: str | None, known: Collection[str]) -> tuple[s
         return None
     name = data.get("name")
     arg_keys = [k for k in _ARGUMENT_KEYS if k in data]
-    if not isinstance(name, str) or name not in known or len(arg_keys) != 1 or len(data) != 2:
+    if not isinstance(name, str) or name not in known or len(arg_keys) != 1:
         return None
     arguments = _object(data[arg_keys[0]])
     if arguments is None:
@@ -73,7 +74,7 @@ def _call_tool_arguments(arguments: dict[str, Any]) -> dict[str, Any] | None:
     """call_tool's own arguments: ``name`` (a string) and ``arguments`` (an object)."""
     inner_name = arguments.get("name")
     inner_key = [k for k in _ARGUMENT_KEYS if k in arguments]
-    if not isinstance(inner_name, str) or len(inner_key) != 1 or len(arguments) != 2:
+    if not isinstance(inner_name, str) or len(inner_key) != 1:
         return None
     inner = _object(arguments[inner_key[0]])
     if inner is None:
