@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
+from httpx_sse import EventSource, ServerSentEvent
 
 from actors.config import InferenceConfig
 from actors.events import Queued, Retrying, Sink, ThinkingCapped, Waiting
@@ -61,6 +61,7 @@ CONTROL_GRACE = 8  # reasoning deltas still accepted after a successful reasonin
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_BACKOFF_S = 30.0
 _QUEUE_POLL_S = 0.05
+_DRAIN_S = 1.0  # how long the end of a response may take after [DONE]
 
 
 def request_body(request: ChatRequest) -> dict[str, Any]:
@@ -252,8 +253,9 @@ class LlamaClient:
         budget = request.thinking_budget if request.thinking else None
         seen = 0  # reasoning deltas already checked against the budget
         control_sent = False
+        stream = EventSource(response).iter_sse()
         try:
-            for sse in EventSource(response).iter_sse():
+            for sse in stream:
                 if cancel.cancelled:
                     raise _Failed(_cancelled(), retry=False)
                 if time.monotonic() >= run.deadline:
@@ -265,6 +267,7 @@ class LlamaClient:
                 for event in events:
                     sink(event)
                 if asm.done:
+                    _drain(stream, watch)
                     return asm
                 if budget is None or asm.reasoning_deltas == seen:
                     continue
@@ -403,6 +406,19 @@ class LlamaClient:
             InferError(InferErrorKind.HTTP, message, status=status, body=body),
             retry=_retryable_status(status),
         )
+
+
+def _drain(stream: Iterator[ServerSentEvent], watch: Watch | None) -> None:
+    """Read to the end after ``[DONE]`` so the connection goes back to the pool.
+
+    llama-server ends the response right after ``[DONE]``; a server that does not is cut
+    off by the watchdog after ``_DRAIN_S``. The answer is complete either way.
+    """
+    if watch is not None:
+        watch.deadline = min(watch.deadline, time.monotonic() + _DRAIN_S)
+    with contextlib.suppress(httpx.HTTPError):
+        for _ in stream:
+            break  # more after [DONE]: not worth reading, the connection is dropped
 
 
 def _retryable_status(status: int | None) -> bool:

@@ -19,6 +19,7 @@ from actors.events import (
     ToolCallDelta,
     Waiting,
 )
+from actors.inference import client as client_module
 from actors.inference.client import LlamaClient
 from actors.inference.types import CancelToken, InferError, InferErrorKind, is_context_full
 from actors.records import ToolCall
@@ -348,3 +349,27 @@ def test_json_of_the_sent_messages_round_trips(rig: MakeRig) -> None:
     r.chat(request(messages=weird))
     assert r.fake.requests[0]["messages"] == [dict(weird[0])]
     assert json.dumps(r.fake.requests[0]["messages"])  # plain JSON types only
+
+
+def test_the_connection_is_kept_for_the_next_request(rig: MakeRig) -> None:
+    r = rig([answer("one"), answer("two"), answer("three")])
+    assert [r.chat().content for _ in range(3)] == ["one", "two", "three"]
+    assert r.fake.connections == 1
+
+
+def test_a_server_that_holds_the_stream_open_after_done_still_answers(
+    rig: MakeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "_DRAIN_S", 0.05)
+    from tests.support.fake_llama import Conn
+
+    def serve(conn: Conn) -> None:
+        conn.head(200, "text/event-stream")
+        conn.event({"choices": [{"index": 0, "delta": {"content": "Done."}}], "id": "x"})
+        conn.event("[DONE]")
+        conn.wait_until_gone()
+
+    r = rig([Reply("held", serve), answer("next")], **{"read_timeout_s": 600.0})
+    assert r.chat().content == "Done."
+    assert r.chat().content == "next"  # on a new connection
+    assert r.fake.connections == 2
