@@ -230,7 +230,8 @@ class McpProvider:
     """Runs the tools of one MCP server (a command over stdio, or a streamable-HTTP URL).
 
     Construction starts the server and lists its tools, raising :class:`McpError` with
-    the reason if that fails.
+    the reason if that fails. ``max_output_bytes`` (``tools.max_output_bytes``) cuts a
+    result's text, with a note saying so.
 
     Approval: inside a tool host, leave ``allow`` as None; the host answers
     ``PendingApproval`` for every provider's tools whose spec says ``needs_approval`` and
@@ -247,6 +248,7 @@ class McpProvider:
         allow: Collection[str] | None = None,
         connect_timeout_s: float = 30.0,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        max_output_bytes: int | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("McpProvider needs exactly one of command (stdio) or url (HTTP)")
@@ -274,6 +276,7 @@ class McpProvider:
         self._allow = None if allow is None else frozenset(allow)
         self._connect_timeout_s = connect_timeout_s
         self._probe_timeout_s = probe_timeout_s
+        self._max_output = max_output_bytes
         self._closed = False
         self._lock = asyncio.Lock()
         self._count = 0
@@ -286,7 +289,8 @@ class McpProvider:
         )
         self._thread.start()
         try:
-            tools = self._submit(self._first_listing()).result(timeout=connect_timeout_s + 5)
+            listing = self._submit(self._first_listing())
+            tools = listing.result(timeout=2 * connect_timeout_s + 5)
         except BaseException as e:
             self.close()
             if isinstance(e, concurrent.futures.TimeoutError):
@@ -337,6 +341,8 @@ class McpProvider:
                 if time.monotonic() >= deadline:
                     future.cancel()
                     return Failed(message=self._timeout_message(tool, timeout_s))
+            except concurrent.futures.CancelledError:  # close() ended it
+                return Failed(message=f"MCP server {self.label} was closed during the call")
             except Exception as e:  # a bug on our side must still answer the call
                 log.exception("MCP call %s on %s failed", tool, self.label)
                 return Failed(message=f"MCP call {tool} on {self.label} failed: {e!r}")
@@ -440,9 +446,9 @@ class McpProvider:
                     ready.set_exception(e)
                 else:
                     ready.cancel()
-            elif not isinstance(e, asyncio.CancelledError):
+            elif isinstance(e, Exception):
                 log.info("MCP server %s connection %d ended: %r", self.label, conn.number, e)
-            if isinstance(e, asyncio.CancelledError):
+            if not isinstance(e, Exception):
                 raise
         finally:
             conn.ended.set()
@@ -514,7 +520,17 @@ class McpProvider:
         if result.is_error:
             return Failed(message=text)
         untrusted = self._by_name[tool].untrusted
-        return Result(content=text, class_=ResultClass.PUBLIC, untrusted=untrusted)
+        return Result(content=self._cut(text), class_=ResultClass.PUBLIC, untrusted=untrusted)
+
+    def _cut(self, text: str) -> str:
+        """The text cut at ``max_output_bytes`` (``tools.max_output_bytes``), saying so."""
+        if self._max_output is None:
+            return text
+        data = text.encode("utf-8", "replace")
+        if len(data) <= self._max_output:
+            return text
+        shown = data[: self._max_output].decode("utf-8", "ignore")
+        return shown + f"\n[cut: showing {self._max_output} of {len(data)} bytes of the answer]"
 
     def _start_probe(self, conn: _Connection) -> None:
         """After a timeout: a server that cannot list its tools either is hung; replace it."""

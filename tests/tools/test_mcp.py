@@ -291,6 +291,13 @@ def test_content_mapping_through_a_real_server(test_server: McpProvider) -> None
     assert isinstance(unknown, Failed) and "no tool named 'no_such_tool'" in unknown.message
 
 
+def test_long_answers_are_cut_with_a_note(make_provider: Callable[..., McpProvider]) -> None:
+    provider = make_provider([sys.executable, str(TEST_SERVER)], max_output_bytes=10)
+    answer = provider.run("echo", {"text": "é" * 20}, 10)  # 40 bytes of UTF-8
+    assert answer == Result(content="é" * 5 + "\n[cut: showing 10 of 40 bytes of the answer]")
+    assert provider.run("echo", {"text": "short"}, 10) == Result(content="short")
+
+
 def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
     make_provider: Callable[..., McpProvider],
 ) -> None:
