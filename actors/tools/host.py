@@ -48,7 +48,7 @@ import zmq
 
 from actors.tools import wire
 from actors.tools.keys import KeyFileError, load_secret
-from actors.tools.procs import kill_tree
+from actors.tools.procs import is_alive, kill_tree
 from actors.tools.spec import ToolProvider, ToolSpec
 from actors.tools.wire import (
     Cancel,
@@ -512,10 +512,13 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
 
 
 def _parent_watch(pid: int) -> Callable[[], bool]:
-    direct = os.getppid() == pid
-    if direct:
+    if os.getppid() == pid:
         return lambda: os.getppid() == pid  # reparented: the parent is gone (pid reuse-proof)
-    return lambda: psutil.pid_exists(pid)
+    try:
+        parent = psutil.Process(pid)
+    except psutil.Error:
+        return lambda: False
+    return lambda: is_alive(parent)  # a zombie parent is a dead one
 
 
 class _KeyDirectory:
