@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from actors.config import Config
 from actors.events import CacheLossEvent, Event, ToolCallDelta, ToolCallStarted, ToolResultEvent
-from actors.inference.bare_json import parse_bare_tool_call
+from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
 from actors.inference.types import (
     CancelToken,
     ChatRequest,
@@ -226,11 +226,12 @@ class _Turn:
         """A small model's tool call written as bare JSON in the answer, taken as the call."""
         if not self.runtime.bare_json_tool_calls or completion.tool_calls:
             return completion
-        known = [t["function"]["name"] for t in self.log.baseline.tools if "function" in t]
+        offered = {t["function"]["name"] for t in self.log.baseline.tools if "function" in t}
+        known = offered | {spec.name for spec in self.runtime.registry.specs()}
         parsed = parse_bare_tool_call(completion.content, known)
         if parsed is None:
             return completion
-        name, arguments = parsed
+        name, arguments = parsed if parsed[0] in offered else via_call_tool(*parsed)
         call = ToolCall(id=f"loopd-{len(self.log.records)}", name=name, arguments=arguments)
         return dataclasses.replace(
             completion, content=None, tool_calls=(call,), finish_reason="tool_calls"
