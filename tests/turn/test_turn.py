@@ -280,8 +280,8 @@ def test_answer_cut_by_max_tokens_ends_the_turn_saying_so(rig: Make) -> None:
 
 
 def test_a_failed_request_appends_nothing_and_the_session_goes_on(rig: Make) -> None:
-    r = rig([http_error(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}})] * 3
-            + [answer("recovered")])
+    boom = http_error(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}})
+    r = rig([boom] * 3 + [answer("recovered")])
     with pytest.raises(Infer) as caught:
         r.turn()
     assert "boom" in str(caught.value)
