@@ -1,0 +1,198 @@
+"""The Toolbox: real host processes started, restarted after SIGKILL, and never left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from actors.config import Config, ConfigError, HostConfig
+from actors.tools import wire
+from actors.tools.keys import write_keypair
+from actors.tools.port import PortState
+from actors.tools.procs import is_alive
+from actors.tools.supervisor import Toolbox
+from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
+
+Make = Callable[..., Toolbox]
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    with short_dir() as d:
+        (d / "notes.txt").write_text("hello from the workspace\n")
+        yield d
+
+
+@pytest.fixture
+def make(workspace: Path) -> Iterator[Make]:
+    """Starts toolboxes on ``workspace``; closes them all, then checks no host is left."""
+    boxes: list[Toolbox] = []
+
+    def start(**tools: Any) -> Toolbox:
+        settings = {"workspace": str(workspace), "heartbeat_s": 0.2, "timeout_s": 30.0,
+                    "allow": ("run_command",), **tools}  # fmt: skip
+        box = Toolbox.start(Config().replace("tools", **settings))
+        boxes.append(box)
+        return box
+
+    try:
+        yield start
+    finally:
+        for box in boxes:
+            box.close()
+    assert host_processes() == []
+
+
+def _run(box: Toolbox, tool: str, **arguments: Any) -> wire.Answer:
+    port = box.registry.port_for(tool)
+    assert port is not None, f"no host offers {tool}"
+    return port.call(session="s", call=1, tool=tool, arguments=arguments)
+
+
+def _sleeps(marker: str) -> list[psutil.Process]:
+    """Living ``sleep MARKER`` processes, wherever they are in the process tree."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info["cmdline"] or [])[:2] == ["sleep", marker] and is_alive(p):
+            found.append(p)
+    return found
+
+
+def test_the_standard_hosts_start_and_answer(make: Make) -> None:
+    box = make()
+    assert box.problems == {}
+    status = box.status()
+    assert sorted(status) == ["files", "shell", "web"]
+    assert all(s.state is PortState.READY and s.pid for s in status.values())
+    assert len({s.pid for s in status.values()}) == 3  # each host its own process
+    assert {s.name for s in box.registry.specs()} == {
+        "read_file", "list_dir", "search_files", "write_file", "run_command", "fetch_url",
+    }  # fmt: skip
+    answer = _run(box, "read_file", path="notes.txt")
+    assert answer == wire.Result(answer.id, "hello from the workspace\n")
+
+
+def test_a_host_killed_mid_call_fails_the_call_and_is_restarted(make: Make) -> None:
+    box = make()
+    shell = box.ports[[p.name for p in box.ports].index("shell")]
+    old_pid = shell.status().pid
+    assert old_pid is not None
+    result: list[wire.Answer] = []
+    call = threading.Thread(
+        target=lambda: result.append(_run(box, "run_command", command="sleep 31.1"))
+    )
+    call.start()
+    try:
+        wait_until(lambda: bool(_sleeps("31.1")), what="the command to start")
+        orphan = _sleeps("31.1")[0]
+        os.kill(old_pid, signal.SIGKILL)
+    finally:
+        call.join(60)
+    [answer] = result  # well before the 30 s timeout: the exit itself fails the call
+    assert isinstance(answer, wire.Failed)
+    assert "tool host shell exited (killed by SIGKILL) during the call" in answer.message
+    wait_until(lambda: not is_alive(orphan), what="the killed host's command to be killed")
+    wait_until(lambda: shell.status().restarts == 1 and shell.wait_ready(0.01), what="the restart")
+    assert shell.status().pid not in (None, old_pid)
+    again = _run(box, "run_command", command="echo back")
+    assert again == wire.Result(again.id, "exit code: 0\nback\n")
+
+
+def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
+    box = make()
+    hosts = host_processes()
+    assert len(hosts) == 3
+    result: list[wire.Answer] = []
+    call = threading.Thread(
+        target=lambda: result.append(_run(box, "run_command", command="sleep 32.2"))
+    )
+    call.start()
+    try:
+        wait_until(lambda: bool(_sleeps("32.2")), what="the command to start")
+        command = _sleeps("32.2")[0]
+        box.close()
+    finally:
+        call.join(60)
+    assert isinstance(result[0], wire.Failed)
+    assert host_processes() == []
+    assert not is_alive(command)
+    assert all(not is_alive(h) for h in hosts)
+
+
+_DAEMON = """
+import json, sys, time
+from actors.config import Config
+from actors.tools.supervisor import Toolbox
+box = Toolbox.start(Config().replace("tools", workspace=sys.argv[1]))
+print(json.dumps([s.pid for s in box.status().values()]), flush=True)
+time.sleep(300)
+"""
+
+
+def test_no_host_outlives_a_daemon_killed_with_sigkill(workspace: Path) -> None:
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", _DAEMON, str(workspace)], cwd=ROOT, env=host_env(),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    hosts: list[psutil.Process] = []
+    try:
+        assert daemon.stdout is not None
+        hosts = [psutil.Process(pid) for pid in json.loads(daemon.stdout.readline())]
+        assert len(hosts) == 3
+        daemon.kill()
+        daemon.wait(30)
+        _, alive = psutil.wait_procs(hosts, timeout=20)  # each notices within ~0.25 s
+        assert [p for p in alive if is_alive(p)] == []
+    finally:
+        daemon.kill()
+        daemon.wait(30)
+        for p in hosts:
+            if is_alive(p):
+                p.kill()
+
+
+def test_a_workspace_that_is_not_a_directory_is_refused(workspace: Path) -> None:
+    config = Config().replace("tools", workspace=str(workspace / "missing"))
+    with pytest.raises(ConfigError, match=r"tools.workspace = .*missing.* is not a directory"):
+        Toolbox.start(config)
+
+
+def test_hosts_that_do_not_come_up_are_reported_not_waited_for(make: Make, workspace: Path) -> None:
+    public, secret = write_keypair(workspace / "keys", "me")
+    hosts = (
+        HostConfig(name="far", kind="remote", endpoint="tcp://127.0.0.1:9", server_key=str(public),
+                   client_key=str(secret)),
+        HostConfig(name="keyless", kind="remote", endpoint="tcp://127.0.0.1:9",
+                   server_key=str(public)),
+        HostConfig(name="broken", kind="local", tools=("frobnicate",)),
+    )  # fmt: skip
+    box = make(standard=False, hosts=hosts, start_timeout_s=0.5)
+    assert sorted(box.problems) == ["broken", "far", "keyless"]
+    assert "no tool list within 0.5 s (tools.start_timeout_s)" in box.problems["far"]
+    assert "a remote host needs client_key" in box.problems["keyless"]
+    assert "unknown standard tool(s) frobnicate" in box.problems["broken"]  # from its log
+    assert box.registry.specs() == []
+
+
+def test_a_configured_local_host_runs_the_tools_it_names(make: Make) -> None:
+    box = make(standard=False, hosts=(HostConfig(name="mine", tools=("list_dir", "echo")),))
+    assert [p.name for p in box.ports] == ["mine"]
+    assert "notes.txt" in str(_run(box, "list_dir", path="."))
+
+
+def test_a_host_named_like_a_standard_one_is_refused(workspace: Path) -> None:
+    config = Config().replace(
+        "tools", workspace=str(workspace), hosts=(HostConfig(name="shell", tools=("echo",)),)
+    )
+    with pytest.raises(ConfigError, match="shell is the name of a standard host"):
+        Toolbox.start(config)
