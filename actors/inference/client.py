@@ -292,7 +292,6 @@ class LlamaClient:
             InferError(
                 InferErrorKind.PROTOCOL,
                 "the server closed the stream before the answer ended (no [DONE])",
-                status=200,
             ),
             retry=True,
         )

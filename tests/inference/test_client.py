@@ -308,7 +308,7 @@ def test_a_stream_trickling_keep_alives_forever_ends_with_a_timeout(rig: MakeRig
 
 
 def test_silence_before_the_first_byte_is_a_read_timeout_and_retried(rig: MakeRig) -> None:
-    r = rig([hang(), hang(), answer("finally")], read_timeout_s=0.2, retries=2)
+    r = rig([hang(), hang(), answer("finally")], read_timeout_s=0.3, retries=2)
     done = r.chat()
     assert done.content == "finally"
     assert all("read_timeout_s" in x.reason for x in retries(r.events))
