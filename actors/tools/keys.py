@@ -95,7 +95,7 @@ def load_public(text_or_path: str) -> bytes:
         try:
             zmq.utils.z85.decode(text)
         except (ValueError, KeyError):
-            raise KeyFileError(f"{text!r} is not a Z85 public key (40 characters)") from None
+            raise KeyFileError(f"{text!r} is not a 40-character Z85 public key") from None
         return text.encode("ascii")
     p = Path(text).expanduser()
     try:
