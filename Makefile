@@ -34,7 +34,7 @@ run: $(VENV)/.embedded
 	  "List the files in the workspace, then read notes.txt and tell me in one sentence what it says."
 
 test: $(VENV)/.test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check actors tests scripts

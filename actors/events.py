@@ -32,39 +32,36 @@ __all__ = [
     "to_json",
 ]
 
-_frozen = dataclasses.dataclass(frozen=True, slots=True)
-
-
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Queued:
     """The request waits behind another one to the same server in this process."""
 
     ahead: int = 1
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Waiting:
     """Sent; nothing back yet."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Progress:
     processed: int
     total: int
     cache: int
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Reasoning:
     text: str
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Content:
     text: str
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     index: int
     id: str | None
@@ -72,27 +69,27 @@ class ToolCallDelta:
     arguments: str
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ThinkingCapped:
     tokens: int
     cap: int
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class Retrying:
     attempt: int
     delay: float
     reason: str
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolCallStarted:
     name: str
     call: int
     arguments: str
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolResultEvent:
     name: str
     call: int
@@ -101,7 +98,7 @@ class ToolResultEvent:
     outcome: str  # result | failed | denied | pending_approval | local | repeat | invalid
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class CacheLossEvent:
     expected: int
     got: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 
 import pykka
@@ -34,3 +35,23 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 def _stop_all_actors() -> Iterator[None]:
     yield
     pykka.ActorRegistry.stop_all(timeout=10)
+
+
+# Every run of the property tests has one seed, printed in the header: CI uses a fixed one
+# (deterministic runs), a local run a new one each time. Replay a run with
+# `pytest --hypothesis-seed=N`.
+CI_SEED = 20261202
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = str(
+            CI_SEED if os.environ.get("CI") else random.randrange(2**32)
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.getoption("hypothesis_seed")
+    profile = settings.get_current_profile_name()
+    return f"hypothesis: profile {profile}, seed {seed} (replay: --hypothesis-seed={seed})"
