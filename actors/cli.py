@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +25,7 @@ from actors.inference.types import CancelToken, InferError
 from actors.log import SessionError, read_records
 from actors.records import to_json
 from actors.turn import Cancelled, Infer, Session, SessionFull, TurnError, TurnLimit, TurnOutcome
-from actors.view import JsonView, LiveView, summary
+from actors.view import JsonView, LiveView, describe, summary
 
 __all__ = ["main"]
 
@@ -93,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return keys(argv[1:])
     args = _parser().parse_args(argv)
     err = Console(stderr=True)
+    # SIGTERM ends the command like Ctrl-C does: the turn is cancelled, the embedded
+    # server and the tool hosts are stopped on the way out.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         config = _load(args)
         command: Callable[[argparse.Namespace, cfg.Config, Console], int] = _COMMANDS[
@@ -105,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (cfg.ConfigError, SessionError, TurnError, InferError, OSError, RuntimeError) as e:
         err.print(f"[red]loopd: {e}[/]", highlight=False)
         return _exit_code(e)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 # --- commands --------------------------------------------------------------------------
@@ -128,10 +138,10 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
         return OK
     out = Console()
     for i, r in enumerate(records, 1):
-        data = to_json(r)
-        kind, when = data.pop("kind"), data.pop("time")[11:19]
-        text = ", ".join(f"{k}={v!r}" for k, v in data.items())
-        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] {text}", highlight=False)
+        when = r.time.strftime("%Y-%m-%d %H:%M:%S")
+        kind = to_json(r)["kind"]
+        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] ", end="", highlight=False)
+        out.print(describe(r), markup=False, highlight=False)
     return OK
 
 

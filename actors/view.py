@@ -16,9 +16,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from actors import events as ev
+from actors import records as rec
 from actors.turn import TurnOutcome
 
-__all__ = ["JsonView", "LiveView", "summary"]
+__all__ = ["JsonView", "LiveView", "describe", "summary"]
 
 
 def summary(outcome: TurnOutcome, seconds: float) -> str:
@@ -31,6 +32,41 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
         f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
     )
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    if text is None:
+        return "-"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def describe(record: rec.Record) -> str:
+    """One readable line for a record (``loopd log show``); ``--json`` has every field."""
+    match record:
+        case rec.Baseline():
+            names = ", ".join(t.get("function", {}).get("name", "?") for t in record.tools)
+            return f"model {record.model}; tools: {names}; system: {_short(record.system, 80)}"
+        case rec.User():
+            return _short(record.content)
+        case rec.Assistant():
+            calls = "; ".join(f"{c.name}({_short(c.arguments, 80)}) id={c.id}"
+                              for c in record.tool_calls)
+            thought = f" [reasoning: {len(record.reasoning)} chars]" if record.reasoning else ""
+            return f"{_short(record.content)}{thought}" + (f" -> {calls}" if calls else "")
+        case rec.Usage():
+            capped = ", thinking capped" if record.thinking_capped else ""
+            return (f"{record.prompt_tokens} prompt ({record.timings.get('cache_n', '?')} cached), "
+                    f"{record.completion_tokens} generated, {record.reasoning_tokens} reasoning, "
+                    f"finish {record.finish_reason}{capped}")
+        case rec.CacheLoss():
+            return f"prompt cache lost: expected {record.expected} tokens, reused {record.got}"
+        case rec.ToolResult():
+            flags = "".join([" untrusted" if record.untrusted else "",
+                             " truncated" if record.truncated else ""])
+            return (f"call {record.call} (id {record.tool_call_id}) {record.class_.value}{flags}: "
+                    f"{_short(record.content)}")
+    raise AssertionError(f"no description for {type(record).__name__}")
 
 
 class LiveView:
@@ -67,8 +103,13 @@ class LiveView:
                 note = " (truncated)" if cut else ""
                 self.console.print(f"  [cyan]← {name}[/]: {outcome}, {cls}{note}")
             case ev.Retrying(attempt=n, delay=delay, reason=reason):
+                shown = self._mode in ("reasoning", "content")
                 self._switch("")
-                self.console.print(f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}[/]")
+                dropped = " (the partial answer above is dropped)" if shown else ""
+                self.console.print(
+                    f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}{dropped}[/]",
+                    highlight=False,
+                )
             case ev.CacheLossEvent(expected=expected, got=got):
                 self._switch("")
                 self.console.print(
