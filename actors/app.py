@@ -61,11 +61,11 @@ def start_app(config: Config, status: Callable[[str], None] = lambda _: None) ->
     with contextlib.ExitStack() as stack:
         url, model, bare_json = config.inference.url, "llama-server", False
         if not url:
-            from actors.embedded import EmbeddedServer
+            from actors.embedded import EmbeddedServer, model_name
 
             server = EmbeddedServer.start(config, on_progress=status)
             stack.callback(server.stop)
-            url, model, bare_json = server.url, server.model_name(), True
+            url, model, bare_json = server.url, model_name(), True
         setting = config.inference.bare_json_tool_calls
         if setting != "auto":
             bare_json = setting == "on"

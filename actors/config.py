@@ -48,6 +48,8 @@ class InferenceConfig:
     bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
     # Requests this process streams from the server at once; more wait (Queued event).
     parallel: int = 4
+    temperature: float = -1.0  # sampling temperature; below 0: the server's default
+    seed: int = -1  # sampling seed; -1: the server's default (random)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +149,8 @@ _MINIMUM: dict[str, float] = {
     "inference.retries": 0,
     "inference.backoff_s": 0,
     "inference.parallel": 1,
+    "inference.temperature": -1,
+    "inference.seed": -1,
     "slots.main": 0,
     "loop.tool_iterations": 1,
     "loop.thinking_cap": 0,

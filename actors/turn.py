@@ -161,6 +161,9 @@ class _Turn:
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
+        inference = runtime.config.inference
+        self.sampling = {k: v for k, v in (("temperature", inference.temperature),
+                                           ("seed", inference.seed)) if v >= 0}
 
     def run(self, content: str) -> TurnOutcome:
         self.log.append(User(content=content))
@@ -185,6 +188,7 @@ class _Turn:
             thinking=self.thinking_left > 0,
             max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0),
+            sampling=self.sampling,
         )
         try:
             completion = self.runtime.inference.complete(request, self._pass_on, self.cancel)

@@ -75,6 +75,7 @@ def request_body(request: ChatRequest) -> dict[str, Any]:
         "cache_prompt": True,
         "return_progress": True,
     }
+    body.update(request.sampling)
     if request.tools:
         body["tools"] = request.tools
     if request.max_tokens is not None:

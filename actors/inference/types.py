@@ -31,6 +31,8 @@ class ChatRequest:
     # Reasoning tokens still allowed in this turn (loop.thinking_cap minus what earlier
     # requests of the turn used). None: no cap.
     thinking_budget: int | None = None
+    # Extra sampling fields sent as they are (temperature, seed), from the config.
+    sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
