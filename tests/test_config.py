@@ -117,7 +117,7 @@ def test_literal_errors_list_what_is_allowed() -> None:
 def test_values_below_the_minimum_are_refused(key: str, low: float) -> None:
     section, name = key.split(".")
     annotation = str(SECTIONS[section].__dataclass_fields__[name].type)
-    too_small = low - 1 if annotation == "int" else low / 2 if low else -0.5
+    too_small = low - 1 if annotation == "int" else low / 2 if low > 0 else low - 0.5
     with pytest.raises(ConfigError, match=rf"^{key} = .*: must be at least"):
         parse({section: {name: too_small}})
     at_minimum = parse({section: {name: int(low) if annotation == "int" else low}})
