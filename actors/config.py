@@ -137,7 +137,8 @@ class Config:
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some keys of one section changed (checked like a file)."""
         merged = {**_as_table(getattr(self, section)), **changes}
-        return dataclasses.replace(self, **{section: _build(type(getattr(self, section)), merged, section)})
+        built = _build(type(getattr(self, section)), merged, section)
+        return dataclasses.replace(self, **{section: built})
 
 
 # --- checks -----------------------------------------------------------------------------

@@ -103,9 +103,9 @@ class LiveView:
                 note = " (truncated)" if cut else ""
                 self.console.print(f"  [cyan]← {name}[/]: {outcome}, {cls}{note}")
             case ev.Retrying(attempt=n, delay=delay, reason=reason):
-                shown = self._mode in ("reasoning", "content")
+                streamed = self._mode in ("reasoning", "content")
                 self._switch("")
-                dropped = " (the partial answer above is dropped)" if shown else ""
+                dropped = " (the partial answer above is dropped)" if streamed else ""
                 self.console.print(
                     f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}{dropped}[/]",
                     highlight=False,

@@ -32,7 +32,9 @@ def main(argv: list[str]) -> int:
             for row in module.run():
                 rows.append({"bench": name, **row})
         except Exception as e:  # one broken bench must not hide the others
-            rows.append({"bench": name, "name": "error", "value": None, "unit": "", "note": repr(e)})
+            rows.append(
+                {"bench": name, "name": "error", "value": None, "unit": "", "note": repr(e)}
+            )
         print(f"   ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
     _table(rows)
     out = ROOT / "bench" / "results.json"
