@@ -100,7 +100,10 @@ def _extends(before: dict[str, Any], after: dict[str, Any]) -> bool:
     }),
 )
 def test_every_request_extends_the_last_and_the_log_only_grows(
-    tmp_path_factory: Any, replies: list[dict[str, Any]], answers: list[wire.Answer], turns: list[str],
+    tmp_path_factory: Any,
+    replies: list[dict[str, Any]],
+    answers: list[wire.Answer],
+    turns: list[str],
     limits: dict[str, Any],
 ) -> None:
     queue = [_reply(dict(r)) for r in replies]
