@@ -20,7 +20,7 @@ from tests.turn.conftest import Rig
 pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'loopd[mcp]'")
 pytest.importorskip("mcp_server_time", reason="needs mcp-server-time (the test extra)")
 
-from tests.tools.mcp_support import TIME_SERVER, mcp_port  # noqa: E402
+from tests.tools.mcp_support import TIME_SERVER, mcp_port
 
 
 def test_find_tool_and_call_tool_reach_an_mcp_server_and_its_answer_the_log(
