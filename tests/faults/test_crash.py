@@ -1,0 +1,248 @@
+"""Crash consistency: a loopd daemon SIGKILLed at random moments, many times, loses nothing.
+
+A child process (:mod:`tests.support.crash_driver`: ``start_app``, its own tool host, fsync
+"always") runs numbered turns on one session against the fake llama-server in this process,
+and is killed with SIGKILL at a seeded random moment: most often a random time after its
+first turn of this life (so mid-turn, mid-stream, mid-tool-call or mid-append), sometimes
+during start-up (imports, opening and recovering the log, starting the tool host).
+
+After every kill:
+
+- no process the child started outlives it for long (its tool host watches its parent);
+- the session opens again (a torn tail is cut), and a reader sees the same records;
+- every record that was there before this life is still there, unchanged (times included);
+- every turn's records are a prefix of what a clean run writes for that turn (kinds and
+  contents, see :mod:`tests.faults.crash`), and only a killed life leaves a turn unfinished;
+- the next life runs a whole turn before it can be killed: the next turn works.
+
+``LOOPD_CRASH_SEED`` and ``LOOPD_CRASH_KILLS`` (default 25) choose the run; the summary line
+(printed, see ``-s``) says how many kills were survived and where they landed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+from actors.log import SessionLog, read_records
+from actors.records import Assistant, Record, ToolResult, Usage, User
+from actors.tools.procs import is_alive, kill_tree
+from tests.faults.crash import check_calls, shape, split_turns
+from tests.support.crash_driver import SESSION, config, drive
+from tests.support.fake_llama import FakeLlama
+from tests.support.scripted_llama import agent
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = int(os.environ.get("LOOPD_CRASH_SEED", "20261202"))
+KILLS = int(os.environ.get("LOOPD_CRASH_KILLS", "25"))
+EARLY = 0.2  # share of lives killed during start-up
+HOST_EXIT_BOUND_S = 10.0  # a hang guard, not a timing: hosts check their parent every 0.25 s
+FULL_TURN = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
+
+
+class Child:
+    """The crash driver in its own process; its output lines arrive on a queue."""
+
+    def __init__(self, url: str, log_dir: Path, workspace: Path, turns: int = 100_000) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.crash_driver", "--url", url,
+             "--log-dir", str(log_dir), "--workspace", str(workspace), "--turns", str(turns)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def expect(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next line starting with ``prefix``; fails on EOF or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} from the driver in {timeout} s") from None
+            if line is None:
+                raise AssertionError(f"the crash driver ended (code {self.proc.wait()}) before "
+                                     f"{prefix!r}")
+            if line.startswith(prefix):
+                return line
+
+    def kill(self) -> list[psutil.Process]:
+        """SIGKILL the driver alone; returns what it had started (now orphans)."""
+        try:
+            started = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            started = []
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        return started
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.pid)
+        self.proc.wait(30)
+        self._reader.join(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def hosts_of(pid: int) -> list[psutil.Process]:
+    """Living tool hosts started with ``--parent-pid pid`` (found even after a reparent)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "actors.tools.host" in cmd and "--parent-pid" in cmd and str(pid) in cmd:
+            found.append(p)
+    return [p for p in found if is_alive(p)]
+
+
+def wait_gone(procs: list[psutil.Process], bound: float) -> float:
+    """Seconds until every process in ``procs`` is gone; fails past ``bound`` (killing them)."""
+    start = time.monotonic()
+    while True:
+        alive = [p for p in procs if is_alive(p)]
+        if not alive:
+            return time.monotonic() - start
+        if time.monotonic() - start > bound:
+            for p in alive:
+                kill_tree(p.pid)
+            raise AssertionError(f"processes outlived the killed daemon: {alive}")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def leftovers_killed() -> Iterator[None]:
+    """Whatever this test started and left running is killed at the end, even on failure."""
+    try:
+        yield
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            cmd = " ".join(p.cmdline()) if is_alive(p) else ""
+            if "crash_driver" in cmd or "actors.tools.host" in cmd:
+                kill_tree(p.pid)
+
+
+def reference_turns(url: str, log_dir: Path, workspace: Path) -> list[list[str]]:
+    """A clean run's turns 1-3 (one of each kind the driver cycles through), as shapes."""
+    drive(config(url, str(log_dir), str(workspace)), 3, lambda _line: None)
+    turns = split_turns(read_records(log_dir / SESSION / "log.bin"))
+    assert [n for n, _ in turns] == [1, 2, 3]
+    for _, records in turns:
+        assert [type(r).__name__ for r in records] == FULL_TURN
+    return [[shape(r) for r in records] for _, records in turns]
+
+
+class Checker:
+    """Checks the session after each kill against the clean run, and counts what it saw."""
+
+    def __init__(self, path: Path, reference: list[list[str]]) -> None:
+        self.path = path
+        self.reference = reference
+        self.previous: tuple[Record, ...] = ()
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def check(self, kills: int) -> list[tuple[int, list[Record]]]:
+        seen = read_records(self.path, name=SESSION)  # a reader, while nobody holds it
+        log, report = SessionLog.open(self.path, fsync="never")
+        with log:
+            records = log.records
+        if report.cut_bytes:
+            self.stats["torn tails cut"] += 1
+        assert records == seen, "the reader and the reopened session disagree"
+        assert records[: len(self.previous)] == self.previous, "a durable record changed"
+        check_calls(records)
+        turns = split_turns(records)
+        assert [n for n, _ in turns] == list(range(1, len(turns) + 1)), "turns skipped"
+        unfinished = 0
+        for n, rs in turns:
+            want = self.reference[(n - 1) % len(self.reference)]
+            got = [shape(r) for r in rs]
+            assert got == want[: len(got)], f"turn {n} is not a prefix of a clean run's"
+            unfinished += len(got) < len(want)
+        assert unfinished <= kills, "a turn was left unfinished by a life that was not killed"
+        self.previous = records
+        return turns
+
+    def landed(self, before: int, turns: list[tuple[int, list[Record]]]) -> None:
+        """Where the last kill landed: mid-turn after which record, or between turns."""
+        last = turns[-1][1]
+        if len(last) == len(FULL_TURN):
+            self.stats["between turns"] += 1
+        else:
+            self.stats[f"mid-turn after {type(last[-1]).__name__}"] += 1
+        self.stats["turns written"] = len(turns)
+        self.stats["records written"] = len(self.previous)
+        del before
+
+
+def test_sigkill_at_random_moments_loses_nothing_and_the_next_turn_works(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("hello from the workspace\n")
+    log_dir = tmp_path / "sessions"
+    host_exit = 0.0
+    with leftovers_killed(), FakeLlama(agent()) as fake:
+        reference = reference_turns(fake.url, tmp_path / "reference", workspace)
+        checker = Checker(log_dir / SESSION / "log.bin", reference)
+        for life in range(KILLS):
+            early = life > 0 and rng.random() < EARLY
+            with Child(fake.url, log_dir, workspace) as child:
+                if early:
+                    time.sleep(rng.uniform(0.0, 0.7))
+                else:
+                    child.expect("ready")
+                    child.expect("done")  # the next turn works
+                    time.sleep(rng.uniform(0.0, 0.3))
+                orphans = child.kill()
+            host_exit = max(host_exit, wait_gone(orphans + hosts_of(child.pid), HOST_EXIT_BOUND_S))
+            before = len(checker.previous)
+            turns = checker.check(kills=life + 1)
+            if early:
+                checker.stats["killed during start-up"] += 1
+            else:
+                checker.landed(before, turns)
+        # One last life, not killed: it finishes the turns it is given, cleanly.
+        end = len(split_turns(checker.previous)) + 2
+        with Child(fake.url, log_dir, workspace, turns=end) as child:
+            child.expect("finished")
+            assert child.proc.wait(30) == 0
+        turns = checker.check(kills=KILLS)
+    assert len(turns) == end
+    for _, records in turns[-2:]:
+        assert [type(r).__name__ for r in records] == FULL_TURN
+    last = turns[-1][1]
+    assert isinstance(last[3], ToolResult) and isinstance(last[4], Assistant)
+    assert isinstance(last[0], User) and isinstance(last[-1], Usage)
+    stats = ", ".join(f"{k}: {v}" for k, v in sorted(checker.stats.items()))
+    print(f"\ncrash test (seed {SEED}): {KILLS} SIGKILLs survived; {stats}; "
+          f"tool hosts gone at most {host_exit:.2f} s after their daemon")
