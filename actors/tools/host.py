@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import jsonschema.exceptions
@@ -207,6 +207,8 @@ class Host:
 
     def _read(self, sock: zmq.Socket[Any]) -> None:
         for _ in range(_MAX_BATCH):
+            if not cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # cheaper than Again
+                return
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -263,7 +265,12 @@ class Host:
                 Failed(req.id, f"tool host {self.name} has no tool {req.tool!r} (it has: {known})"),
             )
             return
-        error = jsonschema.exceptions.best_match(tool.validator.iter_errors(req.arguments))
+        valid = tool.validator.is_valid(req.arguments)  # the fast path; details only if not
+        error = (
+            None
+            if valid
+            else jsonschema.exceptions.best_match(tool.validator.iter_errors(req.arguments))
+        )
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
             self._send(
@@ -323,15 +330,18 @@ class Host:
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""
         if isinstance(answer, str):
-            answer = Result(content=answer, class_=spec.result_class)
-        if isinstance(answer, Result):
-            answer = dataclasses.replace(answer, untrusted=answer.untrusted or spec.untrusted)
-        if not isinstance(answer, Result | Failed | wire.Denied | PendingApproval):
+            answer = Result(call.id, answer, spec.result_class, spec.untrusted)
+        elif isinstance(answer, Result):
+            untrusted = answer.untrusted or spec.untrusted
+            answer = Result(call.id, answer.content, answer.class_, untrusted)
+        elif isinstance(answer, Failed | wire.Denied | PendingApproval):
+            answer = dataclasses.replace(answer, id=call.id)
+        else:
             answer = Failed(
-                message=f"{call.tool} returned {type(answer).__name__}, not an answer "
-                "(a bug in its provider)"
+                call.id,
+                f"{call.tool} returned {type(answer).__name__}, not an answer "
+                "(a bug in its provider)",
             )
-        answer = dataclasses.replace(answer, id=call.id)
         try:
             frame = wire.encode(answer)
         except wire.WireError:

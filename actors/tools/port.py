@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import pykka
 import zmq
@@ -292,6 +292,8 @@ class _IO:
     def _read(self) -> None:
         assert self._sock is not None
         for _ in range(256):
+            if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # not Again
+                return
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:

@@ -56,7 +56,7 @@ class FakeTools:
         if tool == "boom":
             raise RuntimeError(str(arguments["message"]))
         if tool == "not_an_answer":
-            return 42
+            return 42  # type: ignore[return-value]  # the bug this tool stands for
         if tool == "touch":
             Path(arguments["path"]).write_text("ran", encoding="utf-8")
             return Result(content="touched")

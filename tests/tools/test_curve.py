@@ -18,7 +18,9 @@ from actors.tools.port import CurveClient, PortSettings, start_port
 from tests.tools.hostkit import FAKE, ask, raw_dealer, recv, short_dir, spawn_host, wait_until
 
 
-def test_keys_writes_a_pair_with_the_secret_file_private(tmp_path: Path, capsys) -> None:
+def test_keys_writes_a_pair_with_the_secret_file_private(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["host", "--dir", str(tmp_path)]) == 0
     public_file, secret_file = tmp_path / "host.key", tmp_path / "host.key_secret"
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600

@@ -53,7 +53,7 @@ def host() -> Iterator[tuple[str, Path]]:
             yield endpoint, d
 
 
-def test_hello_answers_the_tool_list_and_ping_answers_pong(host) -> None:
+def test_hello_answers_the_tool_list_and_ping_answers_pong(host: tuple[str, Path]) -> None:
     endpoint, _ = host
     with raw_dealer(endpoint) as sock:
         tools = ask(sock, wire.Hello())
@@ -62,7 +62,7 @@ def test_hello_answers_the_tool_list_and_ping_answers_pong(host) -> None:
         assert ask(sock, wire.Ping()) == wire.Pong()
 
 
-def test_a_call_round_trips(host) -> None:
+def test_a_call_round_trips(host: tuple[str, Path]) -> None:
     endpoint, _ = host
     with raw_dealer(endpoint) as sock:
         assert ask(sock, _req(5, "echo", text="hi")) == wire.Result(5, "hi")
@@ -79,7 +79,7 @@ def test_a_call_round_trips(host) -> None:
     ],
 )  # fmt: skip
 def test_bad_calls_and_failing_tools_answer_failed(
-    host, request_: wire.ToolRequest, says: str
+    host: tuple[str, Path], request_: wire.ToolRequest, says: str
 ) -> None:
     endpoint, _ = host
     with raw_dealer(endpoint) as sock:
@@ -89,7 +89,7 @@ def test_bad_calls_and_failing_tools_answer_failed(
     assert says in answer.message
 
 
-def test_garbage_and_oversized_frames_do_not_take_the_host_down(host) -> None:
+def test_garbage_and_oversized_frames_do_not_take_the_host_down(host: tuple[str, Path]) -> None:
     endpoint, _ = host
     with raw_dealer(endpoint) as sock:
         sock.send(b"\xc1\xc1 garbage")
@@ -116,7 +116,7 @@ def test_garbage_and_oversized_frames_do_not_take_the_host_down(host) -> None:
         assert ask(sock, _req(6, "echo", text="still here")) == wire.Result(6, "still here")
 
 
-def test_a_slow_call_blocks_neither_pings_nor_other_calls(host) -> None:
+def test_a_slow_call_blocks_neither_pings_nor_other_calls(host: tuple[str, Path]) -> None:
     endpoint, d = host
     gate = d / "gate-slow"
     with raw_dealer(endpoint) as sock:
@@ -127,7 +127,7 @@ def test_a_slow_call_blocks_neither_pings_nor_other_calls(host) -> None:
         assert recv(sock) == wire.Result(1, "file appeared")
 
 
-def test_calls_over_the_cap_are_refused_not_queued(host) -> None:
+def test_calls_over_the_cap_are_refused_not_queued(host: tuple[str, Path]) -> None:
     endpoint, d = host
     gate = d / "gate-cap"
     with raw_dealer(endpoint) as sock:
@@ -143,7 +143,7 @@ def test_calls_over_the_cap_are_refused_not_queued(host) -> None:
         }
 
 
-def test_a_hanging_tool_is_answered_failed_at_the_timeout(host) -> None:
+def test_a_hanging_tool_is_answered_failed_at_the_timeout(host: tuple[str, Path]) -> None:
     endpoint, _ = host
     with raw_dealer(endpoint) as sock:
         answer = ask(sock, _req(7, "hang", seconds=1.5))
@@ -152,7 +152,7 @@ def test_a_hanging_tool_is_answered_failed_at_the_timeout(host) -> None:
         assert ask(sock, wire.Ping()) == wire.Pong()
 
 
-def test_a_cancel_stops_waiting_for_a_call(host) -> None:
+def test_a_cancel_stops_waiting_for_a_call(host: tuple[str, Path]) -> None:
     endpoint, d = host
     gate = d / "gate-cancel"
     with raw_dealer(endpoint) as sock:
@@ -228,7 +228,7 @@ def test_mcp_without_the_mcp_module_is_a_clear_error() -> None:
 
 
 @pytest.fixture
-def port(host) -> Iterator[PortHandle]:
+def port(host: tuple[str, Path]) -> Iterator[PortHandle]:
     endpoint, _ = host
     handle = start_port(
         PortSettings("fake", endpoint, timeout_s=0.5, heartbeat_s=0.5),
@@ -241,13 +241,13 @@ def port(host) -> Iterator[PortHandle]:
         handle.stop()
 
 
-def test_the_port_gets_the_hosts_own_timeout_answer(port) -> None:
+def test_the_port_gets_the_hosts_own_timeout_answer(port: PortHandle) -> None:
     answer = port.call(session="s", call=1, tool="hang", arguments={"seconds": 1.5})
     assert isinstance(answer, wire.Failed)
     assert "hang did not finish within 0.5 s (the tool host's limit" in answer.message
 
 
-def test_the_port_round_trips_through_a_real_host(port) -> None:
+def test_the_port_round_trips_through_a_real_host(port: PortHandle) -> None:
     answer = port.call(session="s", call=1, tool="pid", arguments={})
     assert isinstance(answer, wire.Result)
     assert int(answer.content) != os.getpid()

@@ -62,7 +62,9 @@ def _call(port: PortHandle, text: str = "hi", cancel: CancelToken | None = None)
     return port.call(session="s1", call=3, tool="echo", arguments={"text": text}, cancel=cancel)
 
 
-def test_a_call_round_trips_with_its_session_call_and_arguments(ctx, endpoint, ports) -> None:
+def test_a_call_round_trips_with_its_session_call_and_arguments(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint)
         assert port.wait_ready(5)
@@ -77,7 +79,9 @@ def test_a_call_round_trips_with_its_session_call_and_arguments(ctx, endpoint, p
         assert port.status().state is PortState.READY
 
 
-def test_answers_are_matched_to_calls_by_id_whatever_their_order(ctx, endpoint, ports) -> None:
+def test_answers_are_matched_to_calls_by_id_whatever_their_order(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint)
         assert port.wait_ready(5)
@@ -93,7 +97,7 @@ def test_answers_are_matched_to_calls_by_id_whatever_their_order(ctx, endpoint, 
 
 
 def test_a_call_past_its_timeout_fails_and_the_host_is_told_to_stop_it(
-    ctx, endpoint, ports
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
 ) -> None:
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=0.1)
@@ -104,7 +108,9 @@ def test_a_call_past_its_timeout_fails_and_the_host_is_told_to_stop_it(
         wait_until(lambda: host.cancels() == [answer.id], what="the Cancel")
 
 
-def test_a_cancelled_call_returns_at_once_and_the_host_is_told(ctx, endpoint, ports) -> None:
+def test_a_cancelled_call_returns_at_once_and_the_host_is_told(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     token = CancelToken()
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=60)
@@ -118,7 +124,9 @@ def test_a_cancelled_call_returns_at_once_and_the_host_is_told(ctx, endpoint, po
         wait_until(lambda: host.cancels() == [answer.id], what="the Cancel")
 
 
-def test_a_host_that_stops_answering_fails_the_calls_in_flight(ctx, endpoint, ports) -> None:
+def test_a_host_that_stops_answering_fails_the_calls_in_flight(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     def go_silent(req: wire.ToolRequest) -> wire.Message | None:
         if len(host.requests()) == 1:
             host.silent.set()  # no answer, and no more pongs
@@ -137,7 +145,9 @@ def test_a_host_that_stops_answering_fails_the_calls_in_flight(ctx, endpoint, po
         assert _call(port, "again") == wire.Result(host.requests()[-1].id, "back")
 
 
-def test_a_malformed_answer_fails_its_call(ctx, endpoint, ports) -> None:
+def test_a_malformed_answer_fails_its_call(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     def garbage(req: wire.ToolRequest) -> bytes:
         bad = {
             "v": 1,
@@ -158,7 +168,9 @@ def test_a_malformed_answer_fails_its_call(ctx, endpoint, ports) -> None:
         assert "result.content: expected str" in answer.message
 
 
-def test_garbage_without_an_id_is_dropped_and_the_port_goes_on(ctx, endpoint, ports) -> None:
+def test_garbage_without_an_id_is_dropped_and_the_port_goes_on(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     def garbage_then_answer(req: wire.ToolRequest) -> bytes:
         host.send(wire.ToolRequest(1, "s", 1, "x", {}))  # a kind only a port sends: ignored
         host.send(wire.Result(req.id, "real"))
@@ -172,7 +184,9 @@ def test_garbage_without_an_id_is_dropped_and_the_port_goes_on(ctx, endpoint, po
         assert port.state is PortState.READY
 
 
-def test_a_host_exit_fails_calls_in_flight_at_once(ctx, endpoint, ports) -> None:
+def test_a_host_exit_fails_calls_in_flight_at_once(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=60)
         assert port.wait_ready(5)
@@ -185,7 +199,9 @@ def test_a_host_exit_fails_calls_in_flight_at_once(ctx, endpoint, ports) -> None
     assert "tool host fake exited (killed by SIGKILL) during the call" in answer.message
 
 
-def test_a_call_made_before_the_host_is_up_is_sent_when_it_comes(ctx, endpoint, ports) -> None:
+def test_a_call_made_before_the_host_is_up_is_sent_when_it_comes(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     port = ports(endpoint, heartbeat_s=2.0)  # waits up to 3 heartbeats for the host
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(_call, port, "early")
@@ -195,7 +211,9 @@ def test_a_call_made_before_the_host_is_up_is_sent_when_it_comes(ctx, endpoint, 
     assert answer.content == "early"
 
 
-def test_a_call_to_a_host_that_is_not_there_fails_without_being_sent(ctx, endpoint, ports) -> None:
+def test_a_call_to_a_host_that_is_not_there_fails_without_being_sent(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     port = ports(endpoint, timeout_s=60, heartbeat_s=0.05)
     answer = _call(port)
     assert isinstance(answer, wire.Failed)
@@ -203,7 +221,9 @@ def test_a_call_to_a_host_that_is_not_there_fails_without_being_sent(ctx, endpoi
     assert port.specs() == []
 
 
-def test_arguments_over_the_frame_limit_are_refused_before_sending(ctx, endpoint, ports) -> None:
+def test_arguments_over_the_frame_limit_are_refused_before_sending(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint, max_frame_bytes=1024)
         assert port.wait_ready(5)
@@ -213,7 +233,7 @@ def test_arguments_over_the_frame_limit_are_refused_before_sending(ctx, endpoint
         assert host.requests() == []
 
 
-def test_a_closed_port_answers_failed(ctx, endpoint, ports) -> None:
+def test_a_closed_port_answers_failed(ctx: zmq.Context[Any], endpoint: str, ports: Ports) -> None:
     with FakeHost(ctx, endpoint):
         port = ports(endpoint)
         assert port.wait_ready(5)

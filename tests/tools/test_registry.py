@@ -42,8 +42,11 @@ WEB = (
 )
 
 
+Hosts = tuple[Registry, PortHandle, PortHandle]
+
+
 @pytest.fixture
-def hosts() -> Iterator[tuple[Registry, PortHandle, PortHandle]]:
+def hosts() -> Iterator[Hosts]:
     """Two hosts (files, web) and the registry of their ports."""
     ctx: zmq.Context[Any] = zmq.Context()
     ports: list[PortHandle] = []
@@ -62,7 +65,7 @@ def hosts() -> Iterator[tuple[Registry, PortHandle, PortHandle]]:
         ctx.destroy(linger=0)
 
 
-def test_specs_hold_every_tool_once_the_first_host_wins(hosts) -> None:
+def test_specs_hold_every_tool_once_the_first_host_wins(hosts: Hosts) -> None:
     registry, files, web = hosts
     assert [s.name for s in registry.specs()] == [
         "read_file",
@@ -75,7 +78,7 @@ def test_specs_hold_every_tool_once_the_first_host_wins(hosts) -> None:
     assert registry.port_for("nope") is None
 
 
-def test_find_ranks_by_name_and_description_and_shows_schemas(hosts) -> None:
+def test_find_ranks_by_name_and_description_and_shows_schemas(hosts: Hosts) -> None:
     registry, _, _ = hosts
     text = registry.find("read a file")
     assert text.splitlines()[1].startswith("- read_file: Read a text file in the workspace.")
@@ -85,7 +88,7 @@ def test_find_ranks_by_name_and_description_and_shows_schemas(hosts) -> None:
     assert registry.find("directory listing").splitlines()[1].startswith("- list_dir:")
 
 
-def test_find_with_no_match_lists_the_tools_and_an_empty_query_lists_all(hosts) -> None:
+def test_find_with_no_match_lists_the_tools_and_an_empty_query_lists_all(hosts: Hosts) -> None:
     registry, _, _ = hosts
     assert (
         "No tool matches 'quantum chemistry'. The tools are: read_file, list_dir"
@@ -100,7 +103,7 @@ def test_find_with_no_hosts_says_so() -> None:
     assert "no tool host is connected" in Registry([]).find("read")
 
 
-def test_find_tool_dispatches_locally(hosts) -> None:
+def test_find_tool_dispatches_locally(hosts: Hosts) -> None:
     registry, _, _ = hosts
     result = dispatch(registry, "find_tool", '{"query": "fetch a web page"}')
     assert isinstance(result, Local)
@@ -115,12 +118,12 @@ def test_find_tool_dispatches_locally(hosts) -> None:
         '{"name": "read_file", "path": "a.txt"}',  # arguments next to the name
     ],
 )
-def test_call_tool_goes_to_the_port_of_the_host_offering_it(hosts, arguments: str) -> None:
+def test_call_tool_goes_to_the_port_of_the_host_offering_it(hosts: Hosts, arguments: str) -> None:
     registry, files, _ = hosts
     assert dispatch(registry, "call_tool", arguments) == Port(files, "read_file", {"path": "a.txt"})
 
 
-def test_a_known_tool_called_by_its_own_name_goes_to_its_port(hosts) -> None:
+def test_a_known_tool_called_by_its_own_name_goes_to_its_port(hosts: Hosts) -> None:
     registry, _, web = hosts
     assert dispatch(registry, "fetch_url", '{"url": "http://x"}') == Port(
         web, "fetch_url", {"url": "http://x"}
@@ -150,7 +153,7 @@ def _rf(arguments: str) -> str:
     ],
 )  # fmt: skip
 def test_bad_calls_come_back_as_text_the_model_can_act_on(
-    hosts, name: str, arguments: str, says: str
+    hosts: Hosts, name: str, arguments: str, says: str
 ) -> None:
     registry, _, _ = hosts
     result = dispatch(registry, name, arguments)
@@ -158,21 +161,21 @@ def test_bad_calls_come_back_as_text_the_model_can_act_on(
     assert says in result.text
 
 
-def test_a_schema_violation_shows_the_schema(hosts) -> None:
+def test_a_schema_violation_shows_the_schema(hosts: Hosts) -> None:
     registry, _, _ = hosts
     result = dispatch(registry, "call_tool", '{"name": "read_file", "arguments": {"path": 3}}')
     assert isinstance(result, Local)
     assert json.dumps(FILES[0].parameters, sort_keys=True) in result.text
 
 
-def test_empty_arguments_count_as_an_empty_object(hosts) -> None:
+def test_empty_arguments_count_as_an_empty_object(hosts: Hosts) -> None:
     registry, _, _ = hosts
     result = dispatch(registry, "find_tool", "")
     assert isinstance(result, Local)
     assert result.text.startswith("All 4 tools")
 
 
-def test_the_baseline_is_the_meta_tools_plus_the_pinned_ones_that_exist(hosts) -> None:
+def test_the_baseline_is_the_meta_tools_plus_the_pinned_ones_that_exist(hosts: Hosts) -> None:
     registry, _, _ = hosts
     tools = baseline_tools(registry, ["fetch_url", "not_there", "fetch_url"])
     assert list(tools[:2]) == list(META_TOOLS)

@@ -71,7 +71,7 @@ def _content(answer: wire.Answer) -> str:
     return answer.content
 
 
-def test_read_list_search_and_write_inside_the_workspace(world) -> None:
+def test_read_list_search_and_write_inside_the_workspace(world: World) -> None:
     port, _, workspace, _ = world
     assert _content(_call(port, "read_file", path="notes.txt")) == "line one\nline two\n"
     assert _content(_call(port, "read_file", path="link_in.txt")).startswith("line one")
@@ -86,7 +86,7 @@ def test_read_list_search_and_write_inside_the_workspace(world) -> None:
     assert (workspace / "new" / "dir" / "out.txt").read_text() == "written"
 
 
-def test_long_files_are_cut_with_a_note_saying_how_to_read_on(world) -> None:
+def test_long_files_are_cut_with_a_note_saying_how_to_read_on(world: World) -> None:
     port, _, workspace, _ = world
     (workspace / "big.txt").write_text("x" * 10_000)
     text = _content(_call(port, "read_file", path="big.txt"))
@@ -116,7 +116,7 @@ def test_long_files_are_cut_with_a_note_saying_how_to_read_on(world) -> None:
     ],
 )
 def test_paths_outside_the_workspace_are_denied(
-    world, tool: str, arguments: dict[str, str]
+    world: World, tool: str, arguments: dict[str, str]
 ) -> None:
     port, _, _, outside = world
     answer = _call(port, tool, **arguments)
@@ -126,12 +126,12 @@ def test_paths_outside_the_workspace_are_denied(
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
 
 
-def test_search_skips_files_that_link_out(world) -> None:
+def test_search_skips_files_that_link_out(world: World) -> None:
     port, _, _, _ = world
     assert _content(_call(port, "search_files", pattern="secret outside")) == "no matches"
 
 
-def test_missing_files_and_bad_patterns_fail_with_the_reason(world) -> None:
+def test_missing_files_and_bad_patterns_fail_with_the_reason(world: World) -> None:
     port, _, _, _ = world
     missing = _call(port, "read_file", path="nope.txt")
     assert missing == wire.Failed(
@@ -142,7 +142,7 @@ def test_missing_files_and_bad_patterns_fail_with_the_reason(world) -> None:
     assert "not a valid regular expression" in bad.message
 
 
-def test_run_command_runs_in_the_workspace_and_captures_output(world) -> None:
+def test_run_command_runs_in_the_workspace_and_captures_output(world: World) -> None:
     port, _, workspace, _ = world
     text = _content(_call(port, "run_command", command="pwd; echo err >&2; exit 3"))
     assert text == f"exit code: 3\n{workspace}\nerr\n"
@@ -157,7 +157,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_hanging_command_is_killed_with_all_its_children(world) -> None:
+def test_a_hanging_command_is_killed_with_all_its_children(world: World) -> None:
     port, _, _, _ = world
     command = "sleep 300.7 & echo $!; (sleep 300.8 & echo $!; wait); wait"
     answer = _call(port, "run_command", command=command, timeout_s=0.5)
@@ -171,7 +171,7 @@ def test_a_hanging_command_is_killed_with_all_its_children(world) -> None:
     assert all(_gone(pid) for pid in pids)
 
 
-def test_what_a_finished_command_left_running_is_killed(world) -> None:
+def test_what_a_finished_command_left_running_is_killed(world: World) -> None:
     port, _, _, _ = world
     text = _content(_call(port, "run_command", command="(sleep 302.3 & echo $!); echo done"))
     code, pid, done = text.splitlines()
@@ -192,7 +192,7 @@ class _Page(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_fetch_url_results_are_untrusted(world) -> None:
+def test_fetch_url_results_are_untrusted(world: World) -> None:
     port, _, _, _ = world
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
