@@ -1,0 +1,86 @@
+"""Fixtures for the fault tests: a real session log, the inference actor, a runtime; closed after."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.config import Config, InferenceConfig, parse
+from actors.events import Event
+from actors.inference.actor import Inference
+from actors.log import SessionLog, read_records
+from actors.records import Baseline, Record, now
+from actors.tools.registry import META_TOOLS, Registry
+from actors.turn import Runtime, TurnOutcome, run_turn
+
+__all__ = ["MakeRig", "TurnRig", "turn_config"]
+
+
+def turn_config(tmp_path: Path, url: str, **inference: Any) -> Config:
+    """Small timeouts and backoff so failure paths stay fast; fsync "always" as by default."""
+    base: dict[str, Any] = dict(
+        url=url, retries=2, backoff_s=0.001, timeout_s=20.0, read_timeout_s=10.0,
+        connect_timeout_s=2.0,
+    )
+    config = parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "always"}})
+    return dataclasses.replace(config, inference=InferenceConfig(**{**base, **inference}))
+
+
+class TurnRig:
+    """One session log and a runtime on ``url``; ``turn()`` runs run_turn and keeps events."""
+
+    def __init__(self, path: Path, config: Config, registry: Registry) -> None:
+        self.path = path
+        self.config = config
+        baseline = Baseline(system="You are terse.", tools=META_TOOLS, model="fake", created=now())
+        self.log, _ = SessionLog.open(path, fsync="always", baseline=baseline, name="s")
+        self.inference = Inference.start(config.inference)
+        self.runtime = Runtime(config=config, inference=self.inference, registry=registry)
+        self.events: list[Event] = []
+
+    def turn(self, content: str = "Hi?") -> TurnOutcome:
+        self.events = []
+        return run_turn(self.log, self.runtime, content, self.events.append)
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        return self.log.records
+
+    def on_disk(self) -> tuple[Record, ...]:
+        return read_records(self.path, name="s")
+
+    def kinds(self, start: int = 1) -> list[str]:
+        return [type(r).__name__ for r in self.records[start:]]
+
+    def close(self) -> None:
+        self.inference.stop()
+        self.log.close()
+
+
+MakeRig = Callable[..., TurnRig]
+
+
+@pytest.fixture
+def turn_rig(tmp_path: Path) -> Iterator[MakeRig]:
+    """``make(url, registry=None, **inference)``: a TurnRig; every one is closed after the test."""
+    made: list[TurnRig] = []
+
+    def make(url: str, registry: Registry | None = None, **inference: Any) -> TurnRig:
+        where = tmp_path / f"rig{len(made)}"
+        rig = TurnRig(
+            where / "sessions" / "s" / "log.bin",
+            turn_config(where, url, **inference),
+            registry if registry is not None else Registry([]),
+        )
+        made.append(rig)
+        return rig
+
+    try:
+        yield make
+    finally:
+        for rig in made:
+            rig.close()
