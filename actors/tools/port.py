@@ -37,7 +37,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -148,6 +148,8 @@ class _IO:
         self.reason = "starting"
         self.specs: tuple[ToolSpec, ...] = ()
         self.ready = threading.Event()
+        # Called in the I/O thread when a connected host stops answering (set by the actor).
+        self.on_unresponsive: Callable[[], None] = lambda: None
         self.stopped = False
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -343,6 +345,7 @@ class _IO:
             self._flush()  # calls that waited for the connection, or found the socket busy
             if now - self._last_rx >= 3 * hb:
                 self._down(f"stopped answering (nothing for {now - self._last_rx:.1f} s)", poller)
+                self.on_unresponsive()
             elif now - self._last_ping >= hb:
                 self._send(_PING)
                 self._last_ping = now
@@ -463,6 +466,11 @@ class _Restart:
     generation: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unresponsive:
+    pass
+
+
 class ToolPortActor(pykka.ThreadingActor):
     """Supervises one port: its I/O thread and, for a local host, the host process."""
 
@@ -480,6 +488,13 @@ class ToolPortActor(pykka.ThreadingActor):
         self._stopping = False
 
     def on_start(self) -> None:
+        ref = self.actor_ref
+
+        def unresponsive() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_Unresponsive())
+
+        self._io.on_unresponsive = unresponsive
         self._io.start()
         if self._launcher is not None:
             self._spawn()
@@ -547,14 +562,23 @@ class ToolPortActor(pykka.ThreadingActor):
         ):
             self._restarts += 1
             self._spawn()
+        elif isinstance(message, _Unresponsive) and self._running() and not self._stopping:
+            # Alive but silent (hung, stopped, or starved): kill it; its exit restarts it.
+            log.warning("tool host %s stopped answering; killing it", self.settings.name)
+            assert self._proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
         return None
+
+    def _running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def status(self) -> PortStatus:
         return PortStatus(
             state=self._io.state,
             reason=self._io.reason,
             tools=tuple(s.name for s in self._io.specs),
-            pid=self._proc.pid if self._proc is not None and self._proc.poll() is None else None,
+            pid=self._proc.pid if self._proc is not None and self._running() else None,
             restarts=self._restarts,
         )
 
@@ -649,7 +673,11 @@ class PortHandle:
         return self._io.ready.wait(timeout)
 
     def status(self, timeout: float = 5.0) -> PortStatus:
-        return self._ref.proxy().status().get(timeout=timeout)  # type: ignore[no-any-return]
+        """State, reason, tools, pid and restarts (STOPPED once the port is closed)."""
+        try:
+            return self._ref.proxy().status().get(timeout=timeout)  # type: ignore[no-any-return]
+        except pykka.ActorDeadError:
+            return PortStatus(PortState.STOPPED, "the port was closed", (), None, 0)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the port and, for a local host, the host process (and what it left running)."""

@@ -108,6 +108,25 @@ def test_a_host_killed_mid_call_fails_the_call_and_is_restarted(make: Make) -> N
     assert again == wire.Result(again.id, "exit code: 0\nback\n")
 
 
+def test_a_host_that_stops_answering_is_killed_and_restarted(make: Make) -> None:
+    box = make()
+    files = box.ports[[p.name for p in box.ports].index("files")]
+    pid = files.status().pid
+    assert pid is not None
+    old = psutil.Process(pid)
+    old.suspend()  # SIGSTOP: alive, but silent
+    try:
+        wait_until(
+            lambda: files.status().restarts == 1 and files.wait_ready(0.01), what="the restart"
+        )
+    finally:
+        if is_alive(old):
+            old.kill()
+    assert not is_alive(old)
+    answer = _run(box, "read_file", path="notes.txt")
+    assert answer == wire.Result(answer.id, "hello from the workspace\n")
+
+
 def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
     box = make()
     hosts = host_processes()
