@@ -34,8 +34,8 @@ import msgpack
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUNDS = 10
-PER_ROUND = 300  # calls per system per round (MCP: a third of that)
+ROUNDS = 60
+PER_ROUND = 50  # calls per system per round (MCP: a third of that)
 WARMUP = 200
 
 _FLOOR_SERVER = """
@@ -104,7 +104,7 @@ class _Floor:
         self.id += 1
         req = {"v": 1, "kind": "request", "id": self.id, "session": "bench", "call": self.id,
                "tool": "echo", "arguments": {"text": "hello"}}  # fmt: skip
-        self.sock.send(msgpack.packb(req))
+        self.sock.send(msgpack.packb(req))  # the same frame loopd's wire format makes
         reply = msgpack.unpackb(self.sock.recv())
         assert reply["content"] == "hello"
 
@@ -160,6 +160,28 @@ def _ratio(name: str, value: float, note: str) -> dict[str, Any]:
     return {"name": name, "value": round(value, 2), "unit": "x", "ratio": value, "note": note}
 
 
+_LABELS = {
+    "floor": "floor: bare DEALER/ROUTER+msgpack, ipc",
+    "host": "loopd host alone (bare DEALER client), ipc",
+    "loopd": "loopd: tool port -> tool host, ipc",
+    "mcp": "mcp: official SDK, stdio",
+}
+
+
+def _measure(systems: dict[str, Callable[[], None]]) -> dict[str, tuple[list[float], float, int]]:
+    """Warm up, then interleave small batches so load changes hit every system alike."""
+    out: dict[str, tuple[list[float], float, int]] = {name: ([], 0.0, 0) for name in systems}
+    for name, call in systems.items():
+        _timed(call, WARMUP // 4 if name == "mcp" else WARMUP, [])
+    for _ in range(ROUNDS):
+        for name, call in systems.items():
+            n = PER_ROUND // 3 if name == "mcp" else PER_ROUND
+            samples, wall, count = out[name]
+            wall += _timed(call, n, samples)
+            out[name] = (samples, wall, count + n)
+    return out
+
+
 def run() -> list[dict[str, Any]]:
     from actors.tools.port import PortSettings, start_port
 
@@ -167,14 +189,11 @@ def run() -> list[dict[str, Any]]:
     floor_ep, host_ep = f"ipc://{tmp}/floor.sock", f"ipc://{tmp}/host.sock"
     host_argv = [sys.executable, "-m", "actors.tools.host", "--bind", host_ep, "--tools", "echo",
                  "--parent-pid", str(os.getpid()), "--log-level", "WARNING"]  # fmt: skip
-    samples: dict[str, list[float]] = {"floor": [], "loopd": [], "mcp": []}
-    walls = dict.fromkeys(samples, 0.0)
-    counts = dict.fromkeys(samples, 0)
     mcp: _Mcp | None = None
     mcp_note = ""
     try:
         with _process([sys.executable, "-c", _FLOOR_SERVER, floor_ep]), _process(host_argv):
-            floor = _Floor(floor_ep)
+            floor, bare_host = _Floor(floor_ep), _Floor(host_ep)
             port = start_port(PortSettings("bench", host_ep, timeout_s=10, heartbeat_s=2))
             try:
                 if not port.wait_ready(30):
@@ -191,42 +210,28 @@ def run() -> list[dict[str, Any]]:
                     mcp_note = f"server start + initialize {mcp.start_s:.2f} s"
                 except ImportError as e:
                     mcp_note = f"skipped: {e} (pip install 'mcp>=2.3')"
-                systems: dict[str, Callable[[], None]] = {"floor": floor.call, "loopd": loopd}
+                systems = {"floor": floor.call, "host": bare_host.call, "loopd": loopd}
                 if mcp is not None:
                     systems["mcp"] = mcp.call
-                for call in systems.values():
-                    _timed(
-                        call, WARMUP if call is not getattr(mcp, "call", None) else WARMUP // 4, []
-                    )
-                for _ in range(ROUNDS):
-                    for name, call in systems.items():
-                        n = PER_ROUND // 3 if name == "mcp" else PER_ROUND
-                        walls[name] += _timed(call, n, samples[name])
-                        counts[name] += n
+                results = _measure(systems)
             finally:
                 port.stop()
                 floor.close()
+                bare_host.close()
                 if mcp is not None:
                     mcp.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = _rows(
-        "floor: bare DEALER/ROUTER+msgpack, ipc",
-        samples["floor"],
-        walls["floor"],
-        counts["floor"],
-        "",
-    )
-    rows += _rows(
-        "loopd: tool port -> tool host, ipc", samples["loopd"], walls["loopd"], counts["loopd"], ""
-    )
-    p50 = {k: statistics.median(v) for k, v in samples.items() if v}
+    rows: list[dict[str, Any]] = []
+    for name, (samples, wall, count) in results.items():
+        rows += _rows(_LABELS[name], samples, wall, count, mcp_note if name == "mcp" else "")
+    p50 = {name: statistics.median(samples) for name, (samples, _, _) in results.items()}
     rows.append(_ratio("loopd p50 / floor p50", p50["loopd"] / p50["floor"], "goal <= 1.5x"))
+    rows.append(
+        _ratio("host alone p50 / floor p50", p50["host"] / p50["floor"], "the host's share")
+    )
     if "mcp" in p50:
-        rows += _rows(
-            "mcp: official SDK, stdio", samples["mcp"], walls["mcp"], counts["mcp"], mcp_note
-        )
         rows.append(_ratio("mcp p50 / loopd p50", p50["mcp"] / p50["loopd"], "goal >= 5x"))
     else:
         rows.append({"name": "mcp", "value": None, "unit": "", "note": mcp_note})

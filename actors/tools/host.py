@@ -24,7 +24,6 @@ knocks (at most once a second), so adding a client's ``.key`` file needs no rest
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
@@ -150,7 +149,10 @@ class Host:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_calls, thread_name_prefix="tool")
+        self._jobs: queue.SimpleQueue[tuple[_Call, _Tool, Mapping[str, Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads = 0
         self._stop = False
         self._complain = _Complaints()
 
@@ -311,7 +313,15 @@ class Host:
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S)
         self._active[key] = call
         self._running += 1
-        self._pool.submit(self._work, call, tool, req.arguments)
+        if self._threads < self._running:  # every thread may be busy: add one (<= max_calls)
+            self._threads += 1
+            threading.Thread(target=self._worker, name=f"tool-{self._threads}", daemon=True).start()
+        self._jobs.put((call, tool, req.arguments))
+
+    def _worker(self) -> None:
+        """A worker thread: runs calls one after another until it gets None."""
+        while (job := self._jobs.get()) is not None:
+            self._work(*job)
 
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
@@ -324,8 +334,13 @@ class Host:
         except BaseException as e:  # a tool must not take its worker (or the host) down
             log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
             answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
-        self._done.put((call, self._frame(call, tool.spec, answer)))
-        self._wake()
+        try:
+            frame = self._frame(call, tool.spec, answer)
+        except Exception as e:  # pragma: no cover - a bug here must not lose the call
+            log.exception("could not encode the answer of %s", call.tool)
+            frame = wire.encode(Failed(call.id, f"{call.tool}: the answer could not be sent: {e}"))
+        self._done.put((call, frame))
+        self._wake()  # last: the main thread wants the interpreter lock right after this
 
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""
@@ -361,11 +376,8 @@ class Host:
         return frame
 
     def _send_done(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                call, frame = self._done.get_nowait()
-            except queue.Empty:
-                return
+        while not self._done.empty():
+            call, frame = self._done.get()
             self._running -= 1
             if self._active.get((call.peer, call.id)) is call:
                 del self._active[(call.peer, call.id)]
@@ -409,7 +421,8 @@ class Host:
         for call in self._active.values():
             call.cancel.set()
         self._active.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(self._threads):
+            self._jobs.put(None)
         deadline = time.monotonic() + 2.0
         while self._running > 0 and time.monotonic() < deadline:
             try:
