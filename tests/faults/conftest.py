@@ -1,4 +1,4 @@
-"""Fixtures for the fault tests: a real session log, the inference actor, a runtime; closed after."""
+"""Fixtures for the fault tests: a real session log, the inference actor, a runtime."""
 
 from __future__ import annotations
 

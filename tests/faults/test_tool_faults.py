@@ -19,7 +19,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterator
