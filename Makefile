@@ -31,7 +31,7 @@ embedded: $(VENV)/.embedded
 
 run: $(VENV)/.embedded
 	$(BIN)/loopd run --workspace examples/workspace --session demo-$$(date +%Y%m%d-%H%M%S) \
-	  "List the files in the workspace, then read notes.txt and tell me in one sentence what it says."
+	  --config examples/loopd.toml "What does notes.txt say?"
 
 test: $(VENV)/.test
 	$(BIN)/python -m pytest
