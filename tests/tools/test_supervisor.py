@@ -39,7 +39,7 @@ def make(workspace: Path) -> Iterator[Make]:
     boxes: list[Toolbox] = []
 
     def start(**tools: Any) -> Toolbox:
-        settings = {"workspace": str(workspace), "heartbeat_s": 0.2, "timeout_s": 30.0,
+        settings = {"workspace": str(workspace), "heartbeat_s": 0.4, "timeout_s": 30.0,
                     "allow": ("run_command",), **tools}  # fmt: skip
         box = Toolbox.start(Config().replace("tools", **settings))
         boxes.append(box)
