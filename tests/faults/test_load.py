@@ -1,0 +1,159 @@
+"""Load: 32 sessions at once in one process, 4 tool hosts, every log complete, nothing leaked.
+
+One process runs 32 session actors on one inference actor (``inference.parallel = 4``, the
+sessions spread over 4 server slots, so they also evict each other's prompt caches) and a
+Toolbox of 4 local tool hosts from ``[[tools.hosts]]``, one tool each. The fake
+llama-server runs in its own process (the agent script). Every round, all 32 sessions run
+a turn at once: one tool call on one of the 4 hosts, then an answer.
+
+Then: every session's log holds every turn, whole and in order (the right tool result,
+the right answer, call numbers 1..n), reads back the same from disk, and reopens with
+nothing cut; the run ends within the test timeout (no deadlock); after shutdown the
+threads are back to what they were and no child process is left.
+
+``LOOPD_LOAD_TURNS`` sets the turns per session (default 20; CI may set fewer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pykka
+import pytest
+
+from actors.config import Config, HostConfig, parse
+from actors.events import Event
+from actors.inference.actor import Inference
+from actors.log import SessionLog, read_records
+from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User, now
+from actors.session import open_session
+from actors.tools.registry import baseline_tools
+from actors.tools.supervisor import Toolbox
+from actors.turn import Runtime
+from tests.support.scripted_llama import call_id, serve_in_process
+from tests.support.watch import wait_until
+
+SESSIONS = 32
+SLOTS = 4
+TURNS = int(os.environ.get("LOOPD_LOAD_TURNS", "20"))
+TOOLS = {  # host name: (its tool, the arguments a turn gives it)
+    "h_read": ("read_file", '{"path": "notes.txt"}'),
+    "h_list": ("list_dir", '{"path": "."}'),
+    "h_search": ("search_files", '{"pattern": "hello"}'),
+    "h_echo": ("echo", '{"text": "echo %s"}'),
+}
+HOSTS = list(TOOLS)
+TURN_KINDS = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
+
+
+def message(session: int, n: int) -> str:
+    tool, args = TOOLS[HOSTS[(session + n) % len(HOSTS)]]
+    tag = f"s{session:02d} t{n:03d}"
+    return f"{tag} :: {tool} {args.replace('%s', tag)}"
+
+
+def load_config(tmp_path: Path, url: str) -> Config:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("hello from the workspace\n")
+    hosts = tuple(HostConfig(name=h, tools=(tool,)) for h, (tool, _) in TOOLS.items())
+    config = parse({
+        "inference": {"url": url, "parallel": SLOTS, "retries": 2, "backoff_s": 0.01,
+                      "timeout_s": 60},
+        "log": {"dir": str(tmp_path / "sessions")},
+        "tools": {"standard": False, "workspace": str(workspace), "timeout_s": 30,
+                  "max_concurrent_calls": 16},
+    })  # fmt: skip
+    return config.replace("tools", hosts=hosts)
+
+
+@pytest.fixture
+def baseline_threads() -> Iterator[set[threading.Thread]]:
+    """The threads alive before the test; checked again after everything it started stopped."""
+    yield set(threading.enumerate())
+
+
+def _expected_results(toolbox: Toolbox) -> dict[str, str]:
+    """What each host's tool answers (echo aside), asked once before the load."""
+    out = {}
+    for host, (tool, args) in TOOLS.items():
+        if tool == "echo":
+            continue
+        port = toolbox.registry.port_for(tool)
+        assert port is not None and port.name == host
+        answer = port.call(session="probe", call=1, tool=tool, arguments=json.loads(args))
+        out[tool] = getattr(answer, "content", repr(answer))
+    return out
+
+
+def _check_log(records: tuple[Record, ...], session: int, expected: dict[str, str]) -> None:
+    assert isinstance(records[0], Baseline)
+    body = [r for r in records[1:] if not isinstance(r, CacheLoss)]
+    assert [type(r).__name__ for r in body] == TURN_KINDS * TURNS, f"session {session}"
+    for n in range(TURNS):
+        user, call, _, result, answer, _ = body[6 * n : 6 * n + 6]
+        text = message(session, n)
+        tag = text.split(" ::")[0]
+        tool = TOOLS[HOSTS[(session + n) % len(HOSTS)]][0]
+        assert isinstance(user, User) and user.content == text
+        assert isinstance(call, Assistant) and call.tool_calls[0].id == call_id(tag, 0)
+        assert isinstance(result, ToolResult) and result.call == n + 1
+        assert result.content == expected.get(tool, f"echo {tag}"), f"session {session} turn {n}"
+        assert isinstance(answer, Assistant) and answer.content == f"done {tag}."
+
+
+@pytest.mark.timeout(240)
+def test_32_sessions_at_once_on_4_hosts(
+    tmp_path: Path, baseline_threads: set[threading.Thread]
+) -> None:
+    sessions: list[Any] = []
+    counts: list[int] = []
+    with serve_in_process() as url:
+        config = load_config(tmp_path, url)
+        toolbox = Toolbox.start(config)
+        inference = Inference.start(config.inference)
+        try:
+            assert toolbox.problems == {}
+            expected = _expected_results(toolbox)
+            runtimes = [
+                Runtime(config=config.replace("slots", main=slot), inference=inference,
+                        registry=toolbox.registry)
+                for slot in range(SLOTS)
+            ]  # fmt: skip
+            tools = baseline_tools(toolbox.registry, ())
+            for s in range(SESSIONS):
+                base = Baseline(system="You are terse.", tools=tools, model="fake", created=now())
+                sessions.append(open_session(config, f"load{s:02d}", base))
+            sink: Callable[[Event], None] = lambda _e: None  # noqa: E731
+            for n in range(TURNS):
+                futures = [
+                    proxy.turn(runtimes[s % SLOTS], message(s, n), sink)
+                    for s, proxy in enumerate(sessions)
+                ]
+                outcomes = pykka.get_all(futures, timeout=120)
+                assert all(o.tool_calls == 1 for o in outcomes)
+            for s, proxy in enumerate(sessions):
+                records = proxy.records().get(timeout=30)
+                _check_log(records, s, expected)
+                path = config.log_dir / f"load{s:02d}" / "log.bin"
+                assert read_records(path) == records
+                counts.append(len(records))
+        finally:
+            for proxy in sessions:
+                proxy.actor_ref.stop(timeout=30)
+            inference.stop()
+            toolbox.close()
+    for s in range(SESSIONS):  # closed cleanly: reopens with nothing cut
+        log, report = SessionLog.open(config.log_dir / f"load{s:02d}" / "log.bin", fsync="never")
+        log.close()
+        assert report.cut_bytes == 0 and report.records == counts[s]
+    wait_until(lambda: set(threading.enumerate()) <= baseline_threads, timeout=30,
+               what="the threads to stop")  # fmt: skip
+    wait_until(lambda: not psutil.Process().children(recursive=True), timeout=30,
+               what="every child process to exit")  # fmt: skip
