@@ -215,3 +215,12 @@ def test_a_host_named_like_a_standard_one_is_refused(workspace: Path) -> None:
     )
     with pytest.raises(ConfigError, match="shell is the name of a standard host"):
         Toolbox.start(config)
+
+
+def test_an_mcp_host_runs_an_mcp_server_behind_a_tool_host(make: Make) -> None:
+    pytest.importorskip("mcp")
+    server = (sys.executable, str(ROOT / "tests" / "tools" / "mcp_test_server.py"))
+    box = make(standard=False, hosts=(HostConfig(name="m", kind="mcp", command=server),))
+    assert box.problems == {}
+    answer = _run(box, "echo", text="through MCP")
+    assert answer == wire.Result(answer.id, "through MCP")
