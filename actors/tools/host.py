@@ -564,6 +564,8 @@ class _KeyDirectory:
                 keys.add(public)
             except (OSError, ValueError) as e:
                 log.warning("allow-keys: skipping %s: %s", f, e)
+        if not keys:
+            log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
         self.keys, self.loaded = keys, time.monotonic()
 
     def callback(self, domain: str, key: bytes) -> bool:

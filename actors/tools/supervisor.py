@@ -209,6 +209,11 @@ class Toolbox:
             if status.reason:
                 why += f", {status.reason}"
             tail = self._log_tail(port.name)
+            if port.settings.curve is not None:
+                why += (
+                    "; is the host running and reachable, is server_key its public key, and is "
+                    "our public key in its --allow-keys directory?"
+                )
             self.problems[port.name] = why + (f"; its log ends:\n{tail}" if tail else "")
             log.error("tool host %s: %s", port.name, self.problems[port.name])
 

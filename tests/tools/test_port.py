@@ -134,7 +134,7 @@ def test_a_host_that_stops_answering_fails_the_calls_in_flight(
         return wire.Result(req.id, "back")
 
     with FakeHost(ctx, endpoint, handler=go_silent) as host:
-        port = ports(endpoint, timeout_s=60, heartbeat_s=0.05)
+        port = ports(endpoint, timeout_s=60, heartbeat_s=0.1)
         assert port.wait_ready(5)
         answer = _call(port)  # only the heartbeat can end this call before 60 s
         assert isinstance(answer, wire.Failed)
