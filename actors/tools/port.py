@@ -16,7 +16,9 @@ Three parts, each with one job:
 - :class:`ToolPortActor`, a pykka actor, supervises: it starts the I/O thread, and for a
   local host it also starts the host process, learns of its exit from a waiter thread
   (calls in flight fail at once, not after the heartbeat), kills what the host left
-  running, and starts it again with exponential backoff.
+  running, and starts it again with exponential backoff (0.1 s doubling to 5 s; not at all
+  after exit code 2, a usage error a restart cannot fix). A local host that is alive but
+  stops answering pings is killed, and so restarted.
 
 Calls go from the caller to the I/O thread directly (a queue and a wake-up pipe), not
 through the actor's mailbox: the actor may be busy restarting a host, and a call must
