@@ -1,0 +1,266 @@
+"""Loop overhead per model call: loopd's turn, a bare httpx stream, the OpenAI Agents SDK.
+
+The fake llama-server runs the agent script (:mod:`tests.support.scripted_llama`) in its
+own process (a server thread here would share this process's GIL, bench-notes). One turn is
+two model calls: the model calls ``find_tool`` (answered locally, no tool host), then answers
+(~200 characters in 4-character deltas, ~15 KB of SSE). Per round, in turn, so all see the
+same machine state:
+
+- floor: a bare ``httpx`` streaming POST of the same two request bodies loopd sends, reading
+  every line (no parsing, no log, no actors);
+- loopd ``run_turn`` on a fresh session log, fsync "never" (the loop's own cost) and
+  "always" (the default: one ``fdatasync`` per record, 5 records per turn);
+- loopd ``SessionActor.turn``, fsync "always": the path ``loopd run`` takes;
+- the OpenAI Agents SDK: ``Runner.run_streamed`` with a chat-completions model pointed at
+  the same server and the same tool (tracing off), every stream event consumed.
+
+Each is timed per turn and divided by its two model calls; p50s are reported, with ratios
+to the floor (goal: loopd under 1.2x) and loopd against the SDK (goal: below 1x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from actors.config import Config, parse
+from actors.events import Event
+from actors.inference.actor import Inference
+from actors.inference.client import LlamaClient, request_body
+from actors.inference.types import CancelToken, ChatRequest
+from actors.log import SessionLog
+from actors.records import Baseline, Record, now
+from actors.render import messages
+from actors.session import open_session
+from actors.tools.registry import META_TOOLS, Registry
+from actors.turn import Runtime, run_turn
+from tests.support.scripted_llama import serve_in_process
+
+__all__ = ["MESSAGE", "run"]
+
+MESSAGE = 'bench :: find_tool {"query": "read a file"}'
+ANSWER_CHARS = 200
+ROUNDS = 150
+WARMUP = 15
+
+
+def _sink(_event: Event) -> None:
+    pass
+
+
+class _Logs:
+    """Fresh session logs in a scratch directory (made outside the timed part)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="loopd-bench-loop-"))
+        self.n = 0
+
+    def config(self, url: str, fsync: str) -> Config:
+        return parse({"inference": {"url": url, "retries": 0},
+                      "log": {"dir": str(self.root / fsync), "fsync": fsync}})  # fmt: skip
+
+    def open(self, fsync: str) -> SessionLog:
+        self.n += 1
+        path = self.root / fsync / f"s{self.n}" / "log.bin"
+        log, _ = SessionLog.open(path, fsync=fsync, baseline=_baseline(), name=f"s{self.n}")
+        return log
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _baseline() -> Baseline:
+    return Baseline(system="You are terse.", tools=META_TOOLS, model="fake", created=now())
+
+
+def _requests(records: tuple[Record, ...], config: Config) -> list[ChatRequest]:
+    """The two requests of a turn, as run_turn makes them."""
+    baseline = records[0]
+    assert isinstance(baseline, Baseline)
+    return [
+        ChatRequest(
+            slot=config.slots.main, messages=tuple(messages(baseline, records[:end])),
+            tools=baseline.tools, thinking=True, max_tokens=config.loop.max_tokens,
+            thinking_budget=config.loop.thinking_cap,
+        )
+        for end in (2, 5)  # [baseline, user] and [..., assistant, usage, tool_result]
+    ]  # fmt: skip
+
+
+def _body(request: ChatRequest) -> bytes:
+    """The JSON body LlamaClient sends for ``request``."""
+    return json.dumps(request_body(request), ensure_ascii=False, separators=(",", ":"),
+                      default=lambda v: dict(v) if isinstance(v, Mapping) else v).encode()
+
+
+def _actor_turn(session: Any, runtime: Runtime) -> None:
+    session.turn(runtime, MESSAGE, _sink).get(timeout=60)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _sdk(url: str) -> Iterator[Callable[[], object]]:
+    """One SDK run of the same turn, as a blocking call on a persistent event loop."""
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def find_tool(query: str) -> str:
+        """Find tools for a task: their names, descriptions and arguments."""
+        return "No tools are available right now: no tool host is connected."
+
+    loop = asyncio.new_event_loop()
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    model = OpenAIChatCompletionsModel(model="loopd", openai_client=client)
+    agent = Agent(name="bench", instructions="You are terse.", tools=[find_tool], model=model)
+
+    async def once() -> None:
+        result = Runner.run_streamed(agent, MESSAGE)
+        async for _event in result.stream_events():
+            pass
+        assert str(result.final_output).startswith("done bench.")
+
+    try:
+        yield lambda: loop.run_until_complete(once())
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+
+
+def _sse_kb(url: str, bodies: list[bytes]) -> float:
+    with httpx.Client(timeout=30) as c:
+        total = 0
+        for body in bodies:
+            r = c.post(url + "/v1/chat/completions", content=body,
+                       headers={"Content-Type": "application/json"})  # fmt: skip
+            total += len(r.content)
+    return total / len(bodies) / 1024
+
+
+def run() -> list[dict[str, Any]]:
+    logs = _Logs()
+    try:
+        with serve_in_process(answer_chars=ANSWER_CHARS) as url:
+            return _measure(url, logs)
+    finally:
+        logs.close()
+
+
+def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
+    never, always = logs.config(url, "never"), logs.config(url, "always")
+    inference = Inference.start(never.inference)
+    registry = Registry([])
+    runtimes = {
+        fsync: Runtime(config=c, inference=inference, registry=registry)
+        for fsync, c in (("never", never), ("always", always))
+    }
+    bare = httpx.Client(timeout=30)
+    llama = LlamaClient(never.inference)
+    try:
+        warm = logs.open("never")
+        run_turn(warm, runtimes["never"], MESSAGE, _sink)
+        requests = _requests(warm.records, never)
+        bodies = [_body(r) for r in requests]
+        warm.close()
+        size = _sse_kb(url, bodies)
+
+        def floor() -> None:
+            for body in bodies:
+                with bare.stream("POST", url + "/v1/chat/completions", content=body,
+                                 headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                    for _line in r.iter_lines():
+                        pass
+
+        def client() -> None:
+            for request in requests:
+                llama.chat(request, _sink, CancelToken())
+
+        def inference_only() -> None:
+            for request in requests:
+                inference.complete(request, _sink, CancelToken())
+
+        with _sdk(url) as sdk:
+            times: dict[str, list[float]] = {
+                k: [] for k in ("floor", "client", "inference", "never", "always", "actor", "sdk")
+            }
+            for i in range(WARMUP + ROUNDS):
+                logs_now = {f: logs.open(f) for f in ("never", "always")}
+                session = open_session(always, f"a{i}", _baseline())
+                try:
+                    sample = {
+                        "floor": _timed(floor),
+                        "client": _timed(client),
+                        "inference": _timed(inference_only),
+                        "never": _timed(functools.partial(
+                            run_turn, logs_now["never"], runtimes["never"], MESSAGE, _sink)),
+                        "always": _timed(functools.partial(
+                            run_turn, logs_now["always"], runtimes["always"], MESSAGE, _sink)),
+                        "actor": _timed(functools.partial(
+                            _actor_turn, session, runtimes["always"])),
+                        "sdk": _timed(sdk),
+                    }  # fmt: skip
+                finally:
+                    for log in logs_now.values():
+                        log.close()
+                    session.actor_ref.stop(timeout=10)
+                if i >= WARMUP:
+                    for k, v in sample.items():
+                        times[k].append(v / 2)  # two model calls per turn
+    finally:
+        bare.close()
+        llama.close()
+        inference.stop()
+    p50 = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    floor_ms = p50["floor"]
+    note = f"find_tool call + {ANSWER_CHARS}-char answer, ~{size:.0f} KB SSE per call"
+    return [
+        {"name": "bare httpx stream, per model call p50", "value": floor_ms, "unit": "ms",
+         "note": f"floor; {note}"},
+        {"name": "  of which LlamaClient.chat alone (no actor, no turn)", "value": p50["client"],
+         "unit": "ms", "ratio": p50["client"] / floor_ms, "note": "SSE parsing, watchdog"},
+        {"name": "  of which Inference.complete (actor, no turn)", "value": p50["inference"],
+         "unit": "ms", "ratio": p50["inference"] / floor_ms,
+         "note": "+ actor ask, a thread per request"},
+        {"name": "loopd run_turn (fsync never), per model call p50", "value": p50["never"],
+         "unit": "ms", "ratio": p50["never"] / floor_ms, "note": "goal < 1.2x the floor"},
+        {"name": "loopd run_turn (fsync always), per model call p50", "value": p50["always"],
+         "unit": "ms", "ratio": p50["always"] / floor_ms, "note": "default: fdatasync per record"},
+        {"name": "loopd SessionActor.turn (fsync always), per model call p50",
+         "value": p50["actor"], "unit": "ms", "ratio": p50["actor"] / floor_ms,
+         "note": "the path `loopd run` takes"},
+        {"name": "OpenAI Agents SDK run_streamed, per model call p50", "value": p50["sdk"],
+         "unit": "ms", "ratio": p50["sdk"] / floor_ms, "note": "chat-completions model"},
+        {"name": "loopd overhead over the floor (fsync never)",
+         "value": (p50["never"] - floor_ms) * 1000, "unit": "us/call"},
+        {"name": "loopd (fsync always) vs the SDK", "value": p50["always"] / p50["sdk"],
+         "unit": "x", "note": "goal < 1: faster than the SDK"},
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)
