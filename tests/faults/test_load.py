@@ -33,6 +33,7 @@ from actors.inference.actor import Inference
 from actors.log import SessionLog, read_records
 from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User, now
 from actors.session import open_session
+from actors.tools.procs import is_alive
 from actors.tools.registry import baseline_tools
 from actors.tools.supervisor import Toolbox
 from actors.turn import Runtime
@@ -79,6 +80,11 @@ def baseline_threads() -> Iterator[set[threading.Thread]]:
     yield set(threading.enumerate())
 
 
+def _children() -> set[int]:
+    """Living child processes of this process (any depth), zombies not counted."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if is_alive(p)}
+
+
 def _expected_results(toolbox: Toolbox) -> dict[str, str]:
     """What each host's tool answers (echo aside), asked once before the load."""
     out = {}
@@ -114,6 +120,7 @@ def test_32_sessions_at_once_on_4_hosts(
 ) -> None:
     sessions: list[Any] = []
     counts: list[int] = []
+    children_before = _children()
     with serve_in_process() as url:
         config = load_config(tmp_path, url)
         toolbox = Toolbox.start(config)
@@ -155,5 +162,5 @@ def test_32_sessions_at_once_on_4_hosts(
         assert report.cut_bytes == 0 and report.records == counts[s]
     wait_until(lambda: set(threading.enumerate()) <= baseline_threads, timeout=30,
                what="the threads to stop")  # fmt: skip
-    wait_until(lambda: not psutil.Process().children(recursive=True), timeout=30,
+    wait_until(lambda: _children() <= children_before, timeout=30,
                what="every child process to exit")  # fmt: skip

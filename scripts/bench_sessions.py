@@ -1,0 +1,161 @@
+"""Concurrent sessions: turns per second and memory (RSS) at 1, 8 and 32 sessions.
+
+One process, as ``loopd`` runs it: one inference actor (``inference.parallel = 4``), a
+Toolbox of 4 local tool hosts (one tool each), fsync "always", and N session actors, each
+driven by its own thread through ``SessionActor.turn``. The fake llama-server runs the
+agent script in its own process. Every turn is one tool call (the 4 hosts in turn) and an
+answer, so two model calls and one tool round trip.
+
+Per level: turns/s over the whole level (wall clock), the p50 turn latency, and the peak
+RSS of this process during the level (sampled every 5 ms), also as MiB over the idle
+process; the tool hosts' RSS is reported at the end. Ratios are against 1 session.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from actors.config import Config, HostConfig, parse
+from actors.events import Event
+from actors.inference.actor import Inference
+from actors.records import Baseline, now
+from actors.session import open_session
+from actors.tools.registry import baseline_tools
+from actors.tools.supervisor import Toolbox
+from actors.turn import Runtime
+from tests.support.scripted_llama import serve_in_process
+from tests.support.watch import Peak
+
+__all__ = ["LEVELS", "run"]
+
+LEVELS = ((1, 100), (8, 25), (32, 10))  # (sessions, turns per session)
+SLOTS = 4
+TOOLS = {
+    "h_read": ("read_file", '{"path": "notes.txt"}'),
+    "h_list": ("list_dir", '{"path": "."}'),
+    "h_search": ("search_files", '{"pattern": "hello"}'),
+    "h_echo": ("echo", '{"text": "hi"}'),
+}
+_HOSTS = list(TOOLS)
+MiB = 1024 * 1024
+
+
+def _message(session: int, n: int) -> str:
+    tool, args = TOOLS[_HOSTS[(session + n) % len(_HOSTS)]]
+    return f"s{session} t{n} :: {tool} {args}"
+
+
+def _config(root: Path, url: str) -> Config:
+    workspace = root / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("hello from the workspace\n")
+    hosts = tuple(HostConfig(name=h, tools=(tool,)) for h, (tool, _) in TOOLS.items())
+    config = parse({
+        "inference": {"url": url, "parallel": SLOTS, "retries": 0, "timeout_s": 60},
+        "log": {"dir": str(root / "sessions"), "fsync": "always"},
+        "tools": {"standard": False, "workspace": str(workspace), "max_concurrent_calls": 32},
+    })  # fmt: skip
+    return config.replace("tools", hosts=hosts)
+
+
+def _sink(_event: Event) -> None:
+    pass
+
+
+def _level(
+    config: Config, runtimes: list[Runtime], tools: Any, level: int, sessions: int, turns: int
+) -> tuple[float, float, int]:
+    """(turns/s, p50 turn ms, peak RSS bytes) of ``sessions`` sessions doing ``turns`` each."""
+    proxies = []
+    for s in range(sessions):
+        base = Baseline(system="You are terse.", tools=tools, model="fake", created=now())
+        proxies.append(open_session(config, f"l{level}s{s}", base))
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def drive(s: int) -> None:
+        try:
+            for n in range(turns):
+                start = time.perf_counter()
+                proxies[s].turn(runtimes[s % SLOTS], _message(s, n), _sink).get(timeout=120)
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+        except BaseException as e:
+            errors.append(e)
+
+    me = psutil.Process()
+    peak = Peak(lambda: int(me.memory_info().rss))
+    threads = [threading.Thread(target=drive, args=(s,)) for s in range(sessions)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    top = peak.stop()
+    for proxy in proxies:
+        proxy.actor_ref.stop(timeout=30)
+    if errors:
+        raise errors[0]
+    return sessions * turns / wall, statistics.median(latencies) * 1000, top
+
+
+def run() -> list[dict[str, Any]]:
+    root = Path(tempfile.mkdtemp(prefix="loopd-bench-sessions-"))
+    try:
+        with serve_in_process() as url:
+            return _measure(_config(root, url))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(config: Config) -> list[dict[str, Any]]:
+    toolbox = Toolbox.start(config)
+    inference = Inference.start(config.inference)
+    rows: list[dict[str, Any]] = []
+    try:
+        if toolbox.problems:
+            raise RuntimeError(f"tool hosts did not start: {toolbox.problems}")
+        runtimes = [
+            Runtime(config=config.replace("slots", main=slot), inference=inference,
+                    registry=toolbox.registry)
+            for slot in range(SLOTS)
+        ]  # fmt: skip
+        tools = baseline_tools(toolbox.registry, ())
+        _level(config, runtimes, tools, 0, 2, 5)  # warm-up
+        idle = psutil.Process().memory_info().rss
+        first = 0.0
+        for i, (sessions, turns) in enumerate(LEVELS, start=1):
+            rate, p50, top = _level(config, runtimes, tools, i, sessions, turns)
+            first = first or rate
+            what = f"{sessions} session{'s' if sessions > 1 else ''}"
+            rows += [
+                {"name": f"{what}: turns/s", "value": rate, "unit": "turns/s",
+                 "ratio": rate / first, "note": f"{turns} turns each, 1 tool call per turn"},
+                {"name": f"{what}: turn latency p50", "value": p50, "unit": "ms"},
+                {"name": f"{what}: peak RSS", "value": top / MiB, "unit": "MiB",
+                 "note": f"+{(top - idle) / MiB:.1f} MiB over the idle process"},
+            ]  # fmt: skip
+        hosts = sum(
+            psutil.Process(s.pid).memory_info().rss
+            for s in toolbox.status().values() if s.pid is not None
+        )  # fmt: skip
+        rows.append({"name": "4 tool hosts: RSS in all", "value": hosts / MiB, "unit": "MiB"})
+    finally:
+        inference.stop()
+        toolbox.close()
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)
