@@ -34,6 +34,7 @@ import dataclasses
 import enum
 import itertools
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -99,6 +100,12 @@ class PortSettings:
     heartbeat_s: float = 2.0
     max_frame_bytes: int = wire.DEFAULT_MAX_FRAME
     curve: CurveClient | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("timeout_s", "heartbeat_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"tool port {self.name}: {key} = {value!r} must be a positive number")
 
     @classmethod
     def from_config(
