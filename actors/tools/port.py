@@ -105,7 +105,7 @@ class PortSettings:
         for key in ("timeout_s", "heartbeat_s"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"tool port {self.name}: {key} = {value!r} must be a positive number")
+                raise ValueError(f"tool port {self.name}: {key} = {value!r} must be positive")
 
     @classmethod
     def from_config(

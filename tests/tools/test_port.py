@@ -241,3 +241,11 @@ def test_a_closed_port_answers_failed(ctx: zmq.Context[Any], endpoint: str, port
         answer = _call(port)
     assert isinstance(answer, wire.Failed)
     assert "the tool port is closed" in answer.message
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_settings_refuse_a_timeout_or_heartbeat_that_is_not_a_positive_number(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"timeout_s = .* must be positive"):
+        PortSettings("x", "inproc://x", timeout_s=bad)
+    with pytest.raises(ValueError, match=r"heartbeat_s = .* must be positive"):
+        PortSettings("x", "inproc://x", heartbeat_s=bad)
