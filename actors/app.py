@@ -73,6 +73,8 @@ def start_app(config: Config, status: Callable[[str], None] = lambda _: None) ->
         status("starting tool hosts")
         toolbox = Toolbox.start(config)
         stack.callback(toolbox.close)
+        for host, problem in toolbox.problems.items():
+            status(f"tool host {host} is not available: {problem}")
         inference = Inference.start(config.inference)
         stack.callback(inference.stop)
         runtime = Runtime(

@@ -8,7 +8,9 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -189,6 +191,8 @@ def _check(key: str, annotation: str, value: Any) -> Any:
         ok = isinstance(value, int) if ann == "int" else isinstance(value, int | float)
         if not ok or isinstance(value, bool):
             raise ConfigError(f"{key} = {value!r}: must be a number ({ann})")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} = {value!r}: must be a finite number")
         low = _MINIMUM.get(key)
         if low is not None and value < low:
             raise ConfigError(f"{key} = {value!r}: must be at least {low:g}")
@@ -201,9 +205,12 @@ def _check(key: str, annotation: str, value: Any) -> Any:
         return value
     if ann == "tuple[str,...]":
         if isinstance(value, str) and key.endswith(".command"):
-            import shlex
-
-            value = shlex.split(value)
+            try:
+                value = shlex.split(value)
+            except ValueError as e:
+                raise ConfigError(
+                    f"{key} = {value!r}: {e}; quote it like a shell command line"
+                ) from None
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{key} = {value!r}: must be a list of strings")
         return tuple(value)

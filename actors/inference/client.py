@@ -261,6 +261,8 @@ class LlamaClient:
                     raise _Failed(_cancelled(), retry=False)
                 if time.monotonic() >= run.deadline:
                     raise _Failed(self._timed_out(), retry=False)
+                if not sse.data:  # event:/id:/retry: alone dispatch no event (SSE spec)
+                    continue
                 try:
                     events = asm.feed(sse.data)
                 except InferError as e:  # an error event is a 5xx; bad chunks are not retried
