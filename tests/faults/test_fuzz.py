@@ -368,25 +368,11 @@ def test_config_parse_of_arbitrary_tables_raises_only_config_error(data: dict[st
         cfg.parse(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: shlex.split of a [[tools.hosts]] command with an unclosed quote raises a plain "
-    "ValueError, not ConfigError: `loopd` dies with a traceback and exit 1 instead of naming "
-    "the key (exit 2); fix: in config._check catch ValueError around shlex.split and raise "
-    "ConfigError(f'{key} = {value!r}: {e}; quote it like a shell command line')",
-)
 def test_a_host_command_with_an_unclosed_quote_is_a_config_error() -> None:
     with pytest.raises(cfg.ConfigError, match=r"tools.hosts\[0\].command"):
         cfg.parse({"tools": {"hosts": [{"name": "m", "kind": "mcp", "command": "x 'open"}]}})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: NaN passes every minimum check (nan < low is False), so timeout_s = nan "
-    "disables the wall-clock deadline (a trickling stream then runs until the server stops) "
-    "and heartbeat_s = nan never declares a host dead; fix: in config._check refuse a float "
-    "that is not math.isfinite with 'must be a finite number'",
-)
 @pytest.mark.parametrize(
     ("section", "key"),
     [("inference", "timeout_s"), ("inference", "read_timeout_s"), ("tools", "timeout_s"),

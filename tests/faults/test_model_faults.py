@@ -189,12 +189,6 @@ def test_sse_lines_that_carry_no_event_are_ignored(turn_rig: MakeRig, line: str)
         _next_turn_works(rig, 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: an SSE block with no data field (event:/id:/retry: N only) dispatches no "
-    "event by the SSE spec, but httpx-sse yields one with empty data and LlamaClient._read "
-    "fails the turn with 'a stream chunk is not JSON'; fix: skip `sse.data == ''` in _read",
-)
 @pytest.mark.parametrize("line", ["event: ping\n\n", "retry: 3000\n\n", "id: 7\n\n"])
 def test_sse_blocks_without_data_are_not_chunks(turn_rig: MakeRig, line: str) -> None:
     with FakeLlama([malformed(3, line), answer("next")]) as fake:
