@@ -191,6 +191,8 @@ def test_sse_lines_that_carry_no_event_are_ignored(turn_rig: MakeRig, line: str)
 
 @pytest.mark.parametrize("line", ["event: ping\n\n", "retry: 3000\n\n", "id: 7\n\n"])
 def test_sse_blocks_without_data_are_not_chunks(turn_rig: MakeRig, line: str) -> None:
+    """Found by this suite: httpx-sse yields such a block with empty data, which failed the
+    turn ("a stream chunk is not JSON"); by the SSE spec it dispatches nothing. Now fixed."""
     with FakeLlama([malformed(3, line), answer("next")]) as fake:
         rig = turn_rig(fake.url)
         outcome = rig.turn("Hi?")
