@@ -1,4 +1,4 @@
-"""The pure parts of the turn's limits: result capping, cache loss, repeat detection."""
+"""The pure parts of a turn: result capping, cache loss, repeat detection, answer texts."""
 
 from __future__ import annotations
 
@@ -6,9 +6,34 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from actors.records import CacheLoss
+from actors.records import CacheLoss, ResultClass
+from actors.tools import wire
 
-__all__ = ["Repeats", "cache_outcome", "call_key", "cap_result"]
+__all__ = [
+    "CANNOT_WAIT", "REPEAT_NOTICE", "Repeats", "answer_text", "cache_outcome", "call_key",
+    "cap_result",
+]
+
+REPEAT_NOTICE = (
+    "Not run: this exact call ({name} with these arguments) was already made in this turn. "
+    "Use its earlier result, or change the arguments."
+)
+CANNOT_WAIT = (
+    "This call needs the person's approval ({prompt}), and this version of loopd cannot wait "
+    "for approval. Tell the person what you wanted to do instead."
+)
+
+
+def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
+    """What a host's answer becomes in the log: text, class, untrusted, and its outcome name."""
+    if isinstance(answer, wire.Result):
+        return answer.content, answer.class_, answer.untrusted, "result"
+    if isinstance(answer, wire.Denied):
+        return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
+    if isinstance(answer, wire.PendingApproval):
+        text = CANNOT_WAIT.format(prompt=answer.prompt)
+        return text, ResultClass.PUBLIC, False, "pending_approval"
+    return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:

@@ -31,14 +31,22 @@ from actors.inference.types import (
     InferErrorKind,
     is_context_full,
 )
-from actors.limits import Repeats, cache_outcome, cap_result
+from actors.limits import (
+    CANNOT_WAIT,
+    REPEAT_NOTICE,
+    Repeats,
+    answer_text,
+    cache_outcome,
+    cap_result,
+)
 from actors.log import SessionError, SessionLog
 from actors.records import Assistant, ResultClass, ToolCall, ToolResult, Usage, User
 from actors.render import messages
-from actors.tools import wire
 from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = [
+    "CANNOT_WAIT",
+    "REPEAT_NOTICE",
     "Cancelled",
     "Infer",
     "Runtime",
@@ -52,16 +60,6 @@ __all__ = [
     "is_context_full",
     "run_turn",
 ]
-
-REPEAT_NOTICE = (
-    "Not run: this exact call ({name} with these arguments) was already made in this turn. "
-    "Use its earlier result, or change the arguments."
-)
-CANNOT_WAIT = (
-    "This call needs the person's approval ({prompt}), and this version of loopd cannot wait "
-    "for approval. Tell the person what you wanted to do instead."
-)
-
 
 class Model(Protocol):
     def complete(
@@ -287,18 +285,10 @@ class _Turn:
         target = dispatch(self.runtime.registry, call.name, call.arguments)
         if isinstance(target, Local):
             return target.text, ResultClass.PUBLIC, False, "local"
-        answer = target.port.call(
+        return answer_text(target.port.call(
             session=self.log.name, call=number, tool=target.tool,
             arguments=target.arguments, cancel=self.cancel,
-        )
-        if isinstance(answer, wire.Result):
-            return answer.content, answer.class_, answer.untrusted, "result"
-        if isinstance(answer, wire.Denied):
-            return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
-        if isinstance(answer, wire.PendingApproval):
-            text = CANNOT_WAIT.format(prompt=answer.prompt)
-            return text, ResultClass.PUBLIC, False, "pending_approval"
-        return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
+        ))
 
 
 def _last_usage(records: tuple[Any, ...]) -> Usage | None:
