@@ -50,6 +50,7 @@ import zmq
 from actors.config import ToolsConfig
 from actors.inference.types import CancelToken
 from actors.tools import wire
+from actors.tools.caller import Callers, configure
 from actors.tools.procs import kill_session
 from actors.tools.spec import ToolSpec
 from actors.tools.wire import Answer, Cancel, Failed, Hello, Ping, Pong, ToolRequest, Tools
@@ -160,6 +161,9 @@ class _IO:
         # Called in the I/O thread when a connected host stops answering (set by the actor).
         self.on_unresponsive: Callable[[], None] = lambda: None
         self.stopped = False
+        self.generation = 0  # bumped each time the host is given up on (see caller.py)
+        self.down_why = ""
+        self.callers = Callers(settings.name, settings, context, self)
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -197,6 +201,7 @@ class _IO:
             self._command("stop")
             self._thread.join(timeout)
         self.stopped = True
+        self.callers.close()
 
     # the thread
     def _run(self) -> None:
@@ -210,6 +215,7 @@ class _IO:
             log.exception("tool port %s: I/O thread failed", self.s.name)
         finally:
             self.stopped = True
+            self.callers.close()
             self._set_state(PortState.STOPPED, "the port was closed")
             late = [c[1] for c in self._commands if c[0] == "call"]
             for p in [*self._inflight.values(), *self._queued, *late]:
@@ -223,14 +229,7 @@ class _IO:
 
     def _new_socket(self, poller: zmq.Poller) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a host that is not there
-        sock.setsockopt(zmq.MAXMSGSIZE, self.s.max_frame_bytes)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        if self.s.curve is not None:
-            sock.curve_serverkey = self.s.curve.server_key
-            sock.curve_publickey = self.s.curve.public
-            sock.curve_secretkey = self.s.curve.secret
+        configure(sock, self.s)
         sock.connect(self.s.endpoint)
         poller.register(sock, zmq.POLLIN)
         self._hello_sent = False
@@ -387,6 +386,9 @@ class _IO:
                 )
             )
         self._inflight.clear()
+        self.down_why = why
+        self.generation += 1
+        self.callers.wake()  # callers waiting on their own sockets fail at once too
         assert self._sock is not None
         poller.unregister(self._sock)
         self._sock.close(linger=0)
@@ -642,11 +644,14 @@ class PortHandle:
                 f"the arguments of {tool} are {len(frame)} bytes, over the limit of "
                 f"{self.settings.max_frame_bytes} (tools.max_frame_bytes); send less",
             )
+        limit = self.settings.timeout_s + PORT_GRACE_S
+        if self._io.state is PortState.READY:  # the usual case: on this thread's own socket
+            wait_connect = 3 * self.settings.heartbeat_s
+            return self._io.callers.call(cid, tool, frame, cancel, limit, wait_connect)
         p = _Pending(cid, tool, frame)
         self._io.submit(p)
         if self._io.stopped:  # closed between the check and the submit
             p.resolve(Failed(cid, f"tool host {self.name}: the tool port is closed"))
-        limit = self.settings.timeout_s + PORT_GRACE_S
         deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()

@@ -44,10 +44,11 @@ class FakeHost:
         self.ctx, self.endpoint, self.tools, self.handler = ctx, endpoint, tools, handler
         self.received: list[wire.Message] = []
         self.silent = threading.Event()
-        self._outbox: collections.deque[bytes] = collections.deque()
+        self._outbox: collections.deque[tuple[bytes, bytes]] = collections.deque()
         self._stop = threading.Event()
         self._bound = threading.Event()
         self._peer = b""
+        self._peers: dict[int, bytes] = {}  # request id -> the socket that sent it
         self._thread = threading.Thread(target=self._run, name="fake-host", daemon=True)
 
     def __enter__(self) -> FakeHost:
@@ -61,11 +62,19 @@ class FakeHost:
         self._thread.join(5)
 
     def send(self, msg: wire.Message | bytes) -> None:
-        """Send to the last peer (from any thread)."""
-        self._outbox.append(msg if isinstance(msg, bytes) else wire.encode(msg))
+        """Send (from any thread) to the peer that sent request ``msg.id``, else the last peer.
+
+        A port calls from each calling thread's own socket, so answers must be routed.
+        """
+        peer = self._peers.get(getattr(msg, "id", -1), b"")
+        self._outbox.append((peer, msg if isinstance(msg, bytes) else wire.encode(msg)))
 
     def requests(self) -> list[wire.ToolRequest]:
         return [m for m in list(self.received) if isinstance(m, wire.ToolRequest)]
+
+    def peer_of(self, request_id: int) -> bytes:
+        """The routing id of the socket that sent request ``request_id``."""
+        return self._peers[request_id]
 
     def cancels(self) -> list[int]:
         return [m.id for m in list(self.received) if isinstance(m, wire.Cancel)]
@@ -82,13 +91,16 @@ class FakeHost:
                     self._peer = peer
                     self._on(sock, peer, frame)
                 while self._outbox:
-                    sock.send_multipart([self._peer, self._outbox.popleft()])
+                    peer, frame = self._outbox.popleft()
+                    sock.send_multipart([peer or self._peer, frame])
         finally:
             sock.close(linger=0)
 
     def _on(self, sock: zmq.Socket[Any], peer: bytes, frame: bytes) -> None:
         msg = wire.decode(frame)
         self.received.append(msg)
+        if isinstance(msg, wire.ToolRequest):
+            self._peers[msg.id] = peer
         if self.silent.is_set():
             return
         out: wire.Message | bytes | None = None

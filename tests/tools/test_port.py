@@ -249,3 +249,35 @@ def test_settings_refuse_a_timeout_or_heartbeat_that_is_not_a_positive_number(ba
         PortSettings("x", "inproc://x", timeout_s=bad)
     with pytest.raises(ValueError, match=r"heartbeat_s = .* must be positive"):
         PortSettings("x", "inproc://x", heartbeat_s=bad)
+
+
+def test_each_calling_thread_calls_on_a_socket_of_its_own_that_the_stop_closes(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
+    with FakeHost(ctx, endpoint) as host:
+        port = ports(endpoint)
+        assert port.wait_ready(5)
+        here = [_call(port, "a"), _call(port, "b")]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            there = pool.submit(_call, port, "c").result(timeout=10)
+        peers = [host.peer_of(a.id) for a in [*here, there]]
+        assert peers[0] == peers[1]  # one thread keeps its socket
+        assert peers[2] != peers[0]  # another thread has its own
+        assert len(port._io.callers._conns) == 2
+        port.stop()
+        assert port._io.callers._conns == set()
+
+
+def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
+    with FakeHost(ctx, endpoint) as host:
+        port = ports(endpoint, timeout_s=60)
+        assert port.wait_ready(5)
+        first = _call(port)
+        port._io.host_exited("killed by SIGKILL")  # the I/O thread gives up on the connection
+        wait_until(lambda: port._io.generation == 1, what="the port to give up on it")
+        assert port.wait_ready(10)
+        second = _call(port)
+        assert isinstance(second, wire.Result)
+        assert host.peer_of(second.id) != host.peer_of(first.id)
