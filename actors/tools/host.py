@@ -48,6 +48,7 @@ import zmq
 from actors.tools import wire
 from actors.tools.keys import KeyFileError, load_secret
 from actors.tools.procs import is_alive, kill_tree
+from actors.tools.quickcheck import quick_check
 from actors.tools.spec import ToolProvider, ToolSpec
 from actors.tools.wire import (
     Cancel,
@@ -76,6 +77,7 @@ class _Tool:
     spec: ToolSpec
     provider: ToolProvider
     validator: Any  # a jsonschema validator
+    quick: Callable[[Mapping[str, Any]], bool] | None  # True: certainly valid (quickcheck)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -140,7 +142,7 @@ class Host:
                     raise ValueError(
                         f"tool {spec.name}: its argument schema is invalid: {e.message}"
                     ) from None
-                self.tools[spec.name] = _Tool(spec, provider, cls(schema))
+                self.tools[spec.name] = _Tool(spec, provider, cls(schema), quick_check(schema))
         self.providers = providers
         self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
         self._active: dict[tuple[bytes, int], _Call] = {}
@@ -267,7 +269,10 @@ class Host:
                 Failed(req.id, f"tool host {self.name} has no tool {req.tool!r} (it has: {known})"),
             )
             return
-        valid = tool.validator.is_valid(req.arguments)  # the fast path; details only if not
+        quick = tool.quick
+        valid = (quick is not None and quick(req.arguments)) or tool.validator.is_valid(
+            req.arguments
+        )  # fast paths first; the details only when it is not valid
         error = (
             None
             if valid

@@ -161,19 +161,31 @@ def _id(v: Any) -> int:
 
 
 def _json(v: Any, depth: int = 0) -> Any:
-    """Check that ``v`` is JSON-shaped data (what a tool argument or schema may hold)."""
+    """Check that ``v`` is JSON-shaped data (what a tool argument or schema may hold).
+
+    Returns ``v`` itself: it only looks (a copy per call cost more than the rest of decode).
+    """
     if depth > MAX_DEPTH:
         raise TypeError(f"nested deeper than {MAX_DEPTH} levels")
-    if v is None or type(v) in (bool, int, float, str):
+    t = type(v)
+    if t is str or t is int or t is float or t is bool or v is None:
         return v
-    if type(v) is list:
-        return [_json(x, depth + 1) for x in v]
-    if type(v) is dict:
-        for k in v:
+    if t is list:
+        for x in v:
+            if type(x) not in _SCALARS:
+                _json(x, depth + 1)
+        return v
+    if t is dict:
+        for k, x in v.items():
             if type(k) is not str:
                 raise TypeError(f"map keys must be text, got {type(k).__name__}")
-        return {k: _json(x, depth + 1) for k, x in v.items()}
-    raise TypeError(f"{type(v).__name__} is not JSON data")
+            if type(x) not in _SCALARS:
+                _json(x, depth + 1)
+        return v
+    raise TypeError(f"{t.__name__} is not JSON data")
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _object(v: Any) -> dict[str, Any]:
@@ -246,6 +258,10 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
 
 
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:  # the usual case, before the slower isinstance checks
+        return value
+    if type(value) is dict:
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, ResultClass):
         return value.value
     if isinstance(value, ToolSpec):
@@ -313,10 +329,11 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME) -> Message:
     fields = _FIELDS.get(kind) if type(kind) is str else None
     if fields is None:
         raise WireError(f"unknown message kind {kind!r:.40}; known: {', '.join(_FIELDS)}", known_id)
-    unknown = set(body) - set(fields) - {"v", "kind"}
-    if unknown:
-        names = ", ".join(sorted(str(k) for k in unknown))
-        raise WireError(f"{kind}: unknown field(s) {names:.200}", known_id)
+    if len(body) != len(fields) + 2 or not body.keys() >= fields.keys():  # the usual case: no
+        unknown = set(body) - set(fields) - {"v", "kind"}
+        if unknown:
+            names = ", ".join(sorted(str(k) for k in unknown))
+            raise WireError(f"{kind}: unknown field(s) {names:.200}", known_id)
     values: dict[str, Any] = {}
     for wire_name, (attr, check) in fields.items():
         if wire_name not in body:
