@@ -69,6 +69,7 @@ log = logging.getLogger("loopd.toolhost")
 # "timed out" answer says more than the host's) before answering Failed in its place.
 HOST_GRACE_S = 0.25
 _PARENT_CHECK_S = 0.25
+_AWAIT_S = 0.0005  # how long the loop waits on a lone call before polling again
 _MAX_BATCH = 256  # frames read per wake-up before timers are looked at again
 
 
@@ -155,6 +156,7 @@ class Host:
             queue.SimpleQueue()
         )
         self._threads = 0
+        self._awaiting = False  # the main thread waits on _done (see _await_lone_call)
         self._stop = False
         self._complain = _Complaints()
 
@@ -189,6 +191,8 @@ class Host:
                 events = dict(poller.poll(self._poll_timeout_ms()))
                 if sock in events:
                     self._read(sock)
+                    if self._running == 1 and self._done.empty():
+                        self._await_lone_call(sock)
                 if self._wake_r in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -202,6 +206,21 @@ class Host:
                         break
         finally:
             self._shutdown()
+
+    def _await_lone_call(self, sock: zmq.Socket[Any]) -> None:
+        """Wait a moment on the queue for the one call running: most tools are that quick.
+
+        Waking from a queue is cheaper than from poll() and a pipe, and the worker need not
+        write the pipe. A slow tool only holds the loop up for ``_AWAIT_S`` once.
+        """
+        self._awaiting = True
+        try:
+            done = self._done.get(timeout=_AWAIT_S)
+        except queue.Empty:
+            return
+        finally:
+            self._awaiting = False  # then _send_done: a late answer is sent or woken for
+        self._send_one(sock, *done)
 
     def _poll_timeout_ms(self) -> int:
         wait = _PARENT_CHECK_S
@@ -345,7 +364,8 @@ class Host:
             log.exception("could not encode the answer of %s", call.tool)
             frame = wire.encode(Failed(call.id, f"{call.tool}: the answer could not be sent: {e}"))
         self._done.put((call, frame))
-        self._wake()  # last: the main thread wants the interpreter lock right after this
+        if not self._awaiting:  # the main thread is in poll(), not on the queue: wake it
+            self._wake()  # last: the main thread wants the interpreter lock right after this
 
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""
@@ -382,11 +402,13 @@ class Host:
 
     def _send_done(self, sock: zmq.Socket[Any]) -> None:
         while not self._done.empty():
-            call, frame = self._done.get()
-            self._running -= 1
-            if self._active.get((call.peer, call.id)) is call:
-                del self._active[(call.peer, call.id)]
-                self._send_frame(sock, call.peer, frame)
+            self._send_one(sock, *self._done.get())
+
+    def _send_one(self, sock: zmq.Socket[Any], call: _Call, frame: bytes) -> None:
+        self._running -= 1
+        if self._active.get((call.peer, call.id)) is call:
+            del self._active[(call.peer, call.id)]
+            self._send_frame(sock, call.peer, frame)
 
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()
