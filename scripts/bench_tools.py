@@ -7,7 +7,7 @@ side are what count):
 - **floor**: a bare pyzmq DEALER (here) and ROUTER (a child process) over ``ipc://``, one
   msgpack map each way; no framework, no threads;
 - **loopd**: ``PortHandle.call`` to a real tool host (``--tools echo``) over ``ipc://``:
-  the port's I/O thread, correlation and timeout, the host's schema check and worker;
+  the caller's own socket, correlation and timeout, the host's schema check and worker;
 - **mcp**: the official ``mcp`` SDK, ``ClientSession.call_tool`` to an ``MCPServer`` echo
   tool over stdio.
 

@@ -3,14 +3,15 @@
 ZeroMQ sockets are not thread-safe, so the port's I/O thread cannot lend its socket to
 callers; handing each call to that thread and back costs two thread wake-ups, more than the
 socket round trip itself. Instead each calling thread gets a DEALER of its own (made lazily
-by that thread, used only by it), sends its request, and polls that socket for the answer,
-its cancel token and its deadline. The host answers whichever routing id asked.
+by that thread, used only by it), sends its request, and waits on that socket for the
+answer in blocking receives of at most ``_CHECK_MS`` (cheaper than poll() over a second
+descriptor), looking at its cancel token, its deadline and the port between them. The host
+answers whichever routing id asked.
 
 The I/O thread still owns liveness (heartbeats, the host's exit, the port's stop). When it
-gives up on a connection it bumps :attr:`Link.generation` and calls :meth:`Callers.wake`,
-which writes to every caller's wake-up pipe: a caller waiting on a dead host fails at once,
-and a caller socket from an older generation is closed and replaced before its next call,
-so nothing queued for a dead host reaches its successor.
+gives up on a connection it bumps :attr:`Link.generation`: a caller waiting on the dead host
+fails within ``_CHECK_MS``, and a caller socket of an older generation is closed and
+replaced before its next call, so nothing queued for a dead host reaches its successor.
 
 Sockets are closed by their own thread, except those of threads that are idle or gone,
 which the port closes under the lock when it stops (or a new caller arrives): the lock
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -40,8 +40,7 @@ __all__ = ["Callers", "Link", "configure"]
 
 log = logging.getLogger("loopd.toolport")
 
-_CANCEL_CHECK_S = 0.05  # how often a waiting call looks at its cancel token
-_POLLIN = int(zmq.POLLIN)
+_CHECK_MS = 20  # how often a waiting call looks at its cancel token and the port's state
 
 
 class Link(Protocol):
@@ -70,31 +69,22 @@ def configure(sock: zmq.Socket[Any], settings: PortSettings) -> None:
 
 
 class _Conn:
-    """One thread's socket and wake-up pipe; ``busy`` and ``closed`` change under the lock."""
+    """One thread's socket; ``busy`` and ``closed`` change under the lock."""
 
-    __slots__ = ("busy", "closed", "generation", "sock", "thread", "wake_r", "wake_w")
+    __slots__ = ("busy", "closed", "generation", "sock", "thread")
 
     def __init__(self, sock: zmq.Socket[Any], generation: int) -> None:
         self.sock = sock
         self.generation = generation
         self.thread = weakref.ref(threading.current_thread())
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
         self.busy = False
         self.closed = False
 
     def close(self) -> None:
-        """Close the socket and pipe (the caller holds the lock)."""
+        """Close the socket (the caller holds the lock)."""
         if not self.closed:
             self.closed = True
             self.sock.close(linger=0)
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-
-    def drain(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.read(self.wake_r, 4096)
 
 
 class Callers:
@@ -112,22 +102,13 @@ class Callers:
         self._local = threading.local()
         self._closed = False
 
-    # --- from the I/O thread or whoever stops the port ------------------------------------
-
-    def wake(self) -> None:
-        """Wake every waiting caller: the generation changed or the port stopped."""
-        with self._lock:
-            for conn in self._conns:
-                with contextlib.suppress(BlockingIOError):
-                    os.write(conn.wake_w, b"!")
+    # --- from whoever stops the port -----------------------------------------------------
 
     def close(self) -> None:
         """The port stopped: close idle sockets now; busy ones close when their call ends."""
         with self._lock:
             self._closed = True
             for conn in list(self._conns):
-                with contextlib.suppress(BlockingIOError):
-                    os.write(conn.wake_w, b"!")
                 if not conn.busy:
                     conn.close()
                     self._conns.discard(conn)
@@ -150,6 +131,8 @@ class Callers:
                     self._conns.discard(old)
                 sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
                 configure(sock, self.s)
+                sock.setsockopt(zmq.RCVTIMEO, _CHECK_MS)  # blocking calls, with a pulse
+                sock.setsockopt(zmq.SNDTIMEO, _CHECK_MS)
                 sock.connect(self.s.endpoint)
                 conn = _Conn(sock, generation)
                 self._conns.add(conn)
@@ -198,17 +181,19 @@ class Callers:
         start = time.monotonic()
         deadline = start + limit
         sent = False
-        poller = zmq.Poller()
-        poller.register(conn.wake_r, zmq.POLLIN)
-        try:
-            sock.send(frame, zmq.NOBLOCK)
-            sent = True
-            poller.register(sock, zmq.POLLIN)
-        except zmq.Again:  # a fresh socket still connecting (IMMEDIATE): wait to send
-            poller.register(sock, zmq.POLLOUT)
         while True:
-            if sent:
-                answer = self._read(sock, cid)
+            # Blocking send/recv, each at most _CHECK_MS: cheaper than poll() with a second fd.
+            if not sent:
+                try:
+                    sock.send(frame)  # waits while a fresh socket connects (IMMEDIATE)
+                    sent = True
+                except zmq.Again:
+                    pass
+            else:
+                try:
+                    answer = self._answer(sock.recv(), cid)
+                except zmq.Again:
+                    answer = None
                 if answer is not None:
                     return answer
             now = time.monotonic()
@@ -238,56 +223,34 @@ class Callers:
                 return Failed(
                     cid, f"tool host {self.name} did not answer {tool} within {limit:g} s"
                 )
-            wait = deadline - now
-            if cancel is not None:
-                wait = min(wait, _CANCEL_CHECK_S)
-            if not sent:
-                wait = min(wait, max(0.0, start + wait_connect - now))
-            events = dict(poller.poll(int(wait * 1000) + 1))
-            if conn.wake_r in events:
-                conn.drain()
-            if not sent and sock in events:
-                try:
-                    sock.send(frame, zmq.NOBLOCK)
-                except zmq.Again:
-                    continue
-                sent = True
-                poller.modify(sock, zmq.POLLIN)
 
-    def _read(self, sock: zmq.Socket[Any], cid: int) -> Answer | None:
-        """Every frame waiting on ``sock``; the answer to ``cid`` if one of them is it."""
-        while cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:  # ints: enum ops are slow
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return None
-            try:
-                msg = wire.decode(frame, self.s.max_frame_bytes)
-            except wire.WireError as e:
-                if e.id == cid:
-                    return Failed(cid, f"tool host {self.name} sent a malformed answer: {e}")
-                log.warning("tool host %s sent a bad frame: %s", self.name, e)
-                continue
-            if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval):
-                if msg.id == cid:
-                    return msg
-                if isinstance(msg, Failed) and msg.id == 0:
-                    log.warning("tool host %s: %s", self.name, msg.message)
-                else:
-                    log.debug(
-                        "tool host %s: answer to call %d came after the caller left",
-                        self.name,
-                        msg.id,
-                    )
+    def _answer(self, frame: bytes, cid: int) -> Answer | None:
+        """The answer to ``cid`` if ``frame`` is it; anything else is logged and dropped."""
+        try:
+            msg = wire.decode(frame, self.s.max_frame_bytes)
+        except wire.WireError as e:
+            if e.id == cid:
+                return Failed(cid, f"tool host {self.name} sent a malformed answer: {e}")
+            log.warning("tool host %s sent a bad frame: %s", self.name, e)
+            return None
+        if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval):
+            if msg.id == cid:
+                return msg
+            if isinstance(msg, Failed) and msg.id == 0:
+                log.warning("tool host %s: %s", self.name, msg.message)
             else:
-                log.warning(
-                    "tool host %s sent %s, which only a port sends", self.name, type(msg).__name__
+                log.debug(
+                    "tool host %s: answer to call %d came after the caller left", self.name, msg.id
                 )
+        else:
+            log.warning(
+                "tool host %s sent %s, which only a port sends", self.name, type(msg).__name__
+            )
         return None
 
     def _cancel(self, sock: zmq.Socket[Any], cid: int) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            sock.send(_cancel_frame(cid), zmq.NOBLOCK)
+            sock.send(_cancel_frame(cid), zmq.NOBLOCK)  # best effort: the host may be gone
 
 
 def _cancel_frame(cid: int) -> bytes:

@@ -1,18 +1,21 @@
 """The tool port: what a session holds to call the tools of one tool host.
 
-Three parts, each with one job:
+Four parts, each with one job:
 
 - :class:`PortHandle` is what callers hold. ``call`` blocks the calling thread until the
   answer, the timeout (``tools.timeout_s`` plus a grace so the host's own timeout answer
   arrives first), or the cancel token, and never raises for a tool failure: everything
   becomes ``Failed`` with a message a model can read.
-- The **I/O thread** (:class:`_IO`) is the only thread that touches the DEALER socket
-  (ZeroMQ sockets are not thread-safe). It sends requests, correlates answers by id, pings
-  the host every ``heartbeat_s`` and declares it dead after three silent intervals (every
-  call in flight then gets ``Failed``: "tool host X stopped answering"), and reconnects with
-  a fresh socket, so nothing queued for a dead host is delivered to its successor. Calls
-  made while the host is not connected wait for it up to three heartbeats, then fail
-  without having been sent.
+- Calls to a connected host go out on the **calling thread's own DEALER**
+  (:mod:`actors.tools.caller`): no thread hand-off, answers correlated by id, cancel and
+  timeout watched by the caller, which then tells the host to stop the call.
+- The **I/O thread** (:class:`_IO`) owns its own DEALER (ZeroMQ sockets are not
+  thread-safe). It says Hello, pings the host every ``heartbeat_s`` and declares it dead
+  after three silent intervals (every call in flight then gets ``Failed``: "tool host X
+  stopped answering"), and reconnects with a fresh socket (callers replace theirs too), so
+  nothing queued for a dead host is delivered to its successor. Calls made while the host
+  is not connected go through this thread: they wait for it up to three heartbeats, then
+  fail without having been sent.
 - :class:`ToolPortActor`, a pykka actor, supervises: it starts the I/O thread, and for a
   local host it also starts the host process, learns of its exit from a waiter thread
   (calls in flight fail at once, not after the heartbeat), kills what the host left
@@ -20,10 +23,9 @@ Three parts, each with one job:
   after exit code 2, a usage error a restart cannot fix). A local host that is alive but
   stops answering pings is killed, and so restarted.
 
-Calls go from the caller to the I/O thread directly (a queue and a wake-up pipe), not
-through the actor's mailbox: the actor may be busy restarting a host, and a call must
-never wait on that; it also keeps a call to one thread hop each way (see
-``scripts/bench_tools.py`` for what that costs against a bare socket).
+Calls never go through the actor's mailbox: the actor may be busy restarting a host, and a
+call must never wait on that (see ``scripts/bench_tools.py`` for what a call costs against a
+bare socket).
 """
 
 from __future__ import annotations
@@ -388,7 +390,7 @@ class _IO:
         self._inflight.clear()
         self.down_why = why
         self.generation += 1
-        self.callers.wake()  # callers waiting on their own sockets fail at once too
+        # callers waiting on their own sockets see the new generation within caller._CHECK_MS
         assert self._sock is not None
         poller.unregister(self._sock)
         self._sock.close(linger=0)

@@ -195,7 +195,12 @@ def _object(v: Any) -> dict[str, Any]:
     return result
 
 
+_CLASSES = {c.value: c for c in ResultClass}
+
+
 def _result_class(v: Any) -> ResultClass:
+    if type(v) is str and v in _CLASSES:  # a dict look-up costs less than calling the enum
+        return _CLASSES[v]
     try:
         return ResultClass(v)
     except ValueError:
@@ -282,9 +287,15 @@ def _plain(value: Any) -> Any:
 
 def encode(msg: Message) -> bytes:
     """The frame of one message; WireError if a field cannot go on the wire."""
+    if type(msg) is ToolRequest:  # the most frequent message, built without the loop below
+        return _encode_request(msg)
     kind = _KIND.get(type(msg))
     if kind is None:
         raise WireError(f"cannot encode {type(msg).__name__}: not a wire message")
+    return _encode_fields(kind, msg)
+
+
+def _encode_fields(kind: str, msg: Message) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "kind": kind}
     for wire_name, (attr, check) in _FIELDS[kind].items():
         value = _plain(getattr(msg, attr))
@@ -297,6 +308,30 @@ def encode(msg: Message) -> bytes:
         return msgpack.packb(body)
     except (TypeError, ValueError, OverflowError) as e:  # e.g. text with lone surrogates
         raise WireError(f"{kind}: cannot encode: {e}") from None
+
+
+def _encode_request(msg: ToolRequest) -> bytes:
+    try:
+        _id(msg.id)
+        _id(msg.call)
+        _STR(msg.session)
+        _STR(msg.tool)
+        _object(msg.arguments)
+    except TypeError:  # the general path says which field is wrong, or converts Mappings
+        return _encode_fields("request", msg)
+    body = {
+        "v": VERSION,
+        "kind": "request",
+        "id": msg.id,
+        "session": msg.session,
+        "call": msg.call,
+        "tool": msg.tool,
+        "arguments": msg.arguments,
+    }
+    try:
+        return msgpack.packb(body)
+    except (TypeError, ValueError, OverflowError) as e:  # e.g. text with lone surrogates
+        raise WireError(f"request: cannot encode: {e}") from None
 
 
 def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME) -> Message:
