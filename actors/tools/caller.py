@@ -49,8 +49,7 @@ class Link(Protocol):
     @property
     def generation(self) -> int: ...  # bumped each time the host is given up on
 
-    @property
-    def down_why(self) -> str: ...  # why the last generation ended
+    def why_ended(self, generation: int) -> str: ...  # e.g. "exited (exit code 1)"
 
     @property
     def stopped(self) -> bool: ...
@@ -200,16 +199,15 @@ class Callers:
             if self.link.stopped:
                 return Failed(cid, f"tool host {self.name}: the tool port was closed")
             if self.link.generation != generation:
+                why = self.link.why_ended(generation)  # the first end, not a later one
                 if not sent:
                     return Failed(
                         cid,
-                        f"tool host {self.name} is not connected ({self.link.down_why}); "
-                        "the call was not sent",
+                        f"tool host {self.name} is not connected ({why}); the call was not sent",
                     )
                 return Failed(
                     cid,
-                    f"tool host {self.name} {self.link.down_why} during the call; "
-                    "it may or may not have run",
+                    f"tool host {self.name} {why} during the call; it may or may not have run",
                 )
             if cancel is not None and cancel.cancelled:
                 if sent:

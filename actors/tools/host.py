@@ -122,6 +122,7 @@ class Host:
         timeout_s: float = 60.0,
         max_calls: int = 8,
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME,
+        cpu: int | None = None,
     ) -> None:
         self.name = name
         self.timeout_s = timeout_s
@@ -156,6 +157,9 @@ class Host:
             queue.SimpleQueue()
         )
         self._threads = 0
+        # The CPU the loop and idle workers keep to, and all of the process's (see _home_cpu).
+        self._home = {cpu} if cpu is not None else None
+        self._free = os.sched_getaffinity(0) if cpu is not None else None
         self._awaiting = False  # the main thread waits on _done (see _await_lone_call)
         self._stop = False
         self._complain = _Complaints()
@@ -343,9 +347,17 @@ class Host:
         self._jobs.put((call, tool, req.arguments))
 
     def _worker(self) -> None:
-        """A worker thread: runs calls one after another until it gets None."""
+        """A worker thread: runs calls one after another until it gets None.
+
+        It waits for work on the loop's CPU (``cpu``, see :func:`_home_cpu`) and runs each
+        tool free to move, so what a tool starts is not held to one CPU.
+        """
+        home, free = self._home, self._free
+        _pin(home)
         while (job := self._jobs.get()) is not None:
+            _pin(free)
             self._work(*job)
+            _pin(home)
 
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
@@ -470,6 +482,27 @@ class Host:
 
 
 _PONG = wire.encode(Pong())
+
+
+def _home_cpu() -> int | None:
+    """A CPU for the host's loop, spread over hosts by pid; None where pinning does not apply.
+
+    Every call is handed from the loop to a worker thread and back, and libzmq's I/O thread
+    sits between the loop and the socket. When these threads are on different CPUs each
+    hand-off is a cross-CPU wake-up, which on a VM costs more than the socket round trip;
+    the GIL runs one of them at a time anyway. Tools themselves run free (see ``_worker``).
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[os.getpid() % len(cpus)] if len(cpus) > 1 else None
+
+
+def _pin(cpus: set[int] | None) -> None:
+    """Keep the calling thread (and threads and processes it starts) to ``cpus``."""
+    if cpus is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
 
 
 # --- the process --------------------------------------------------------------------------
@@ -662,10 +695,10 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
     )
-    ctx: zmq.Context[Any] = zmq.Context()
     providers: list[ToolProvider] = []
+    ctx: zmq.Context[Any] | None = None
     auth = None
-    sock = None
+    cpu = _home_cpu()
     try:
         providers = _providers(args)
         host = Host(
@@ -675,14 +708,20 @@ def main(argv: list[str]) -> int:
             timeout_s=args.timeout,
             max_calls=args.max_calls,
             max_frame_bytes=args.max_frame_bytes,
+            cpu=cpu,
         )
+        # After the providers (what they start stays free), before the context (its I/O
+        # thread keeps to the loop's CPU).
+        _pin({cpu} if cpu is not None else None)
+        ctx = zmq.Context()
         sock, auth = _socket(ctx, args)
     except (_UsageError, ValueError) as e:
         print(f"loopd toolhost: {e}", file=sys.stderr)
         for provider in providers:
             with contextlib.suppress(Exception):
                 provider.close()
-        ctx.term()
+        if ctx is not None:
+            ctx.term()
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: host.request_stop())

@@ -164,7 +164,7 @@ class _IO:
         self.on_unresponsive: Callable[[], None] = lambda: None
         self.stopped = False
         self.generation = 0  # bumped each time the host is given up on (see caller.py)
-        self.down_why = ""
+        self._ends: dict[int, str] = {}  # generation -> why it ended (the last few)
         self.callers = Callers(settings.name, settings, context, self)
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -180,6 +180,10 @@ class _IO:
         self._hello_sent = False
 
     # called from other threads
+    def why_ended(self, generation: int) -> str:
+        """Why the connection of ``generation`` was given up (what a caller on it is told)."""
+        return self._ends.get(generation, "was disconnected")
+
     def start(self) -> None:
         self._thread.start()
 
@@ -388,7 +392,8 @@ class _IO:
                 )
             )
         self._inflight.clear()
-        self.down_why = why
+        self._ends[self.generation] = why
+        self._ends.pop(self.generation - 64, None)
         self.generation += 1
         # callers waiting on their own sockets see the new generation within caller._CHECK_MS
         assert self._sock is not None

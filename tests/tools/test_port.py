@@ -281,3 +281,19 @@ def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
         second = _call(port)
         assert isinstance(second, wire.Result)
         assert host.peer_of(second.id) != host.peer_of(first.id)
+
+
+def test_a_caller_is_told_why_its_own_connection_ended_not_a_later_one(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
+    with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
+        port = ports(endpoint, timeout_s=60)
+        assert port.wait_ready(5)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(_call, port)
+            wait_until(lambda: len(host.requests()) == 1, what="the request")
+            port._io.host_exited("the first end")
+            port._io.host_exited("a later end")
+            answer = future.result(timeout=10)
+    assert isinstance(answer, wire.Failed)
+    assert "tool host fake exited (the first end) during the call" in answer.message
