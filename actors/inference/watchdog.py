@@ -126,13 +126,20 @@ def tracked_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
 
 
 class Watchdog:
-    """One daemon thread per client; it wakes every ``interval`` only while watches exist."""
+    """One daemon thread per client, checking every ``interval`` while watches exist.
 
-    def __init__(self, interval: float = 0.05) -> None:
+    A new watch does not wake the thread (that wake-up cost every model call a thread
+    switch, issue 7): the thread keeps ticking for ``linger`` seconds after the last watch
+    ends, so back-to-back requests find it awake; only a parked thread is notified.
+    """
+
+    def __init__(self, interval: float = 0.05, linger: float = 2.0) -> None:
         self._interval = interval
+        self._linger = linger
         self._watches: set[Watch] = set()
         self._lock = threading.Condition()
         self._closed = False
+        self._parked = False  # waiting without a timeout: a new watch must notify
         self._thread: threading.Thread | None = None
 
     @contextmanager
@@ -148,7 +155,9 @@ class Watchdog:
                     target=self._run, name="loopd-inference-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._lock.notify()
+            elif self._parked:
+                self._parked = False
+                self._lock.notify()
         try:
             yield w
         finally:
@@ -157,14 +166,20 @@ class Watchdog:
                 self._watches.discard(w)
 
     def _run(self) -> None:
+        busy = time.monotonic()  # when a watch was last seen
         while True:
             with self._lock:
-                while not self._watches and not self._closed:
-                    self._lock.wait()
                 if self._closed:
                     return
+                if not self._watches and time.monotonic() - busy >= self._linger:
+                    self._parked = True
+                    while self._parked and not self._closed:
+                        self._lock.wait()
+                    continue
                 watches = list(self._watches)
             now = time.monotonic()
+            if watches:
+                busy = now
             for w in watches:
                 w.check(now)
             with self._lock:
