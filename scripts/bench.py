@@ -63,7 +63,10 @@ def _table(rows: list[dict[str, Any]]) -> None:
             "" if ratio is None else f"{ratio:.2f}x",
             r.get("note", ""),
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log file: wide enough that notes stay on one line
+        console = Console(width=200)
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
          "unit": "ms", "ratio": p50["client"] / floor_ms, "note": "SSE parsing, watchdog"},
         {"name": "  of which Inference.complete (actor, no turn)", "value": p50["inference"],
          "unit": "ms", "ratio": p50["inference"] / floor_ms,
-         "note": "+ actor ask, a thread per request"},
+         "note": "+ actor hand-off to a pooled worker"},
         {"name": "loopd run_turn (fsync never), per model call p50", "value": p50["never"],
          "unit": "ms", "ratio": p50["never"] / floor_ms, "note": "goal < 1.2x the floor"},
         {"name": "loopd run_turn (fsync always), per model call p50", "value": p50["always"],
