@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
+from tests.support.recordings import FIXTURES
 
 KNOWN = ("find_tool", "call_tool", "read_file")
 
@@ -50,13 +51,8 @@ def _streamed_contents(path: Path) -> list[str]:
 
 
 def _fixture(name: str) -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (
-        here / "fixtures" / "http" / name,
-        here.parent.parent / "shared" / "fixtures" / "http" / name,
-    ):
-        if candidate.is_file():
-            return candidate
+    if (FIXTURES / name).is_file():
+        return FIXTURES / name
     pytest.skip(f"recording {name} not available in this checkout")
 
 

@@ -21,9 +21,9 @@ import pytest
 from actors.cli import main
 from actors.log import SessionLog
 from tests.support.fake_llama import FakeLlama, answer, hang, http_error
+from tests.support.recordings import FIXTURES
 from tests.turn.conftest import baseline
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "http"
 ROOT = Path(__file__).resolve().parents[1]
 
 

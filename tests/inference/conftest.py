@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +12,6 @@ from actors.events import Event
 from actors.inference.client import LlamaClient
 from actors.inference.types import CancelToken, ChatRequest, Completion
 from tests.support.fake_llama import FakeLlama, Reply
-
-# Real llama-server recordings: ../shared/fixtures/http beside the repository.
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "http"
 
 USER = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi?"})
 

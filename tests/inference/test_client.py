@@ -23,7 +23,7 @@ from actors.inference import client as client_module
 from actors.inference.client import LlamaClient
 from actors.inference.types import CancelToken, InferError, InferErrorKind, is_context_full
 from actors.records import ToolCall
-from tests.inference.conftest import FIXTURES, USER, MakeRig, config, request
+from tests.inference.conftest import USER, MakeRig, config, request
 from tests.support.fake_llama import (
     Reply,
     after,
@@ -39,6 +39,7 @@ from tests.support.fake_llama import (
     stream_error,
     trickle,
 )
+from tests.support.recordings import FIXTURES
 
 CALLS = [("c1", "find_tool", '{"query": "list files"}'), ("c2", "call_tool", '{"name": "x"}')]
 

@@ -18,8 +18,9 @@ from actors.events import Content, Progress, Retrying, ToolCallDelta
 from actors.inference import recording
 from actors.inference.types import Completion, InferError, InferErrorKind, is_context_full
 from scripts import record
-from tests.inference.conftest import FIXTURES, MakeRig, request
+from tests.inference.conftest import MakeRig, request
 from tests.support.fake_llama import FakeLlama, answer, replay
+from tests.support.recordings import FIXTURES
 
 pytestmark = pytest.mark.skipif(
     not FIXTURES.is_dir(), reason=f"no recordings at {FIXTURES} (../shared beside the repo)"

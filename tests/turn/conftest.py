@@ -22,8 +22,6 @@ from actors.tools.spec import ToolSpec
 from actors.turn import Runtime, TurnOutcome, run_turn
 from tests.support.fake_llama import FakeLlama, Reply
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "http"
-
 ECHO = ToolSpec(
     name="echo",
     description="Echo the text back.",

@@ -49,7 +49,8 @@ from tests.support.fake_llama import (
     replay,
     trickle,
 )
-from tests.turn.conftest import FIXTURES, Rig, ScriptedPort, baseline, make_config
+from tests.support.recordings import FIXTURES
+from tests.turn.conftest import Rig, ScriptedPort, baseline, make_config
 
 Make = Callable[..., Rig]
 
