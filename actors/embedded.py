@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -71,6 +72,9 @@ _STOP_GRACE_S = 5.0
 _CRASH_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS})
 
 Progress = Callable[[str], None]
+
+
+_TETHER = Path(__file__).with_name("tether.py")
 
 
 class EmbeddedError(RuntimeError):
@@ -406,7 +410,8 @@ class EmbeddedServer:
             )
             log.flush()
             process = subprocess.Popen(
-                cmd,
+                # tether.py: the server dies with loopd, even when loopd is SIGKILLed
+                [sys.executable, "-I", "-S", str(_TETHER), str(os.getpid()), *cmd],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

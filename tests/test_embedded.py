@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -383,3 +384,30 @@ def test_the_context_manager_stops_the_server_on_an_error(fake: Fake) -> None:
     with pytest.raises(RuntimeError, match="boom"), fake.start("ok") as server:
         raise RuntimeError("boom")
     assert not server.running()
+
+
+def test_the_server_dies_with_a_sigkilled_loopd(fake: Fake, tmp_path: Path) -> None:
+    """No llama-server is left behind when loopd itself is killed (no clean-up runs)."""
+    script = (
+        "import sys, time; from pathlib import Path\n"
+        "from actors.config import Config\n"
+        "from actors.embedded import EmbeddedServer\n"
+        f"config = Config().replace('embedded', data_dir={str(fake.data_dir)!r})\n"
+        f"server = EmbeddedServer.start(config, binary=Path({str(fake.binary)!r}),"
+        f" model=Path({str(fake.model)!r}))\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "FAKE_LLAMA_MODE": "ok"}
+    loopd = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env=env, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert loopd.stdout is not None
+        server_pid = int(loopd.stdout.readline())
+        assert psutil.pid_exists(server_pid)
+        loopd.send_signal(signal.SIGKILL)
+        loopd.wait(timeout=10)
+        assert _gone(server_pid), "llama-server outlived the loopd that started it"
+    finally:
+        loopd.kill()
+        loopd.wait()

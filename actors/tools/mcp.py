@@ -69,7 +69,7 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
-_CHILD = Path(__file__).with_name("mcp_child.py")
+_CHILD = Path(__file__).parent.parent / "tether.py"
 _CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
@@ -373,7 +373,7 @@ class McpProvider:
 
     def _transport(self, ended: asyncio.Event) -> Any:
         if self._command is not None:
-            # Through mcp_child, so the server dies with this host even if the host is killed.
+            # Through tether.py, so the server dies with this host even if the host is killed.
             child = ["-I", "-S", str(_CHILD), str(os.getpid()), *self._command]
             params = StdioServerParameters(command=sys.executable, args=child)
             return _watched(stdio_client(params), ended)
