@@ -23,7 +23,8 @@ from rich.console import Console
 from actors import config as cfg
 from actors.inference.types import CancelToken, InferError
 from actors.log import SessionError, read_records
-from actors.records import to_json
+from actors.records import kind_of, to_json
+from actors.session import list_sessions, session_path
 from actors.turn import Cancelled, Infer, Session, SessionFull, TurnError, TurnLimit, TurnOutcome
 from actors.view import JsonView, LiveView, describe, summary
 
@@ -121,17 +122,16 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    root = config.log_dir
-    names = sorted(p.parent.name for p in root.glob("*/log.bin")) if root.is_dir() else []
+    names = list_sessions(config)
     for name in names:
         print(name)
     if not names:
-        err.print(f"no sessions in {root}")
+        err.print(f"no sessions in {config.log_dir}")
     return OK
 
 
 def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    records = read_records(config.log_dir / args.session / "log.bin", name=args.session)
+    records = read_records(session_path(config, args.session), name=args.session)
     if args.json:
         for r in records:
             print(json.dumps(to_json(r), ensure_ascii=False))
@@ -139,7 +139,7 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     out = Console()
     for i, r in enumerate(records, 1):
         when = r.time.strftime("%Y-%m-%d %H:%M:%S")
-        kind = to_json(r)["kind"]
+        kind = kind_of(r)
         out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] ", end="", highlight=False)
         out.print(describe(r), markup=False, highlight=False)
     return OK
@@ -168,13 +168,14 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 err.print(f"[red]{e}[/]", highlight=False)
             return _exit_code(e)
         live.finish()
+        line = summary(outcome, time.monotonic() - started)
         if json_view:
             json_view.line({"event": "answer", "content": outcome.content, "cut": outcome.cut,
-                            "summary": summary(outcome, time.monotonic() - started)})
+                            "summary": line})
             return OK
         if live.answer is err:
             print(outcome.content)
-        err.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
+        err.print(f"[dim]{line}[/]")
         return OK
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "User",
     "decode",
     "encode",
+    "kind_of",
     "now",
     "to_json",
 ]
@@ -236,6 +237,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def kind_of(record: Record) -> str:
+    """The record's kind as written in the log (``user``, ``tool_result``...)."""
+    return _KINDS[type(record)]
+
+
 def encode(record: Record) -> bytes:
     """The msgpack payload of one record."""
     kind = _KINDS.get(type(record))
@@ -243,12 +249,12 @@ def encode(record: Record) -> bytes:
         raise RecordError(f"cannot encode {type(record).__name__}: not a log record")
     body: dict[str, Any] = {"kind": kind}
     for wire, (attr, check) in _FIELDS[kind].items():
-        value = getattr(record, attr)
+        value = _plain(getattr(record, attr))
         try:
-            check(_plain(value))
+            check(value)
         except TypeError as e:
             raise RecordError(f"{kind}.{wire}: {e}") from None
-        body[wire] = _plain(value)
+        body[wire] = value
     try:
         return msgpack.packb(body, datetime=True, strict_types=False)
     except (TypeError, ValueError) as e:
@@ -284,7 +290,7 @@ def decode(payload: bytes) -> Record:
 
 def to_json(record: Record) -> dict[str, Any]:
     """A JSON-ready map of a record, as in the log (``kind``, fields; times in ISO 8601)."""
-    out: dict[str, Any] = {"kind": _KINDS[type(record)]}
+    out: dict[str, Any] = {"kind": kind_of(record)}
     for wire, (attr, _) in _FIELDS[out["kind"]].items():
         value = _plain(getattr(record, attr))
         out[wire] = value.isoformat() if isinstance(value, dt.datetime) else value

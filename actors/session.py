@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from actors.inference.types import CancelToken
     from actors.turn import Runtime, TurnOutcome
 
-__all__ = ["SessionActor", "check_name", "list_sessions", "open_session"]
+__all__ = ["SessionActor", "check_name", "list_sessions", "open_session", "session_path"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -37,6 +37,11 @@ def check_name(name: str) -> str:
             f"or '-', starting with a letter or digit (it becomes a directory name)"
         )
     return name
+
+
+def session_path(config: Config, name: str) -> Path:
+    """Where session ``name``'s log lives: ``log.dir/NAME/log.bin`` (the name checked)."""
+    return config.log_dir / check_name(name) / "log.bin"
 
 
 class SessionActor(pykka.ThreadingActor):
@@ -54,7 +59,7 @@ class SessionActor(pykka.ThreadingActor):
 
     @property
     def path(self) -> Path:
-        return self.config.log_dir / self.name / "log.bin"
+        return session_path(self.config, self.name)
 
     def on_start(self) -> None:
         try:
