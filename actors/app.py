@@ -28,10 +28,13 @@ __all__ = ["App", "start_app"]
 
 @dataclasses.dataclass(slots=True)
 class App:
-    config: Config
     runtime: Runtime
     model: str
     sessions: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def config(self) -> Config:
+        return self.runtime.config
 
     def baseline(self) -> Baseline:
         """The baseline of a new session: fixed for the session's whole life."""
@@ -81,6 +84,6 @@ def start_app(config: Config, status: Callable[[str], None] = lambda _: None) ->
             config=config, inference=inference, registry=toolbox.registry,
             bare_json_tool_calls=bare_json,
         )
-        app = App(config=config, runtime=runtime, model=model)
+        app = App(runtime=runtime, model=model)
         stack.callback(app.close_sessions)
         yield app
