@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,20 +34,11 @@ from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
 from tests.support.watch import Background, Peak, living, wait_until
+from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL_TURN = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 MiB = 1024 * 1024
-
-
-@contextlib.contextmanager
-def short_dir() -> Iterator[Path]:
-    """A scratch directory with a short path (ipc:// paths must stay short)."""
-    path = Path(tempfile.mkdtemp(prefix="lf-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
