@@ -588,7 +588,9 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
                 f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
             ) from None
         command = shlex.split(args.mcp) if args.mcp else None
-        providers.append(McpProvider(command=command, url=args.mcp_url))
+        providers.append(
+            McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes)
+        )
     if not providers:
         raise _UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")
     return providers

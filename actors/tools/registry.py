@@ -100,7 +100,7 @@ class Registry:
 
     def __init__(self, ports: Sequence[PortHandle]) -> None:
         self.ports = list(ports)
-        self._validators: dict[tuple[str, int], Any] = {}
+        self._validators: dict[tuple[str, int], tuple[Mapping[str, Any], Any]] = {}
 
     def _table(self) -> dict[str, tuple[ToolSpec, PortHandle]]:
         table: dict[str, tuple[ToolSpec, PortHandle]] = {}
@@ -158,8 +158,11 @@ class Registry:
         return _describe(f"Tools matching {query!r}, best first:", best)
 
     def validator(self, spec: ToolSpec) -> Any:
+        # Keyed by the schema object's id; the entry keeps that object alive, so the id
+        # cannot be reused by a later host's schema while the entry exists.
         key = (spec.name, id(spec.parameters))
-        validator = self._validators.get(key)
+        entry = self._validators.get(key)
+        validator = entry[1] if entry is not None and entry[0] is spec.parameters else None
         if validator is None:
             schema = dict(spec.parameters)
             cls = jsonschema.validators.validator_for(schema)
@@ -173,7 +176,7 @@ class Registry:
                 validator = False
             if len(self._validators) > 1000:
                 self._validators.clear()
-            self._validators[key] = validator
+            self._validators[key] = (spec.parameters, validator)
         return validator
 
 
