@@ -8,7 +8,6 @@ Chat events come from the inference actor (design 4), turn events from the sessi
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -130,6 +129,5 @@ def to_json(event: Event) -> dict[str, Any]:
     """A JSON-ready map: ``{"event": name, ...fields}`` (``class_`` becomes ``class``)."""
     out: dict[str, Any] = {"event": event_name(event)}
     for f in dataclasses.fields(event):
-        value = getattr(event, f.name)
-        out[f.name.rstrip("_")] = value.value if isinstance(value, enum.Enum) else value
+        out[f.name.rstrip("_")] = getattr(event, f.name)
     return out

@@ -43,11 +43,9 @@ class StreamAssembler:
         "_calls",
         "_content",
         "_reasoning",
-        "answered",
         "done",
         "finish_reason",
         "id",
-        "reasoning_deltas",
         "timings",
         "usage",
     )
@@ -57,12 +55,19 @@ class StreamAssembler:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _Call] = {}
-        self.reasoning_deltas = 0
-        self.answered = False  # content or a tool call started: the answer is under way
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.done = False
+
+    @property
+    def reasoning_deltas(self) -> int:
+        return len(self._reasoning)
+
+    @property
+    def answered(self) -> bool:
+        """Content or a tool call started: the answer is under way."""
+        return bool(self._content or self._calls)
 
     def feed(self, data: str) -> list[ChatEvent]:
         """The events carried by one ``data:`` payload; raises InferError on a bad one."""
@@ -130,14 +135,12 @@ class StreamAssembler:
             if not isinstance(reasoning, str):
                 raise _protocol("reasoning_content is not a string", data)
             self._reasoning.append(reasoning)
-            self.reasoning_deltas += 1
             events.append(Reasoning(reasoning))
         content = delta.get("content")
         if content:
             if not isinstance(content, str):
                 raise _protocol("content is not a string", data)
             self._content.append(content)
-            self.answered = True
             events.append(Content(content))
         calls = delta.get("tool_calls")
         if calls:
@@ -145,7 +148,6 @@ class StreamAssembler:
                 raise _protocol("tool_calls is not a list", data)
             for fragment in calls:
                 events.append(self._fragment(fragment, data))
-            self.answered = True
         return events
 
     def _fragment(self, fragment: Any, data: str) -> ToolCallDelta:
