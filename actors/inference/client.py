@@ -45,11 +45,13 @@ from actors.config import InferenceConfig
 from actors.events import Queued, Retrying, Sink, ThinkingCapped, Waiting
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import (
+    MAX_ERROR_BODY,
     CancelToken,
     ChatRequest,
     Completion,
     InferError,
     InferErrorKind,
+    error_object,
 )
 from actors.inference.watchdog import Watch, Watchdog, tracked_transport
 
@@ -58,7 +60,6 @@ __all__ = ["CONTROL_GRACE", "LlamaClient", "request_body"]
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
 CONTROL_GRACE = 8  # reasoning deltas still accepted after a successful reasoning_end
-_MAX_ERROR_BODY = 64 * 1024
 _MAX_BACKOFF_S = 30.0
 _QUEUE_POLL_S = 0.05
 _DRAIN_S = 1.0  # how long the end of a response may take after [DONE]
@@ -289,7 +290,7 @@ class LlamaClient:
                 return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
         except httpx.HTTPError as e:
             raise self._transport_failure(e, watch, cancel, run, answered=asm.answered) from None
-        if cancel.cancelled or (watch is not None and watch.expired):
+        if _stopped(watch, cancel):
             raise self._expired(watch, cancel)
         raise _Failed(
             InferError(
@@ -362,7 +363,7 @@ class LlamaClient:
         self, e: httpx.HTTPError, watch: Watch | None, cancel: CancelToken, run: _Run,
         *, answered: bool,
     ) -> _Failed:
-        if cancel.cancelled or (watch is not None and watch.expired):
+        if _stopped(watch, cancel):
             return self._expired(watch, cancel)
         if time.monotonic() >= run.deadline:
             return _Failed(self._timed_out(), retry=False)
@@ -394,15 +395,15 @@ class LlamaClient:
             for chunk in response.iter_bytes():
                 chunks.append(chunk)
                 size += len(chunk)
-                if size >= _MAX_ERROR_BODY:
+                if size >= MAX_ERROR_BODY:
                     break
         except httpx.HTTPError as e:
-            if cancel.cancelled or (watch is not None and watch.expired):
+            if _stopped(watch, cancel):
                 return self._expired(watch, cancel)
             del e  # a cut error body still says enough with its status
-        body = b"".join(chunks)[:_MAX_ERROR_BODY].decode("utf-8", errors="replace")
+        body = b"".join(chunks)[:MAX_ERROR_BODY].decode("utf-8", errors="replace")
         status = response.status_code
-        said = InferError(InferErrorKind.HTTP, "", body=body).error_body().get("message")
+        said = error_object(body).get("message")
         message = str(said) if said else (body.strip()[:300] or response.reason_phrase)
         return _Failed(
             InferError(InferErrorKind.HTTP, message, status=status, body=body),
@@ -436,3 +437,8 @@ def _plain(value: object) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _stopped(watch: Watch | None, cancel: CancelToken) -> bool:
+    """Cancelled, or past its deadline (the watchdog closed the socket): not a failure."""
+    return cancel.cancelled or (watch is not None and bool(watch.expired))

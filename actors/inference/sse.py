@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
-from actors.inference.types import Completion, InferError, InferErrorKind
+from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
 from actors.records import ToolCall
 
 __all__ = ["DONE", "StreamAssembler"]
@@ -223,7 +223,7 @@ def _protocol(what: str, data: str) -> InferError:
     return InferError(
         InferErrorKind.PROTOCOL,
         f"{what}: {shown!r} (is inference.url a llama-server?)",
-        body=data[:65536],
+        body=data[:MAX_ERROR_BODY],
     )
 
 
@@ -239,5 +239,5 @@ def _stream_error(error: Any, data: str) -> InferError:
         InferErrorKind.HTTP,
         f"the server failed mid-answer: {message}",
         status=status,
-        body=data[:65536],
+        body=data[:MAX_ERROR_BODY],
     )

@@ -12,11 +12,13 @@ from typing import Any
 from actors.records import ToolCall
 
 __all__ = [
+    "MAX_ERROR_BODY",
     "CancelToken",
     "ChatRequest",
     "Completion",
     "InferError",
     "InferErrorKind",
+    "error_object",
     "is_context_full",
 ]
 
@@ -55,6 +57,9 @@ class Completion:
         return int(self.usage.get("completion_tokens", 0))
 
 
+MAX_ERROR_BODY = 64 * 1024  # bytes of a server's error body kept on an InferError
+
+
 class InferErrorKind(enum.StrEnum):
     HTTP = "http"
     CONNECT = "connect"
@@ -81,12 +86,17 @@ class InferError(Exception):
 
     def error_body(self) -> Mapping[str, Any]:
         """The server's ``error`` object, or {} when the body is not llama-server JSON."""
-        try:
-            data = json.loads(self.body)
-        except (ValueError, TypeError):
-            return {}
-        err = data.get("error") if isinstance(data, dict) else None
-        return err if isinstance(err, dict) else {}
+        return error_object(self.body)
+
+
+def error_object(body: str) -> Mapping[str, Any]:
+    """The ``error`` object of a llama-server error body, or {} when it has none."""
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return {}
+    err = data.get("error") if isinstance(data, dict) else None
+    return err if isinstance(err, dict) else {}
 
 
 def is_context_full(e: InferError) -> bool:
