@@ -48,7 +48,7 @@ import zmq
 from actors.tools import wire
 from actors.tools.keys import KeyFileError, load_secret
 from actors.tools.procs import is_alive, kill_tree
-from actors.tools.quickcheck import quick_check
+from actors.tools.quickcheck import ArgumentCheck
 from actors.tools.spec import ToolProvider, ToolSpec
 from actors.tools.wire import (
     Cancel,
@@ -77,8 +77,7 @@ _MAX_BATCH = 256  # frames read per wake-up before timers are looked at again
 class _Tool:
     spec: ToolSpec
     provider: ToolProvider
-    validator: Any  # a jsonschema validator
-    quick: Callable[[Mapping[str, Any]], bool] | None  # True: certainly valid (quickcheck)
+    check: ArgumentCheck
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -136,15 +135,13 @@ class Host:
                 spec = dataclasses.replace(
                     spec, needs_approval=spec.needs_approval and spec.name not in allow
                 )
-                schema = dict(spec.parameters)
-                cls = jsonschema.validators.validator_for(schema)
                 try:
-                    cls.check_schema(schema)
+                    check = ArgumentCheck(spec.parameters)
                 except jsonschema.exceptions.SchemaError as e:
                     raise ValueError(
                         f"tool {spec.name}: its argument schema is invalid: {e.message}"
                     ) from None
-                self.tools[spec.name] = _Tool(spec, provider, cls(schema), quick_check(schema))
+                self.tools[spec.name] = _Tool(spec, provider, check)
         self.providers = providers
         self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
         self._active: dict[tuple[bytes, int], _Call] = {}
@@ -292,23 +289,15 @@ class Host:
                 Failed(req.id, f"tool host {self.name} has no tool {req.tool!r} (it has: {known})"),
             )
             return
-        quick = tool.quick
-        valid = (quick is not None and quick(req.arguments)) or tool.validator.is_valid(
-            req.arguments
-        )  # fast paths first; the details only when it is not valid
-        error = (
-            None
-            if valid
-            else jsonschema.exceptions.best_match(tool.validator.iter_errors(req.arguments))
-        )
+        error = tool.check.problem(req.arguments)
         if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
+            where, what = error
             self._send(
                 sock,
                 peer,
                 Failed(
                     req.id,
-                    f"arguments of {req.tool} do not match its schema at {where}: {error.message}",
+                    f"arguments of {req.tool} do not match its schema at {where}: {what}",
                 ),
             )
             return

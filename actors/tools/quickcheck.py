@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["quick_check"]
+import jsonschema
+
+__all__ = ["ArgumentCheck", "quick_check"]
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -59,3 +61,32 @@ def quick_check(schema: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool
         return True
 
     return check
+
+
+class ArgumentCheck:
+    """A tool's argument schema, compiled once: the quick yes, then jsonschema.
+
+    Used by the tool host (the trust boundary) and by the session's dispatch (so the model
+    hears about bad arguments without a round trip). Building one raises
+    ``jsonschema.exceptions.SchemaError`` for an invalid schema.
+    """
+
+    __slots__ = ("_quick", "_validator")
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        plain = dict(schema)
+        cls = jsonschema.validators.validator_for(plain)
+        cls.check_schema(plain)
+        self._validator = cls(plain)
+        self._quick = quick_check(plain)
+
+    def problem(self, arguments: Mapping[str, Any]) -> tuple[str, str] | None:
+        """None when ``arguments`` are valid, else (where, what is wrong) of the best error."""
+        if (self._quick is not None and self._quick(arguments)) or self._validator.is_valid(
+            arguments
+        ):
+            return None
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
+        if error is None:
+            return None
+        return "/".join(str(p) for p in error.absolute_path) or "the arguments", error.message

@@ -30,6 +30,7 @@ import jsonschema
 import jsonschema.exceptions
 
 from actors.tools.port import PortHandle
+from actors.tools.quickcheck import ArgumentCheck
 from actors.tools.spec import ToolSpec
 
 __all__ = ["META_TOOLS", "Local", "Port", "Registry", "baseline_tools", "dispatch"]
@@ -100,7 +101,7 @@ class Registry:
 
     def __init__(self, ports: Sequence[PortHandle]) -> None:
         self.ports = list(ports)
-        self._validators: dict[tuple[str, int], tuple[Mapping[str, Any], Any]] = {}
+        self._checks: dict[tuple[str, int], tuple[Mapping[str, Any], ArgumentCheck | None]] = {}
 
     def _table(self) -> dict[str, tuple[ToolSpec, PortHandle]]:
         table: dict[str, tuple[ToolSpec, PortHandle]] = {}
@@ -157,27 +158,23 @@ class Registry:
         best = [s for score, _, s in scored[:limit] if score >= top / 4]  # drop weak tails
         return _describe(f"Tools matching {query!r}, best first:", best)
 
-    def validator(self, spec: ToolSpec) -> Any:
+    def check(self, spec: ToolSpec) -> ArgumentCheck | None:
+        """The compiled argument check of ``spec``; None when its schema is invalid."""
         # Keyed by the schema object's id; the entry keeps that object alive, so the id
         # cannot be reused by a later host's schema while the entry exists.
         key = (spec.name, id(spec.parameters))
-        entry = self._validators.get(key)
-        validator = entry[1] if entry is not None and entry[0] is spec.parameters else None
-        if validator is None:
-            schema = dict(spec.parameters)
-            cls = jsonschema.validators.validator_for(schema)
-            try:
-                cls.check_schema(schema)
-                validator = cls(schema)
-            except jsonschema.exceptions.SchemaError:
-                log.warning(
-                    "tool %s has an invalid schema; its host checks its arguments", spec.name
-                )
-                validator = False
-            if len(self._validators) > 1000:
-                self._validators.clear()
-            self._validators[key] = (spec.parameters, validator)
-        return validator
+        entry = self._checks.get(key)
+        if entry is not None and entry[0] is spec.parameters:
+            return entry[1]
+        try:
+            check: ArgumentCheck | None = ArgumentCheck(spec.parameters)
+        except jsonschema.exceptions.SchemaError:
+            log.warning("tool %s has an invalid schema; its host checks its arguments", spec.name)
+            check = None
+        if len(self._checks) > 1000:
+            self._checks.clear()
+        self._checks[key] = (spec.parameters, check)
+        return check
 
 
 # --- find_tool's ranking ----------------------------------------------------------------------
@@ -304,16 +301,15 @@ def _checked(registry: Registry, name: str, arguments: dict[str, Any]) -> Local 
     if entry is None:
         return _unknown(registry, name)
     spec, port = entry
-    validator = registry.validator(spec)
-    if validator:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
-            schema = json.dumps(spec.parameters, ensure_ascii=False, sort_keys=True)
-            return Local(
-                f"The arguments for {name} are not valid: at {where}: {error.message}. "
-                f"Its arguments schema is {schema}. Call it again with arguments that match."
-            )
+    check = registry.check(spec)
+    error = check.problem(arguments) if check is not None else None
+    if error is not None:
+        where, what = error
+        schema = json.dumps(spec.parameters, ensure_ascii=False, sort_keys=True)
+        return Local(
+            f"The arguments for {name} are not valid: at {where}: {what}. "
+            f"Its arguments schema is {schema}. Call it again with arguments that match."
+        )
     return Port(port, name, arguments)
 
 
