@@ -166,8 +166,9 @@ class Toolbox:
             raise ConfigError(f"run directory {self.run_dir} is too long for an ipc:// socket path")
         return endpoint
 
-    def _start_local(self, name: str, tools: ToolsConfig, argv: tuple[str, ...]) -> None:
-        endpoint = argv[argv.index("--bind") + 1]
+    def _start_local(
+        self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...]
+    ) -> None:
         launcher = HostLauncher(argv, env=_host_env(), log_path=self.run_dir / f"{name}.log")
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
@@ -176,8 +177,9 @@ class Toolbox:
         tools = config.tools
         if tools.standard:
             for name, names in STANDARD_HOSTS:
-                argv = host_argv(name, self._endpoint(name), tools, workspace, standard=names)
-                self._start_local(name, tools, argv)
+                endpoint = self._endpoint(name)
+                argv = host_argv(name, endpoint, tools, workspace, standard=names)
+                self._start_local(name, endpoint, tools, argv)
         for i, h in enumerate(tools.hosts):
             where = f"tools.hosts[{i}] ({h.name})"
             if h.kind == "remote":
@@ -197,7 +199,7 @@ class Toolbox:
                 )
             else:
                 argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools)
-            self._start_local(h.name, tools, argv)
+            self._start_local(h.name, endpoint, tools, argv)
 
     def _wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
