@@ -224,8 +224,16 @@ for _fields in _FIELDS.values():
     _fields["time"] = ("time", _time)
 
 
+_LEAVES = frozenset({str, int, float, bool, type(None), bytes, dt.datetime})
+
+
 def _plain(value: Any) -> Any:
     """Record values as msgpack-ready data (tuples become lists, dataclasses maps)."""
+    kind = type(value)
+    if kind in _LEAVES:  # most values: no ABC check (this runs for every appended record)
+        return value
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, ToolCall):
         return {"id": value.id, "name": value.name, "arguments": value.arguments}
     if isinstance(value, enum.Enum):

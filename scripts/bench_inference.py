@@ -6,7 +6,7 @@ request of each kind goes in turn, so all three see the same machine state:
 
 - floor: a bare ``httpx`` streaming POST that reads every line (no parsing);
 - ``LlamaClient.chat``: SSE parsing, JSON per chunk, events to a sink, the Completion;
-- ``Inference.complete``: the same through the pykka actor and its worker thread.
+- ``Inference.complete``: the same, asked of an inference actor that streams in its thread.
 
 Overhead per streamed token = (client p50 - floor p50) / the recording's delta count.
 """

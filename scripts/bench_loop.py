@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
+import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import httpx
 from actors.config import Config, parse
 from actors.events import Event
 from actors.inference.actor import Inference
-from actors.inference.client import LlamaClient, request_body
+from actors.inference.client import LlamaClient, encode_body
 from actors.inference.types import CancelToken, ChatRequest
 from actors.log import SessionLog
 from actors.records import Baseline, Record, now
@@ -98,12 +98,6 @@ def _requests(records: tuple[Record, ...], config: Config) -> list[ChatRequest]:
     ]  # fmt: skip
 
 
-def _body(request: ChatRequest) -> bytes:
-    """The JSON body LlamaClient sends for ``request``."""
-    return json.dumps(request_body(request), ensure_ascii=False, separators=(",", ":"),
-                      default=lambda v: dict(v) if isinstance(v, Mapping) else v).encode()
-
-
 def _actor_turn(session: Any, runtime: Runtime) -> None:
     session.turn(runtime, MESSAGE, _sink).get(timeout=60)
 
@@ -161,16 +155,40 @@ def _sse_kb(url: str, bodies: list[bytes]) -> float:
     return total / len(bodies) / 1024
 
 
+@contextlib.contextmanager
+def _pinned() -> Iterator[set[int] | None]:
+    """This process on the first CPU, the server (yielded set) on the last; restored after.
+
+    On 2 shared cores the scheduler otherwise decides, run by run, whether the server and
+    the client share a core, and the floor itself moves by 50% (0.94 vs 1.4 ms). Pinned,
+    every variant sees the same placement, and p25 and p50 agree.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        yield None
+        return
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        yield {cpus[-1]}
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+
+
 def run() -> list[dict[str, Any]]:
     logs = _Logs()
     try:
+        with _pinned() as server_cpus:
+            with serve_in_process(answer_chars=ANSWER_CHARS, cpus=server_cpus) as url:
+                pinned = _measure(url, logs)
         with serve_in_process(answer_chars=ANSWER_CHARS) as url:
-            return _measure(url, logs)
+            loose = _measure(url, logs, rounds=ROUNDS // 2, sdk=False)
     finally:
         logs.close()
+    return _rows(pinned, loose, pinned=server_cpus is not None)
 
 
-def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
+def _measure(url: str, logs: _Logs, *, rounds: int = ROUNDS, sdk: bool = True) -> dict[str, float]:
+    """p50 per model call, ms, of each variant; interleaved round by round."""
     never, always = logs.config(url, "never"), logs.config(url, "always")
     inference = Inference.start(never.inference)
     registry = Registry([])
@@ -184,7 +202,7 @@ def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
         warm = logs.open("never")
         run_turn(warm, runtimes["never"], MESSAGE, _sink)
         requests = _requests(warm.records, never)
-        bodies = [_body(r) for r in requests]
+        bodies = [encode_body(r) for r in requests]
         warm.close()
         size = _sse_kb(url, bodies)
 
@@ -203,11 +221,9 @@ def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
             for request in requests:
                 inference.complete(request, _sink, CancelToken())
 
-        with _sdk(url) as sdk:
-            times: dict[str, list[float]] = {
-                k: [] for k in ("floor", "client", "inference", "never", "always", "actor", "sdk")
-            }
-            for i in range(WARMUP + ROUNDS):
+        with _sdk(url) if sdk else contextlib.nullcontext(None) as sdk_turn:
+            times: dict[str, list[float]] = {}
+            for i in range(WARMUP + rounds):
                 logs_now = {f: logs.open(f) for f in ("never", "always")}
                 session = open_session(always, f"a{i}", _baseline())
                 try:
@@ -221,30 +237,37 @@ def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
                             run_turn, logs_now["always"], runtimes["always"], MESSAGE, _sink)),
                         "actor": _timed(functools.partial(
                             _actor_turn, session, runtimes["always"])),
-                        "sdk": _timed(sdk),
                     }  # fmt: skip
+                    if sdk_turn is not None:
+                        sample["sdk"] = _timed(sdk_turn)
                 finally:
                     for log in logs_now.values():
                         log.close()
                     session.actor_ref.stop(timeout=10)
                 if i >= WARMUP:
                     for k, v in sample.items():
-                        times[k].append(v / 2)  # two model calls per turn
+                        times.setdefault(k, []).append(v / 2)  # two model calls per turn
     finally:
         bare.close()
         llama.close()
         inference.stop()
     p50 = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    p50["size_kb"] = size
+    return p50
+
+
+def _rows(p50: dict[str, float], loose: dict[str, float], *, pinned: bool) -> list[dict[str, Any]]:
     floor_ms = p50["floor"]
-    note = f"find_tool call + {ANSWER_CHARS}-char answer, ~{size:.0f} KB SSE per call"
+    where = "bench on CPU 0, server on the last CPU" if pinned else "not pinned (1 CPU)"
+    note = f"find_tool call + {ANSWER_CHARS}-char answer, ~{p50['size_kb']:.0f} KB SSE per call"
     return [
         {"name": "bare httpx stream, per model call p50", "value": floor_ms, "unit": "ms",
-         "note": f"floor; {note}"},
+         "note": f"floor; {note}; {where}"},
         {"name": "  of which LlamaClient.chat alone (no actor, no turn)", "value": p50["client"],
-         "unit": "ms", "ratio": p50["client"] / floor_ms, "note": "SSE parsing, watchdog"},
+         "unit": "ms", "ratio": p50["client"] / floor_ms, "note": "SSE + JSON parsing, watchdog"},
         {"name": "  of which Inference.complete (actor, no turn)", "value": p50["inference"],
          "unit": "ms", "ratio": p50["inference"] / floor_ms,
-         "note": "+ actor hand-off to a pooled worker"},
+         "note": "+ the ask to an inference actor"},
         {"name": "loopd run_turn (fsync never), per model call p50", "value": p50["never"],
          "unit": "ms", "ratio": p50["never"] / floor_ms, "note": "goal < 1.2x the floor"},
         {"name": "loopd run_turn (fsync always), per model call p50", "value": p50["always"],
@@ -258,6 +281,12 @@ def _measure(url: str, logs: _Logs) -> list[dict[str, Any]]:
          "value": (p50["never"] - floor_ms) * 1000, "unit": "us/call"},
         {"name": "loopd (fsync always) vs the SDK", "value": p50["always"] / p50["sdk"],
          "unit": "x", "note": "goal < 1: faster than the SDK"},
+        {"name": "unpinned: bare httpx stream, per model call p50", "value": loose["floor"],
+         "unit": "ms", "note": "the scheduler places server and client as it likes"},
+        {"name": "unpinned: LlamaClient.chat alone", "value": loose["client"], "unit": "ms",
+         "ratio": loose["client"] / loose["floor"]},
+        {"name": "unpinned: loopd run_turn (fsync never)", "value": loose["never"], "unit": "ms",
+         "ratio": loose["never"] / loose["floor"], "note": "swings from run to run, see the docstring"},
     ]  # fmt: skip
 
 

@@ -1,27 +1,29 @@
-"""The inference actor: owns the LlamaClient, streams each request on a pooled worker thread.
+"""The inference actors: ``inference.parallel`` pykka actors sharing one LlamaClient.
 
-A pykka actor handles one message at a time, so it never streams itself: a stream in its
-own thread would make it deaf to stop for minutes. The session ``tell``s it a ``_Submit``
-that carries the session's own reply future; the actor hands the request to an idle worker
-of its pool and is free again at once. The worker streams, sends events straight to the
-request's sink (the session actor is blocked on the reply future, not on this actor) and
-resolves the future. One future and no thread start per request: a blocking ask plus a new
-thread cost four thread wake-ups per model call, this costs three (issue 7).
+The session asks an inference actor for a completion and blocks on the reply while the
+actor streams in its own thread, sending events straight to the request's sink. An actor
+streams one request at a time, so the handle (:class:`Inference`) lends each request an idle
+actor; when none is idle the request emits ``Queued`` and waits (cancel and the deadline
+apply there too). That is the whole concurrency limit: at most ``inference.parallel``
+requests stream from this process at once.
 
-The pool keeps ``inference.parallel`` workers alive and starts another whenever a request
-finds none idle, so a request beyond ``parallel`` still reaches the client, which emits
-``Queued`` and makes it wait for a slot (cancel and deadline apply there). Extra workers end
-when they fall idle. Cancel goes through the request's CancelToken, never through the
-mailbox. Stopping the actor fails what is still in its mailbox, cancels every request in
-flight, waits briefly for the workers, and closes the client.
+One ask is two thread wake-ups per model call, the fewest an actor hand-off allows (a
+dispatcher actor in front of worker threads cost three, issue 7). An actor busy streaming
+does not read its mailbox, so it is never stopped through it alone: ``stop`` first cancels
+every request in flight through its CancelToken (the client's watchdog shuts the socket at
+once), and the actors then take their stop message within a watchdog tick. An ask that
+finds its actor stopped, or is left in a stopped actor's mailbox (pykka fails those with
+ActorDeadError), ends as ``InferError(CANCELLED)``; nothing is lost.
+
+The actor returns an InferError instead of raising it: pykka logs every exception an ask
+raises, and a failed request (a full context, a server down) is an answer, not a crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import itertools
 import queue
-import sys
 import threading
 import time
 from typing import Any
@@ -30,7 +32,7 @@ import httpx
 import pykka
 
 from actors.config import InferenceConfig
-from actors.events import Sink
+from actors.events import Queued, Sink
 from actors.inference.client import LlamaClient
 from actors.inference.types import (
     CancelToken,
@@ -42,23 +44,23 @@ from actors.inference.types import (
 
 __all__ = ["Inference", "InferenceActor"]
 
-_JOIN_S = 5.0  # how long stop waits for the cancelled workers, all together
-_GRACE_S = 30.0  # beyond timeout_s, before a caller stops waiting on a silent worker
-_ALIVE_POLL_S = 1.0  # how often a waiting caller checks that the actor still lives
+_STOP_S = 5.0  # how long stop waits for the actors, all together
+_GRACE_S = 30.0  # beyond timeout_s, before a caller stops waiting on a silent actor
+_QUEUE_POLL_S = 0.05  # how often a queued request checks cancel, deadline and stop
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Submit:
-    """Stream ``request``; the worker resolves ``reply`` with the Completion or the error."""
+class _Ask:
+    """Stream ``request``; the reply is its Completion or its InferError."""
 
     request: ChatRequest
     sink: Sink
     cancel: CancelToken
-    reply: pykka.Future[Completion]
+    deadline: float
 
 
 class _Linked(CancelToken):
-    """Cancelled by its own ``cancel()`` (actor stopping) or by the caller's token."""
+    """Cancelled by its own ``cancel()`` (inference stopping) or by the caller's token."""
 
     def __init__(self, parent: CancelToken) -> None:
         super().__init__()
@@ -83,147 +85,130 @@ def _stopped() -> InferError:
 
 
 class InferenceActor(pykka.ThreadingActor):
-    """Takes ``_Submit`` by ``tell`` and resolves its reply future from a pooled worker."""
+    """Streams one ``_Ask`` at a time through the shared client, in this actor's thread."""
 
-    def __init__(
-        self, config: InferenceConfig, *, transport: httpx.BaseTransport | None = None
-    ) -> None:
+    use_daemon_thread = True  # a server that ignores the cancel cannot keep loopd alive
+
+    def __init__(self, client: LlamaClient) -> None:
         super().__init__()
-        self._config = config
-        self._transport = transport
-        self._client: LlamaClient | None = None
-        self._jobs: queue.SimpleQueue[tuple[_Submit, _Linked] | None] = queue.SimpleQueue()
-        self._workers: set[threading.Thread] = set()
-        self._flying: set[_Linked] = set()
-        self._idle = 0  # workers waiting on _jobs, or about to
-        self._stopping = False
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._client = client
 
-    def on_start(self) -> None:
-        self._client = LlamaClient(self._config, transport=self._transport)
-        with self._lock:
-            for _ in range(self._config.parallel):
-                self._idle += 1
-                self._spawn()
-
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _Submit):
-            try:
-                self._submit(message)
-            except BaseException:  # a tell that raises would kill the actor
-                message.reply.set_exception(sys.exc_info())
-            return None
-        raise TypeError(f"InferenceActor does not handle {type(message).__name__}")
-
-    def _submit(self, message: _Submit) -> None:
-        token = _Linked(message.cancel)
-        with self._lock:
-            self._flying.add(token)
-            if self._idle > 0:
-                self._idle -= 1
-            else:
-                self._spawn()
-        self._jobs.put((message, token))
-
-    def _spawn(self) -> None:
-        """Start one worker; called with the lock held."""
-        worker = threading.Thread(
-            target=self._work, name=f"loopd-inference-{next(self._ids)}", daemon=True
-        )
-        self._workers.add(worker)
-        worker.start()
-
-    def _work(self) -> None:
-        assert self._client is not None
-        client, jobs, lock = self._client, self._jobs, self._lock
+    def on_receive(self, message: Any) -> Completion | InferError:
+        if not isinstance(message, _Ask):
+            raise TypeError(f"InferenceActor does not handle {type(message).__name__}")
         try:
-            while (job := jobs.get()) is not None:
-                message, token = job
-                try:
-                    if self._stopping:
-                        raise _stopped()
-                    message.reply.set(client.chat_with_retry(message.request, message.sink, token))
-                except BaseException:
-                    message.reply.set_exception(sys.exc_info())
-                with lock:
-                    self._flying.discard(token)
-                    if self._idle >= self._config.parallel:
-                        return  # an extra worker, started for a burst: not needed now
-                    self._idle += 1
-        finally:
-            with lock:
-                self._workers.discard(threading.current_thread())
-
-    def on_stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            flying = list(self._flying)
-            workers = list(self._workers)
-        for token in flying:
-            token.cancel()
-        self._fail_mailbox()
-        for _ in workers:
-            self._jobs.put(None)
-        end = time.monotonic() + _JOIN_S
-        for worker in workers:
-            worker.join(timeout=max(0.0, end - time.monotonic()))
-        if self._client is not None:
-            self._client.close()
-
-    def _fail_mailbox(self) -> None:
-        """Submits told after stop are dropped by pykka: fail their futures instead."""
-        others = []
-        while not self.actor_inbox.empty():  # only this thread takes from it
-            envelope = self.actor_inbox.get()
-            message = getattr(envelope, "message", None)
-            if isinstance(message, _Submit):
-                message.reply.set_exception((InferError, _stopped(), None))
-            else:
-                others.append(envelope)
-        for envelope in others:  # pykka's own teardown answers these
-            self.actor_inbox.put(envelope)
+            return self._client.chat_with_retry(
+                message.request, message.sink, message.cancel, deadline=message.deadline
+            )
+        except InferError as e:
+            return e
 
 
 class Inference:
     """The session actor's handle: blocking calls, made from the session actor's thread."""
 
-    def __init__(self, ref: pykka.ActorRef[InferenceActor], config: InferenceConfig) -> None:
-        self._ref = ref
+    def __init__(self, config: InferenceConfig, client: LlamaClient) -> None:
         self._config = config
+        self._client = client
+        self._refs = [InferenceActor.start(client) for _ in range(config.parallel)]
+        self._idle: queue.SimpleQueue[pykka.ActorRef[InferenceActor]] = queue.SimpleQueue()
+        for ref in self._refs:
+            self._idle.put(ref)
+        self._lock = threading.Lock()
+        self._flying: set[_Linked] = set()
+        self._waiting = 0
+        self._stopping = False
 
     @classmethod
     def start(
         cls, config: InferenceConfig, *, transport: httpx.BaseTransport | None = None
     ) -> Inference:
-        return cls(InferenceActor.start(config, transport=transport), config)
+        return cls(config, LlamaClient(config, transport=transport))
 
     def complete(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
         """Stream one answer, events to ``sink``; raises InferError (CANCELLED when stopped)."""
-        reply: pykka.Future[Completion] = pykka.ThreadingFuture()
+        deadline = time.monotonic() + self._config.timeout_s
+        token = _Linked(cancel)
+        with self._lock:
+            if self._stopping:
+                raise _stopped()
+            self._flying.add(token)
         try:
-            self._ref.tell(_Submit(request, sink, cancel, reply))
-        except pykka.ActorDeadError:
-            raise _stopped() from None
-        end = time.monotonic() + self._config.timeout_s + _GRACE_S
-        stopped = False
-        while True:
+            ref = self._lend(sink, token, deadline)
             try:
-                return reply.get(timeout=max(0.0, min(_ALIVE_POLL_S, end - time.monotonic())))
-            except pykka.Timeout:
-                pass
-            now = time.monotonic()
-            if now >= end and stopped:  # the submit was lost, or its worker hangs
-                raise _stopped() from None
-            if now >= end:  # the client's own deadline should have ended it long before
-                raise InferError(
-                    InferErrorKind.TIMEOUT,
-                    f"no answer within inference.timeout_s = {self._config.timeout_s:g} s",
-                ) from None
-            if not stopped and not self._ref.is_alive():  # its workers end within _JOIN_S
-                stopped, end = True, min(end, now + _JOIN_S + _ALIVE_POLL_S)
+                outcome = self._ask(ref, _Ask(request, sink, token, deadline))
+            finally:
+                self._idle.put(ref)
+        finally:
+            with self._lock:
+                self._flying.discard(token)
+        if isinstance(outcome, InferError):
+            raise outcome
+        return outcome
+
+    def _lend(
+        self, sink: Sink, cancel: CancelToken, deadline: float
+    ) -> pykka.ActorRef[InferenceActor]:
+        """An idle actor; Queued first when there is none (cancel and deadline apply)."""
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            self._waiting += 1
+            ahead = self._waiting
+        try:
+            sink(Queued(ahead=ahead))
+            while True:
+                if cancel.cancelled:
+                    raise _stopped() if self._stopping else _cancelled()
+                if time.monotonic() >= deadline:
+                    raise InferError(
+                        InferErrorKind.TIMEOUT,
+                        "no complete answer within inference.timeout_s = "
+                        f"{self._config.timeout_s:g} s (queued behind "
+                        f"inference.parallel = {self._config.parallel} requests)",
+                    )
+                try:
+                    return self._idle.get(timeout=_QUEUE_POLL_S)
+                except queue.Empty:
+                    continue
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _ask(self, ref: pykka.ActorRef[InferenceActor], ask: _Ask) -> Completion | InferError:
+        try:
+            future = ref.ask(ask, block=False)
+            reply: Completion | InferError = future.get(
+                timeout=max(0.0, ask.deadline - time.monotonic()) + _GRACE_S
+            )
+        except pykka.ActorDeadError:
+            return _stopped()
+        except pykka.Timeout:  # the client's own deadline should have ended it long before
+            return InferError(
+                InferErrorKind.TIMEOUT,
+                f"no answer within inference.timeout_s = {self._config.timeout_s:g} s",
+            )
+        return reply
 
     def stop(self) -> None:
-        """Cancel what is in flight and close the client; safe to call twice."""
-        if self._ref.is_alive():
-            self._ref.stop(timeout=_JOIN_S + 5)
+        """Cancel what is in flight, stop the actors, close the client; safe to call twice."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            flying = list(self._flying)
+        for token in flying:
+            token.cancel()
+        stops = [ref.stop(block=False) for ref in self._refs]
+        end = time.monotonic() + _STOP_S
+        for stopped in stops:
+            # A stream that ignores its cancel: its daemon thread ends with the process.
+            with contextlib.suppress(pykka.Timeout):
+                stopped.get(timeout=max(0.0, end - time.monotonic()))
+        self._client.close()
+
+
+def _cancelled() -> InferError:
+    return InferError(InferErrorKind.CANCELLED, "cancelled")

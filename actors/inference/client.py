@@ -23,8 +23,9 @@ Decisions (design section 4 and the protocol notes):
   messages are asked again with thinking off. Reaching the budget emits ``ThinkingCapped``
   once. Once content or a tool call has started, reasoning is left to finish. The abandoned
   stream's reasoning is kept on the Completion (it was shown, and it counts toward the cap).
-- **Queueing**: at most ``inference.parallel`` requests stream at once; later ones emit
-  ``Queued`` and wait (cancel and deadline still apply).
+- **Queueing** is not done here: the inference actors (:mod:`actors.inference.actor`) lend
+  each request one of ``inference.parallel`` actors, and a request that finds none idle
+  emits ``Queued`` and waits there. The client itself streams whatever it is given.
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ import contextlib
 import dataclasses
 import json
 import random
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
+import orjson
 from httpx_sse import EventSource, ServerSentEvent
 
 from actors.config import InferenceConfig
-from actors.events import Queued, Retrying, Sink, ThinkingCapped, Waiting
+from actors.events import Retrying, Sink, ThinkingCapped, Waiting
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import (
     MAX_ERROR_BODY,
@@ -55,14 +56,22 @@ from actors.inference.types import (
 )
 from actors.inference.watchdog import Watch, Watchdog, tracked_transport
 
-__all__ = ["CONTROL_GRACE", "LlamaClient", "request_body"]
+__all__ = ["CONTROL_GRACE", "LlamaClient", "encode_body", "request_body"]
 
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
 CONTROL_GRACE = 8  # reasoning deltas still accepted after a successful reasoning_end
 _MAX_BACKOFF_S = 30.0
-_QUEUE_POLL_S = 0.05
 _DRAIN_S = 1.0  # how long the end of a response may take after [DONE]
+
+
+def encode_body(request: ChatRequest) -> bytes:
+    """``request_body`` as UTF-8 JSON; orjson, with json for what it refuses (ints > 64 bits)."""
+    body = request_body(request)
+    try:
+        return orjson.dumps(body, default=_plain)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
 
 
 def request_body(request: ChatRequest) -> dict[str, Any]:
@@ -145,19 +154,34 @@ class LlamaClient:
             headers=headers,
             transport=transport if transport is not None else tracked_transport(limits),
         )
-        self._slots = threading.Semaphore(config.parallel)
-        self._lock = threading.Lock()
-        self._waiting = 0
 
     # --- public ------------------------------------------------------------------------
 
-    def chat(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
-        """One attempt (plus the thinking-off re-ask if the thinking cap needs it)."""
-        return self._run(request, sink, cancel, retries=0)
+    def chat(
+        self,
+        request: ChatRequest,
+        sink: Sink,
+        cancel: CancelToken,
+        *,
+        deadline: float | None = None,
+    ) -> Completion:
+        """One attempt (plus the thinking-off re-ask if the thinking cap needs it).
 
-    def chat_with_retry(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
+        ``deadline`` (a ``time.monotonic()`` value) defaults to ``inference.timeout_s`` from
+        now; a caller that queued the request first passes the one it started with.
+        """
+        return self._run(request, sink, cancel, retries=0, deadline=deadline)
+
+    def chat_with_retry(
+        self,
+        request: ChatRequest,
+        sink: Sink,
+        cancel: CancelToken,
+        *,
+        deadline: float | None = None,
+    ) -> Completion:
         """The design's retry policy around ``chat``; raises the last InferError."""
-        return self._run(request, sink, cancel, retries=self._config.retries)
+        return self._run(request, sink, cancel, retries=self._config.retries, deadline=deadline)
 
     def close(self) -> None:
         self._http.close()
@@ -167,9 +191,17 @@ class LlamaClient:
     # --- one logical request -----------------------------------------------------------
 
     def _run(
-        self, request: ChatRequest, sink: Sink, cancel: CancelToken, *, retries: int
+        self,
+        request: ChatRequest,
+        sink: Sink,
+        cancel: CancelToken,
+        *,
+        retries: int,
+        deadline: float | None,
     ) -> Completion:
-        run = _Run(deadline=time.monotonic() + self._config.timeout_s)
+        if deadline is None:
+            deadline = time.monotonic() + self._config.timeout_s
+        run = _Run(deadline=deadline)
         failures = 0
         while True:
             if cancel.cancelled:
@@ -209,15 +241,17 @@ class LlamaClient:
     def _exchange(
         self, request: ChatRequest, sink: Sink, cancel: CancelToken, run: _Run
     ) -> StreamAssembler | _Abandoned:
-        content = json.dumps(
-            request_body(request), ensure_ascii=False, separators=(",", ":"), default=_plain
-        ).encode()
-        with self._slot(sink, cancel, run.deadline), self._watch(cancel, run.deadline) as watch:
+        content = encode_body(request)
+        if time.monotonic() >= run.deadline:
+            raise _Failed(self._timed_out(), retry=False)
+        with self._watch(cancel, run.deadline) as watch:
             sink(Waiting())
             try:
                 response = self._http.send(
                     self._http.build_request(
-                        "POST", self._url + CHAT_PATH, content=content,
+                        "POST",
+                        self._url + CHAT_PATH,
+                        content=content,
                         headers={"Content-Type": "application/json"},
                     ),
                     stream=True,
@@ -252,20 +286,22 @@ class LlamaClient:
         watch: Watch | None,
     ) -> StreamAssembler | _Abandoned:
         asm = StreamAssembler()
+        feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
         budget = request.thinking_budget if request.thinking else None
         seen = 0  # reasoning deltas already checked against the budget
         control_sent = False
         stream = EventSource(response).iter_sse()
         try:
             for sse in stream:
+                data = sse.data
+                if not data:  # event:/id:/retry: alone dispatch no event (SSE spec)
+                    continue
                 if cancel.cancelled:
                     raise _Failed(_cancelled(), retry=False)
-                if time.monotonic() >= run.deadline:
+                if monotonic() >= deadline:
                     raise _Failed(self._timed_out(), retry=False)
-                if not sse.data:  # event:/id:/retry: alone dispatch no event (SSE spec)
-                    continue
                 try:
-                    events = asm.feed(sse.data)
+                    events = feed(data)
                 except InferError as e:  # an error event is a 5xx; bad chunks are not retried
                     raise _Failed(e, retry=_retryable_status(e.status)) from None
                 for event in events:
@@ -314,29 +350,7 @@ class LlamaClient:
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
 
-    # --- queueing and watching -----------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _slot(self, sink: Sink, cancel: CancelToken, deadline: float) -> Iterator[None]:
-        """Hold one of ``inference.parallel`` places; emit Queued when none is free."""
-        if not self._slots.acquire(blocking=False):
-            with self._lock:
-                self._waiting += 1
-                ahead = self._waiting
-            try:
-                sink(Queued(ahead=ahead))
-                while not self._slots.acquire(timeout=_QUEUE_POLL_S):
-                    if cancel.cancelled:
-                        raise _cancelled()
-                    if time.monotonic() >= deadline:
-                        raise self._timed_out()
-            finally:
-                with self._lock:
-                    self._waiting -= 1
-        try:
-            yield
-        finally:
-            self._slots.release()
+    # --- watching -----------------------------------------------------------
 
     @contextlib.contextmanager
     def _watch(self, cancel: CancelToken, deadline: float) -> Iterator[Watch | None]:
@@ -360,8 +374,13 @@ class LlamaClient:
         return _Failed(self._timed_out(), retry=False)
 
     def _transport_failure(
-        self, e: httpx.HTTPError, watch: Watch | None, cancel: CancelToken, run: _Run,
-        *, answered: bool,
+        self,
+        e: httpx.HTTPError,
+        watch: Watch | None,
+        cancel: CancelToken,
+        run: _Run,
+        *,
+        answered: bool,
     ) -> _Failed:
         if _stopped(watch, cancel):
             return self._expired(watch, cancel)

@@ -118,9 +118,7 @@ def _exchange(part: bytes, number: int) -> Exchange:
         code = int(status)
     except ValueError:
         raise RecordingError(f"{where}: bad status line {status_line!r}") from None
-    return Exchange(
-        Request(method, path, headers, body), Response(code, reason, rheaders, rbody)
-    )
+    return Exchange(Request(method, path, headers, body), Response(code, reason, rheaders, rbody))
 
 
 def _head(text: bytes, where: str) -> tuple[str, tuple[tuple[str, str], ...], bytes]:

@@ -10,10 +10,11 @@ server put in it (500 when it gave none), which the retry policy treats like a 5
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
@@ -77,10 +78,10 @@ class StreamAssembler:
             self.done = True
             return []
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError):
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:  # also what orjson raises for too deep a nesting
             raise _protocol("a stream chunk is not JSON", data) from None
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             raise _protocol("a stream chunk is not a JSON object", data)
         try:
             return self._chunk(obj, data)
@@ -90,18 +91,22 @@ class StreamAssembler:
             raise _protocol("a stream chunk has an unexpected shape", data) from None
 
     def _chunk(self, obj: dict[str, Any], data: str) -> list[ChatEvent]:
+        # Called once per streamed token: the common chunk (one choice, one delta) takes
+        # the fewest lookups (issue 7); the rare fields are looked up only when present.
+        get = obj.get
         if "error" in obj:
             raise _stream_error(obj["error"], data)
-        chunk_id = obj.get("id")
-        if isinstance(chunk_id, str) and self.id is None:
-            self.id = chunk_id
-        if isinstance(obj.get("usage"), dict):
+        if self.id is None:
+            chunk_id = get("id")
+            if type(chunk_id) is str:
+                self.id = chunk_id
+        if "usage" in obj and type(obj["usage"]) is dict:
             self.usage = obj["usage"]
-        if isinstance(obj.get("timings"), dict):
+        if "timings" in obj and type(obj["timings"]) is dict:
             self.timings = obj["timings"]
-        progress = obj.get("prompt_progress")
+        progress = get("prompt_progress")
         if progress is not None:  # its role delta is not content
-            if not isinstance(progress, dict):
+            if type(progress) is not dict:
                 raise _protocol("prompt_progress is not an object", data)
             return [
                 Progress(
@@ -110,41 +115,54 @@ class StreamAssembler:
                     cache=_int(progress.get("cache", 0)),
                 )
             ]
-        choices = obj.get("choices")
-        if choices is None or choices == []:
-            return []  # the usage chunk, or a chunk with nothing to show
-        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        choices = get("choices")
+        if not choices:
+            if choices is None or choices == []:
+                return []  # the usage chunk, or a chunk with nothing to show
             raise _protocol("choices is not a list of objects", data)
-        choice = choices[0]
+        if type(choices) is not list or type(choice := choices[0]) is not dict:
+            raise _protocol("choices is not a list of objects", data)
         finish = choice.get("finish_reason")
         if finish is not None:
-            if not isinstance(finish, str):
+            if type(finish) is not str:
                 raise _protocol("finish_reason is not a string", data)
             self.finish_reason = finish
         delta = choice.get("delta")
-        if delta is None:
-            return []
-        if not isinstance(delta, dict):
+        if not delta:
+            if delta is None or delta == {}:
+                return []
             raise _protocol("delta is not an object", data)
+        if type(delta) is not dict:
+            raise _protocol("delta is not an object", data)
+        content = delta.get("content")
+        if (
+            len(delta) <= 2
+            and type(content) is str
+            and content
+            and "tool_calls" not in delta
+            and not delta.get("reasoning_content")
+        ):
+            self._content.append(content)  # the common case: one content delta
+            return [Content(content)]
         return self._delta(delta, data)
 
     def _delta(self, delta: dict[str, Any], data: str) -> list[ChatEvent]:
         events: list[ChatEvent] = []
         reasoning = delta.get("reasoning_content")
         if reasoning:
-            if not isinstance(reasoning, str):
+            if type(reasoning) is not str:
                 raise _protocol("reasoning_content is not a string", data)
             self._reasoning.append(reasoning)
             events.append(Reasoning(reasoning))
         content = delta.get("content")
         if content:
-            if not isinstance(content, str):
+            if type(content) is not str:
                 raise _protocol("content is not a string", data)
             self._content.append(content)
             events.append(Content(content))
         calls = delta.get("tool_calls")
         if calls:
-            if not isinstance(calls, list):
+            if type(calls) is not list:
                 raise _protocol("tool_calls is not a list", data)
             for fragment in calls:
                 events.append(self._fragment(fragment, data))
@@ -176,8 +194,13 @@ class StreamAssembler:
     def reasoning_text(self) -> str | None:
         return "".join(self._reasoning) or None
 
-    def completion(self, *, thinking_capped: bool = False, extra_reasoning: int = 0,
-                   reasoning: str | None = None) -> Completion:
+    def completion(
+        self,
+        *,
+        thinking_capped: bool = False,
+        extra_reasoning: int = 0,
+        reasoning: str | None = None,
+    ) -> Completion:
         """The assembled answer; ``extra_reasoning``/``reasoning`` carry an abandoned stream's."""
         calls = []
         for index in sorted(self._calls):
@@ -187,8 +210,11 @@ class StreamAssembler:
                     InferErrorKind.PROTOCOL, f"tool call #{index} ended without a name"
                 )
             calls.append(
-                ToolCall(id=call.id or uuid.uuid4().hex, name=call.name,
-                         arguments="".join(call.arguments))
+                ToolCall(
+                    id=call.id or uuid.uuid4().hex,
+                    name=call.name,
+                    arguments="".join(call.arguments),
+                )
             )
         own = self.reasoning_text()
         return Completion(

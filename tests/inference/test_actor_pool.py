@@ -1,4 +1,6 @@
-"""The inference actor's worker pool: threads are reused, bursts still queue, stop loses nothing.
+"""The inference actors: each streams in its own thread, ``parallel`` of them at most, and a
+request beyond that is queued (``Queued``), can be cancelled or time out while it waits, and
+is never lost when inference stops.
 
 The model server is an httpx.MockTransport whose stream the test releases chunk by chunk
 (``GatedServer`` from test_actor), so what is in flight when is certain.
@@ -6,29 +8,23 @@ The model server is an httpx.MockTransport whose stream the test releases chunk 
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-import time
-from collections.abc import Iterator
-from typing import cast
+from collections.abc import Callable, Iterator
 
 import httpx
 import pykka
 import pytest
 
 from actors.events import Event, Queued, Waiting
-from actors.inference.actor import Inference, InferenceActor, _Submit
+from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import CancelToken, Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
 from tests.inference.test_actor import WAIT, GatedServer
 
 pytestmark = pytest.mark.timeout(60)
 CHUNKS = len(GatedServer.CHUNKS)
-
-
-def workers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("loopd-inference-")]
+Outcome = Completion | BaseException
 
 
 @pytest.fixture
@@ -40,11 +36,30 @@ def gated() -> Iterator[tuple[GatedServer, Inference]]:
     try:
         yield server, inference
     finally:
-        server.release(100)  # never leave a worker blocked on the gate
+        server.release(100)  # never leave an actor blocked on the gate
         inference.stop()
 
 
-def test_sequential_requests_stream_on_the_same_worker(
+def in_thread(
+    inference: Inference, events: queue.Queue[Event], out: queue.Queue[Outcome],
+    cancel: CancelToken | None = None,
+) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.put(inference.complete(request(), events.put, cancel or CancelToken()))
+        except BaseException as e:
+            out.put(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def actor_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(InferenceActor.__name__)]
+
+
+def test_each_request_streams_in_the_actors_thread_not_the_callers(
     gated: tuple[GatedServer, Inference],
 ) -> None:
     server, inference = gated
@@ -56,74 +71,128 @@ def test_sequential_requests_stream_on_the_same_worker(
     for _ in range(5):
         server.release(CHUNKS)
         assert inference.complete(request(), sink, CancelToken()).content == "Hello, world"
-    assert len(threads) == 1 and next(iter(threads)).startswith("loopd-inference-")
+    assert threading.current_thread().name not in threads
+    assert len(threads) == 1 and threads <= set(actor_threads())
 
 
-def test_a_request_beyond_parallel_is_queued_then_answered(
+def test_parallel_actors_are_started_and_all_stopped() -> None:
+    before = set(actor_threads())
+    inference = Inference.start(config("http://llama.test", parallel=3),
+                                transport=httpx.MockTransport(GatedServer().handler))  # fmt: skip
+    started = set(actor_threads()) - before
+    inference.stop()
+    assert len(started) == 3
+    assert not started & set(actor_threads())
+
+
+def test_a_request_beyond_parallel_is_queued_and_never_reaches_the_server_early(
     gated: tuple[GatedServer, Inference],
 ) -> None:
-    """parallel = 1: the second request gets its own worker, which emits Queued and waits."""
     server, inference = gated
     first: queue.Queue[Event] = queue.Queue()
     second: queue.Queue[Event] = queue.Queue()
-    out: queue.Queue[Completion | BaseException] = queue.Queue()
-
-    def run(events: queue.Queue[Event]) -> None:
-        try:
-            out.put(inference.complete(request(), events.put, CancelToken()))
-        except BaseException as e:
-            out.put(e)
-
-    threads = [threading.Thread(target=run, args=(q,)) for q in (first, second)]
-    threads[0].start()
+    out: queue.Queue[Outcome] = queue.Queue()
+    threads = [in_thread(inference, first, out)]
     try:
-        assert first.get(timeout=WAIT) == Waiting()  # the first holds the only slot
-        threads[1].start()
+        assert first.get(timeout=WAIT) == Waiting()  # the first holds the only actor
+        threads.append(in_thread(inference, second, out))
         assert second.get(timeout=WAIT) == Queued(ahead=1)
+        assert len(server.bodies) == 1  # parallel = 1: one request at the server at a time
         server.release(2 * CHUNKS)
         answers = [out.get(timeout=WAIT), out.get(timeout=WAIT)]
+        assert second.get(timeout=WAIT) == Waiting()  # it went out once the first ended
     finally:
         server.release(100)
         for t in threads:
             t.join(WAIT)
     assert [getattr(a, "content", a) for a in answers] == ["Hello, world"] * 2
-    deadline = time.monotonic() + WAIT
-    while len(workers()) > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)  # the burst's extra worker ends once it is idle
-    assert len(workers()) == 1
+    assert len(server.bodies) == 2
 
 
-class _HeldActor(InferenceActor):
-    """Holds its first submit until ``go`` is set, so the test can queue behind it."""
-
-    go = threading.Event()
-
-    def _submit(self, message: _Submit) -> None:
-        assert self.go.wait(WAIT)
-        super()._submit(message)
-
-
-def test_a_submit_behind_stop_is_cancelled_not_lost() -> None:
-    """pykka drops tells left in a stopped actor's mailbox; their futures must still end."""
-    server = GatedServer()
-    server.release(100)  # the first submit streams to its end or is cancelled: no matter
-    cfg = config("http://llama.test")
-    _HeldActor.go.clear()
-    ref = _HeldActor.start(cfg, transport=httpx.MockTransport(server.handler))
-    inference = Inference(cast(pykka.ActorRef[InferenceActor], ref), cfg)
+def _queued_then(
+    gated: tuple[GatedServer, Inference], act: Callable[[CancelToken], None],
+) -> tuple[BaseException | Completion, GatedServer]:
+    """Hold the only actor with a first request, queue a second, ``act``; the second's end."""
+    server, inference = gated
+    first: queue.Queue[Event] = queue.Queue()
+    second: queue.Queue[Event] = queue.Queue()
+    out: queue.Queue[Outcome] = queue.Queue()
+    cancel = CancelToken()
+    threads = [in_thread(inference, first, out)]
     try:
-        replies: list[pykka.Future[Completion]] = [pykka.ThreadingFuture() for _ in range(2)]
-        ref.tell(_Submit(request(), lambda e: None, CancelToken(), replies[0]))
-        stopped = ref.stop(block=False)
-        ref.tell(_Submit(request(), lambda e: None, CancelToken(), replies[1]))  # still alive
-        _HeldActor.go.set()
-        assert stopped.get(timeout=WAIT)
-        with pytest.raises(InferError) as e:
-            replies[1].get(timeout=WAIT)
-        assert e.value.kind is InferErrorKind.CANCELLED
-        with contextlib.suppress(InferError):
-            replies[0].get(timeout=WAIT)
+        assert first.get(timeout=WAIT) == Waiting()
+        threads.append(in_thread(inference, second, out, cancel))
+        assert second.get(timeout=WAIT) == Queued(ahead=1)
+        act(cancel)
+        outcome = out.get(timeout=WAIT)
     finally:
-        _HeldActor.go.set()
+        server.release(100)
+        for t in threads:
+            t.join(WAIT)
+    return outcome, server
+
+
+def test_cancel_while_queued_ends_it_and_sends_nothing(
+    gated: tuple[GatedServer, Inference],
+) -> None:
+    outcome, server = _queued_then(gated, lambda cancel: cancel.cancel())
+    assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.CANCELLED
+    assert len(server.bodies) == 1  # the queued one never reached the server
+
+
+def test_a_queued_request_times_out_at_its_deadline() -> None:
+    server = GatedServer()
+    inference = Inference.start(
+        config("http://llama.test", parallel=1, timeout_s=0.5),
+        transport=httpx.MockTransport(server.handler),
+    )
+    try:
+        outcome, _ = _queued_then((server, inference), lambda cancel: None)
+    finally:
         server.release(100)
         inference.stop()
+    assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.TIMEOUT
+    assert "queued behind inference.parallel = 1" in outcome.message
+
+
+def test_stop_ends_the_streaming_and_the_queued_request_and_loses_neither(
+    gated: tuple[GatedServer, Inference],
+) -> None:
+    server, inference = gated
+    first: queue.Queue[Event] = queue.Queue()
+    second: queue.Queue[Event] = queue.Queue()
+    out: queue.Queue[Outcome] = queue.Queue()
+    threads = [in_thread(inference, first, out)]
+    try:
+        assert first.get(timeout=WAIT) == Waiting()
+        threads.append(in_thread(inference, second, out))
+        assert second.get(timeout=WAIT) == Queued(ahead=1)
+        stopper = threading.Thread(target=inference.stop)
+        stopper.start()
+        server.release(1)  # the streaming one sees its cancel at the next chunk
+        outcomes = [out.get(timeout=WAIT), out.get(timeout=WAIT)]
+        stopper.join(WAIT)
+    finally:
+        server.release(100)
+        for t in threads:
+            t.join(WAIT)
+    for outcome in outcomes:
+        assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.CANCELLED
+    assert not any(ref.is_alive() for ref in inference._refs)
+
+
+def test_an_ask_left_in_a_stopped_actors_mailbox_is_cancelled_not_lost() -> None:
+    """pykka fails asks behind a stop with ActorDeadError; the handle makes that CANCELLED."""
+    server = GatedServer()
+    inference = Inference.start(
+        config("http://llama.test", parallel=1), transport=httpx.MockTransport(server.handler)
+    )
+    ref = inference._refs[0]
+    ref.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("anything")
+    with pytest.raises(InferError) as e:
+        inference.complete(request(), lambda e: None, CancelToken())  # lends the dead actor
+    assert e.value.kind is InferErrorKind.CANCELLED and "stopped" in e.value.message
+    inference.stop()
+    assert server.bodies == []

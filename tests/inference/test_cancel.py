@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
-from actors.events import Content, Event, Queued, Retrying, Waiting
+from actors.events import Content, Event, Retrying, Waiting
 from actors.inference.types import InferError, InferErrorKind
-from tests.inference.conftest import MakeRig, request
-from tests.support.fake_llama import Conn, Reply, after, answer, hang, http_error
+from tests.inference.conftest import MakeRig
+from tests.support.fake_llama import Conn, Reply, answer, hang, http_error
 
 SLOW = {"read_timeout_s": 600.0, "timeout_s": 900.0}
 pytestmark = pytest.mark.timeout(30)
@@ -97,43 +97,6 @@ def test_cancel_during_backoff(rig: MakeRig) -> None:
         r.chat(sink=sink)
     assert e.value.kind is InferErrorKind.CANCELLED
     assert len(r.fake.requests) == 1
-
-
-def test_cancel_while_queued(rig: MakeRig) -> None:
-    gate = threading.Event()
-    r = rig([after(gate, answer("first"))], parallel=1, **SLOW)
-    from actors.inference.types import CancelToken
-
-    first_cancel = CancelToken()
-    sent = threading.Event()
-    outcome: list[BaseException] = []
-
-    def note_sent(e: Event) -> None:
-        if isinstance(e, Waiting):
-            sent.set()
-
-    def first() -> None:
-        try:
-            r.client.chat(request(), note_sent, first_cancel)
-        except BaseException as e:
-            outcome.append(e)
-
-    t = threading.Thread(target=first)
-    t.start()
-    try:
-        assert sent.wait(10)
-
-        def sink(e: Event) -> None:
-            if isinstance(e, Queued):
-                r.cancel.cancel()
-
-        with pytest.raises(InferError) as e:
-            r.chat(sink=sink, retry=False)
-        assert e.value.kind is InferErrorKind.CANCELLED
-    finally:
-        first_cancel.cancel()
-        t.join(10)
-    assert len(r.fake.requests) == 1  # the queued one never reached the server
 
 
 def test_already_cancelled_sends_nothing(rig: MakeRig) -> None:

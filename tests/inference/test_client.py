@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import types
 
 import pytest
@@ -13,11 +12,9 @@ from actors.events import (
     Content,
     Event,
     Progress,
-    Queued,
     Reasoning,
     Retrying,
     ToolCallDelta,
-    Waiting,
 )
 from actors.inference import client as client_module
 from actors.inference.client import LlamaClient
@@ -26,7 +23,6 @@ from actors.records import ToolCall
 from tests.inference.conftest import USER, MakeRig, config, request
 from tests.support.fake_llama import (
     Reply,
-    after,
     answer,
     close_without_response,
     context_full,
@@ -111,39 +107,6 @@ def test_max_tokens_cut_keeps_finish_reason_length(rig: MakeRig) -> None:
     done = r.chat(request(max_tokens=3))
     assert done.finish_reason == "length"
     assert done.content == "one tw"
-
-
-def test_a_request_beyond_parallel_emits_queued_and_waits(rig: MakeRig) -> None:
-    gate = threading.Event()
-    r = rig([after(gate, answer("first")), answer("second")], parallel=1)
-    first_sent = threading.Event()
-    results: list[object] = []
-
-    def first() -> None:
-        def sink(e: Event) -> None:
-            if isinstance(e, Waiting):
-                first_sent.set()
-
-        results.append(r.client.chat(request(), sink, r.cancel))
-
-    t = threading.Thread(target=first)
-    t.start()
-    try:
-        assert first_sent.wait(10)
-        seen: list[Event] = []
-
-        def sink(e: Event) -> None:
-            seen.append(e)
-            if isinstance(e, Queued):
-                gate.set()  # let the first one finish, which frees the place
-
-        done = r.client.chat(request(), sink, r.cancel)
-    finally:
-        gate.set()
-        t.join(10)
-    assert seen[:2] == [Queued(ahead=1), Waiting()]
-    assert done.content == "second"
-    assert [c.content for c in results] == ["first"]  # type: ignore[attr-defined]
 
 
 # --- errors and retries ---------------------------------------------------------------------

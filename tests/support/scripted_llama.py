@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -93,12 +94,18 @@ def agent(answer_chars: int = 0, chunk: int = 4) -> Callable[[dict[str, Any]], R
 
 
 @contextlib.contextmanager
-def serve_in_process(answer_chars: int = 0, chunk: int = 4) -> Iterator[str]:
-    """The agent fake in its own process; yields its URL, stops it (SIGTERM) on exit."""
+def serve_in_process(
+    answer_chars: int = 0, chunk: int = 4, cpus: set[int] | None = None
+) -> Iterator[str]:
+    """The agent fake in its own process; yields its URL, stops it (SIGTERM) on exit.
+
+    ``cpus``: the CPUs the server may run on (benchmarks give it a core of its own).
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.scripted_llama", "--port", "0",
          "--answer-chars", str(answer_chars), "--chunk", str(chunk)],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )  # fmt: skip
     try:
         assert proc.stdout is not None
