@@ -169,10 +169,14 @@ class SessionLog:
 
     # --- writing ----------------------------------------------------------------------
 
-    def append(self, record: Record) -> None:
-        """Write one record; with fsync "always" it is on disk when this returns."""
+    def append(self, *records: Record) -> None:
+        """Write records in one ``write`` (and one fsync); on disk when this returns.
+
+        Several records appended together are one write: a crash may still tear them, and
+        the torn tail is cut at a frame boundary on open, leaving a prefix of them.
+        """
         fd = self._writable()
-        data = frame(record)  # a RecordError here writes nothing and breaks nothing
+        data = b"".join(frame(r) for r in records)  # a RecordError here writes nothing
         try:
             view = memoryview(data)
             while view:
@@ -184,10 +188,11 @@ class SessionLog:
                 _fdatasync(fd)
         except OSError as e:
             self._break(f"writing failed: {e}")
-        self._records.append(record)
+        self._records.extend(records)
         self._snapshot = None
-        if isinstance(record, ToolResult) and record.call >= self._next_call:
-            self._next_call = record.call + 1
+        for record in records:
+            if isinstance(record, ToolResult) and record.call >= self._next_call:
+                self._next_call = record.call + 1
 
     def sync(self) -> None:
         """Flush every appended record to disk now (the end of a turn under fsync "turn")."""

@@ -198,12 +198,10 @@ class _Turn:
             raise Cancelled()
         completion = self._bare_json(completion)
         self.thinking_left -= completion.reasoning_tokens
-        self.log.append(
-            Assistant(
-                content=completion.content,
-                reasoning=completion.reasoning,
-                tool_calls=completion.tool_calls,
-            )
+        assistant = Assistant(
+            content=completion.content,
+            reasoning=completion.reasoning,
+            tool_calls=completion.tool_calls,
         )
         usage = Usage(
             timings=completion.timings,
@@ -213,10 +211,9 @@ class _Turn:
             completion_tokens=completion.completion_tokens,
             finish_reason=completion.finish_reason,
         )
-        self.log.append(usage)
         loss = cache_outcome(previous.timings if previous else None, completion.timings)
+        self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
         if loss is not None:
-            self.log.append(loss)
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got))
         return completion, usage
 

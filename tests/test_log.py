@@ -404,6 +404,41 @@ def test_fsync_policy(
         assert [r.content for r in log.records[1:] if isinstance(r, User)] == ["a", "b"]
 
 
+def test_records_appended_together_are_one_write_and_one_fsync(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn appends Assistant and Usage together: one fdatasync, not two."""
+    write_log(log_path, [baseline()])
+    syncs: list[int] = []
+    writes: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(logmod, "_fdatasync", syncs.append)
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    together = every_kind()[2:4]  # Assistant, Usage
+    log, _ = SessionLog.open(log_path, fsync="always")
+    with log:
+        monkeypatch.setattr(logmod.os, "write", write)
+        log.append(*together)
+        monkeypatch.setattr(logmod.os, "write", real_write)
+        assert len(syncs) == 1 and writes == [sum(len(frame(r)) for r in together)]
+        assert log.records[1:] == tuple(together)
+    log, _ = SessionLog.open(log_path)
+    with log:
+        assert log.records[1:] == tuple(together)
+
+
+def test_a_bad_record_among_several_writes_none_of_them(opened: SessionLog) -> None:
+    size = opened.path.stat().st_size
+    with pytest.raises(RecordError):
+        opened.append(User(content="fine"), User(content=b"not text"))  # type: ignore[arg-type]
+    assert opened.path.stat().st_size == size and opened.records == (opened.baseline,)
+    opened.append(User(content="still works"))
+
+
 def test_unknown_fsync_policy_is_refused(log_path: Path) -> None:
     with pytest.raises(SessionError, match="fsync policy 'sometimes' unknown; use one of always"):
         SessionLog.open(log_path, fsync="sometimes", baseline=baseline())

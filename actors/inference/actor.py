@@ -59,27 +59,6 @@ class _Ask:
     deadline: float
 
 
-class _Linked(CancelToken):
-    """Cancelled by its own ``cancel()`` (inference stopping) or by the caller's token."""
-
-    def __init__(self, parent: CancelToken) -> None:
-        super().__init__()
-        self._parent = parent
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled or super().cancelled
-
-    def wait(self, timeout: float) -> bool:
-        end = timeout
-        while end > 0:
-            step = min(end, 0.05)
-            if super().wait(step) or self._parent.cancelled:
-                return True
-            end -= step
-        return self.cancelled
-
-
 def _stopped() -> InferError:
     return InferError(InferErrorKind.CANCELLED, "the inference actor has stopped")
 
@@ -115,7 +94,7 @@ class Inference:
         for ref in self._refs:
             self._idle.put(ref)
         self._lock = threading.Lock()
-        self._flying: set[_Linked] = set()
+        self._flying: set[CancelToken] = set()
         self._waiting = 0
         self._stopping = False
 
@@ -128,20 +107,20 @@ class Inference:
     def complete(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
         """Stream one answer, events to ``sink``; raises InferError (CANCELLED when stopped)."""
         deadline = time.monotonic() + self._config.timeout_s
-        token = _Linked(cancel)
-        with self._lock:
-            if self._stopping:
-                raise _stopped()
-            self._flying.add(token)
-        try:
-            ref = self._lend(sink, token, deadline)
-            try:
-                outcome = self._ask(ref, _Ask(request, sink, token, deadline))
-            finally:
-                self._idle.put(ref)
-        finally:
+        with cancel.linked() as token:  # stop cancels this request, not the caller's turn
             with self._lock:
-                self._flying.discard(token)
+                if self._stopping:
+                    raise _stopped()
+                self._flying.add(token)
+            try:
+                ref = self._lend(sink, token, deadline)
+                try:
+                    outcome = self._ask(ref, _Ask(request, sink, token, deadline))
+                finally:
+                    self._idle.put(ref)
+            finally:
+                with self._lock:
+                    self._flying.discard(token)
         if isinstance(outcome, InferError):
             raise outcome
         return outcome

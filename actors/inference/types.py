@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from actors.records import ToolCall
@@ -109,13 +110,26 @@ def is_context_full(e: InferError) -> bool:
 
 
 class CancelToken:
-    """Set once to cancel a turn; checked between stream chunks and while waiting on tools."""
+    """Set once to cancel a turn; checked between stream chunks and while waiting on tools.
+
+    ``linked()`` gives a child token that is cancelled with its parent (at once, no polling)
+    or on its own: the inference handle cancels a request's child when it stops, without
+    cancelling the caller's whole turn.
+    """
+
+    __slots__ = ("_children", "_event", "_lock")
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._children: set[CancelToken] = set()
+        self._lock = threading.Lock()
 
     def cancel(self) -> None:
-        self._event.set()
+        with self._lock:
+            self._event.set()
+            children = list(self._children)
+        for child in children:
+            child.cancel()
 
     @property
     def cancelled(self) -> bool:
@@ -123,3 +137,18 @@ class CancelToken:
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
+
+    @contextlib.contextmanager
+    def linked(self) -> Iterator[CancelToken]:
+        """A child token for the block: cancelled with this one; unlinked when the block ends."""
+        child = CancelToken()
+        with self._lock:
+            if self._event.is_set():
+                child._event.set()
+            else:
+                self._children.add(child)
+        try:
+            yield child
+        finally:
+            with self._lock:
+                self._children.discard(child)

@@ -58,15 +58,18 @@ class Watch:
 
 
 class _TrackedStream(httpcore.NetworkStream):
-    """A socket stream that tells the watch of the calling thread it is in use."""
+    """A socket stream that tells the watch of the calling thread it is in use.
+
+    Every exchange writes its request before it reads, so ``write`` is where the stream is
+    announced; ``read`` is the inner stream's own method, bound per instance, because it
+    runs once per streamed token (issue 7).
+    """
 
     def __init__(self, inner: httpcore.NetworkStream) -> None:
         self._inner = inner
+        self.read = inner.read  # type: ignore[method-assign]
 
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        watch = getattr(_local, "watch", None)
-        if watch is not None:
-            watch.stream = self
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # see __init__
         return self._inner.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
