@@ -177,9 +177,11 @@ def _pinned() -> Iterator[set[int] | None]:
 def run() -> list[dict[str, Any]]:
     logs = _Logs()
     try:
-        with _pinned() as server_cpus:
-            with serve_in_process(answer_chars=ANSWER_CHARS, cpus=server_cpus) as url:
-                pinned = _measure(url, logs)
+        with (
+            _pinned() as server_cpus,
+            serve_in_process(answer_chars=ANSWER_CHARS, cpus=server_cpus) as url,
+        ):
+            pinned = _measure(url, logs)
         with serve_in_process(answer_chars=ANSWER_CHARS) as url:
             loose = _measure(url, logs, rounds=ROUNDS // 2, sdk=False)
     finally:
@@ -286,7 +288,7 @@ def _rows(p50: dict[str, float], loose: dict[str, float], *, pinned: bool) -> li
         {"name": "unpinned: LlamaClient.chat alone", "value": loose["client"], "unit": "ms",
          "ratio": loose["client"] / loose["floor"]},
         {"name": "unpinned: loopd run_turn (fsync never)", "value": loose["never"], "unit": "ms",
-         "ratio": loose["never"] / loose["floor"], "note": "swings from run to run, see the docstring"},
+         "ratio": loose["never"] / loose["floor"], "note": "swings run to run, see the docstring"},
     ]  # fmt: skip
 
 
