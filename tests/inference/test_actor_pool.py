@@ -8,9 +8,11 @@ The model server is an httpx.MockTransport whose stream the test releases chunk 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pykka
@@ -85,59 +87,53 @@ def test_parallel_actors_are_started_and_all_stopped() -> None:
     assert not started & set(actor_threads())
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Queue2:
+    """The second request, queued behind the first, which holds the only actor."""
+
+    second: queue.Queue[Event]
+    out: queue.Queue[Outcome]  # both requests' ends, in the order they end
+    cancel: CancelToken  # the second's
+
+
+@contextlib.contextmanager
+def held_and_queued(server: GatedServer, inference: Inference) -> Iterator[Queue2]:
+    first: queue.Queue[Event] = queue.Queue()
+    q = Queue2(queue.Queue(), queue.Queue(), CancelToken())
+    threads = [in_thread(inference, first, q.out)]
+    try:
+        assert first.get(timeout=WAIT) == Waiting()  # the first holds the only actor
+        threads.append(in_thread(inference, q.second, q.out, q.cancel))
+        assert q.second.get(timeout=WAIT) == Queued(ahead=1)
+        yield q
+    finally:
+        server.release(100)
+        for t in threads:
+            t.join(WAIT)
+
+
 def test_a_request_beyond_parallel_is_queued_and_never_reaches_the_server_early(
     gated: tuple[GatedServer, Inference],
 ) -> None:
     server, inference = gated
-    first: queue.Queue[Event] = queue.Queue()
-    second: queue.Queue[Event] = queue.Queue()
-    out: queue.Queue[Outcome] = queue.Queue()
-    threads = [in_thread(inference, first, out)]
-    try:
-        assert first.get(timeout=WAIT) == Waiting()  # the first holds the only actor
-        threads.append(in_thread(inference, second, out))
-        assert second.get(timeout=WAIT) == Queued(ahead=1)
+    with held_and_queued(server, inference) as q:
         assert len(server.bodies) == 1  # parallel = 1: one request at the server at a time
         server.release(2 * CHUNKS)
-        answers = [out.get(timeout=WAIT), out.get(timeout=WAIT)]
-        assert second.get(timeout=WAIT) == Waiting()  # it went out once the first ended
-    finally:
-        server.release(100)
-        for t in threads:
-            t.join(WAIT)
+        answers = [q.out.get(timeout=WAIT), q.out.get(timeout=WAIT)]
+        assert q.second.get(timeout=WAIT) == Waiting()  # it went out once the first ended
     assert [getattr(a, "content", a) for a in answers] == ["Hello, world"] * 2
     assert len(server.bodies) == 2
-
-
-def _queued_then(
-    gated: tuple[GatedServer, Inference], act: Callable[[CancelToken], None],
-) -> tuple[BaseException | Completion, GatedServer]:
-    """Hold the only actor with a first request, queue a second, ``act``; the second's end."""
-    server, inference = gated
-    first: queue.Queue[Event] = queue.Queue()
-    second: queue.Queue[Event] = queue.Queue()
-    out: queue.Queue[Outcome] = queue.Queue()
-    cancel = CancelToken()
-    threads = [in_thread(inference, first, out)]
-    try:
-        assert first.get(timeout=WAIT) == Waiting()
-        threads.append(in_thread(inference, second, out, cancel))
-        assert second.get(timeout=WAIT) == Queued(ahead=1)
-        act(cancel)
-        outcome = out.get(timeout=WAIT)
-    finally:
-        server.release(100)
-        for t in threads:
-            t.join(WAIT)
-    return outcome, server
 
 
 def test_cancel_while_queued_ends_it_and_sends_nothing(
     gated: tuple[GatedServer, Inference],
 ) -> None:
-    outcome, server = _queued_then(gated, lambda cancel: cancel.cancel())
+    server, inference = gated
+    with held_and_queued(server, inference) as q:
+        q.cancel.cancel()
+        outcome = q.out.get(timeout=WAIT)
+        assert len(server.bodies) == 1  # the queued one never reached the server
     assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.CANCELLED
-    assert len(server.bodies) == 1  # the queued one never reached the server
 
 
 def test_a_queued_request_times_out_at_its_deadline() -> None:
@@ -147,9 +143,9 @@ def test_a_queued_request_times_out_at_its_deadline() -> None:
         transport=httpx.MockTransport(server.handler),
     )
     try:
-        outcome, _ = _queued_then((server, inference), lambda cancel: None)
+        with held_and_queued(server, inference) as q:
+            outcome = q.out.get(timeout=WAIT)
     finally:
-        server.release(100)
         inference.stop()
     assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.TIMEOUT
     assert "queued behind inference.parallel = 1" in outcome.message
@@ -159,23 +155,12 @@ def test_stop_ends_the_streaming_and_the_queued_request_and_loses_neither(
     gated: tuple[GatedServer, Inference],
 ) -> None:
     server, inference = gated
-    first: queue.Queue[Event] = queue.Queue()
-    second: queue.Queue[Event] = queue.Queue()
-    out: queue.Queue[Outcome] = queue.Queue()
-    threads = [in_thread(inference, first, out)]
-    try:
-        assert first.get(timeout=WAIT) == Waiting()
-        threads.append(in_thread(inference, second, out))
-        assert second.get(timeout=WAIT) == Queued(ahead=1)
+    with held_and_queued(server, inference) as q:
         stopper = threading.Thread(target=inference.stop)
         stopper.start()
         server.release(1)  # the streaming one sees its cancel at the next chunk
-        outcomes = [out.get(timeout=WAIT), out.get(timeout=WAIT)]
+        outcomes = [q.out.get(timeout=WAIT), q.out.get(timeout=WAIT)]
         stopper.join(WAIT)
-    finally:
-        server.release(100)
-        for t in threads:
-            t.join(WAIT)
     for outcome in outcomes:
         assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.CANCELLED
     assert not any(ref.is_alive() for ref in inference._refs)
