@@ -91,8 +91,7 @@ class StreamAssembler:
             raise _protocol("a stream chunk has an unexpected shape", data) from None
 
     def _chunk(self, obj: dict[str, Any], data: str) -> list[ChatEvent]:
-        # Called once per streamed token: the common chunk (one choice, one delta) takes
-        # the fewest lookups (issue 7); the rare fields are looked up only when present.
+        # Called once per streamed token: the rare fields are looked up only when present.
         get = obj.get
         if "error" in obj:
             raise _stream_error(obj["error"], data)
@@ -116,10 +115,8 @@ class StreamAssembler:
                 )
             ]
         choices = get("choices")
-        if not choices:
-            if choices is None or choices == []:
-                return []  # the usage chunk, or a chunk with nothing to show
-            raise _protocol("choices is not a list of objects", data)
+        if choices is None or choices == []:
+            return []  # the usage chunk, or a chunk with nothing to show
         if type(choices) is not list or type(choice := choices[0]) is not dict:
             raise _protocol("choices is not a list of objects", data)
         finish = choice.get("finish_reason")
@@ -128,22 +125,10 @@ class StreamAssembler:
                 raise _protocol("finish_reason is not a string", data)
             self.finish_reason = finish
         delta = choice.get("delta")
-        if not delta:
-            if delta is None or delta == {}:
-                return []
-            raise _protocol("delta is not an object", data)
+        if delta is None:
+            return []
         if type(delta) is not dict:
             raise _protocol("delta is not an object", data)
-        content = delta.get("content")
-        if (
-            len(delta) <= 2
-            and type(content) is str
-            and content
-            and "tool_calls" not in delta
-            and not delta.get("reasoning_content")
-        ):
-            self._content.append(content)  # the common case: one content delta
-            return [Content(content)]
         return self._delta(delta, data)
 
     def _delta(self, delta: dict[str, Any], data: str) -> list[ChatEvent]:
