@@ -105,8 +105,9 @@ def serve_in_process(
         [sys.executable, "-m", "tests.support.scripted_llama", "--port", "0",
          "--answer-chars", str(answer_chars), "--chunk", str(chunk)],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )  # fmt: skip
+    if cpus is not None:  # before it starts any thread (Python takes far longer to start)
+        os.sched_setaffinity(proc.pid, cpus)
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
