@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import msgpack
+
+from actors.checks import Check, exact, member
 
 __all__ = [
     "Assistant",
@@ -129,20 +131,6 @@ _BY_KIND = {kind: cls for cls, kind in _KINDS.items()}
 # --- field checks ---------------------------------------------------------------------
 # Each check returns the decoded Python value or raises TypeError with what was expected.
 
-Check = Callable[[Any], Any]
-
-
-def _exact(*types: type) -> Check:
-    def check(v: Any) -> Any:
-        # bool is an int subclass: an int field must not accept True, nor a bool field 1.
-        if type(v) not in types:
-            names = " or ".join(t.__name__ for t in types)
-            raise TypeError(f"expected {names}, got {type(v).__name__}")
-        return v
-
-    return check
-
-
 def _optional(inner: Check) -> Check:
     return lambda v: None if v is None else inner(v)
 
@@ -172,21 +160,14 @@ def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
     for c in v:
         m = _mapping(c)
         try:
-            calls.append(ToolCall(**{k: _exact(str)(m[k]) for k in ("id", "name", "arguments")}))
+            calls.append(ToolCall(**{k: _STR(m[k]) for k in ("id", "name", "arguments")}))
         except KeyError as e:
             raise TypeError(f"tool call without {e.args[0]!r}") from None
     return tuple(calls)
 
 
-def _result_class(v: Any) -> ResultClass:
-    try:
-        return ResultClass(v)
-    except ValueError:
-        allowed = ", ".join(c.value for c in ResultClass)
-        raise TypeError(f"expected one of {allowed}, got {v!r}") from None
-
-
-_STR, _INT, _BOOL = _exact(str), _exact(int), _exact(bool)
+_STR, _INT, _BOOL = exact(str), exact(int), exact(bool)
+_result_class = member(ResultClass)
 
 # wire name -> (attribute name, check)
 _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {

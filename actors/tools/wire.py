@@ -15,11 +15,12 @@ the host fills it in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import msgpack
 
+from actors.checks import Check, exact, member
 from actors.records import ResultClass
 from actors.tools.spec import ToolSpec
 
@@ -142,18 +143,6 @@ _BY_KIND = {k: cls for cls, k in _KIND.items()}
 
 # --- field checks: each returns the Python value or raises TypeError ---------------------
 
-Check = Callable[[Any], Any]
-
-
-def _exact(t: type) -> Check:
-    def check(v: Any) -> Any:
-        if type(v) is not t:  # bool is an int subclass: refuse True for an int and 1 for a bool
-            raise TypeError(f"expected {t.__name__}, got {type(v).__name__}")
-        return v
-
-    return check
-
-
 def _id(v: Any) -> int:
     if type(v) is not int or not 0 <= v <= _MAX_ID:
         raise TypeError(f"expected a non-negative integer id, got {v!r:.40}")
@@ -195,26 +184,15 @@ def _object(v: Any) -> dict[str, Any]:
     return result
 
 
-_CLASSES = {c.value: c for c in ResultClass}
-
-
-def _result_class(v: Any) -> ResultClass:
-    if type(v) is str and v in _CLASSES:  # a dict look-up costs less than calling the enum
-        return _CLASSES[v]
-    try:
-        return ResultClass(v)
-    except ValueError:
-        allowed = ", ".join(c.value for c in ResultClass)
-        raise TypeError(f"expected one of {allowed}, got {v!r:.40}") from None
-
+_result_class = member(ResultClass)
 
 _SPEC_FIELDS: dict[str, Check] = {
-    "name": _exact(str),
-    "description": _exact(str),
+    "name": exact(str),
+    "description": exact(str),
     "parameters": _object,
     "result_class": _result_class,
-    "needs_approval": _exact(bool),
-    "untrusted": _exact(bool),
+    "needs_approval": exact(bool),
+    "untrusted": exact(bool),
 }
 
 
@@ -234,7 +212,7 @@ def _tools(v: Any) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
-_STR, _BOOL = _exact(str), _exact(bool)
+_STR, _BOOL = exact(str), exact(bool)
 
 # wire name -> (attribute name, check), per kind
 _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
