@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +29,7 @@ from actors.inference import recording
 from actors.inference.actor import Inference
 from actors.inference.client import LlamaClient
 from actors.inference.types import CancelToken, ChatRequest
+from tests.support.fake_llama import in_process
 
 __all__ = ["run"]
 
@@ -47,20 +46,10 @@ def fake_server(path: Path, exchange: int) -> Iterator[str]:
     tmp = tempfile.TemporaryDirectory(prefix="loopd-bench-")
     one = Path(tmp.name) / f"{path.stem}-{exchange}.http"
     recording.save(one, [recording.load(path)[exchange]])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fake_llama", "--port", "0", "--replay", str(one),
-         "--cycle"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
-    )
     try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http://"):
-            raise RuntimeError(f"the fake llama-server did not start (printed {url!r})")
-        yield url
+        with in_process("tests.support.fake_llama", "--replay", str(one), "--cycle") as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         tmp.cleanup()
 
 

@@ -26,11 +26,13 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import random
 import select
 import signal
 import socket
 import string
+import subprocess
 import sys
 import threading
 import time
@@ -732,6 +734,46 @@ def replay(path: str | Path) -> list[Reply]:
 
 # --- its own process (benchmarks) ------------------------------------------------------------
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def in_process(module: str, *args: str, cpus: set[int] | None = None) -> Iterator[str]:
+    """``python -m module --port 0 *args`` (a fake that ends in ``serve_until_term``); yields
+    its URL and stops it (SIGTERM, then SIGKILL) on exit. ``cpus``: where it may run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--port", "0", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    if cpus is not None:  # before it starts any thread (Python takes far longer to start)
+        os.sched_setaffinity(proc.pid, cpus)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the fake llama-server ({module}) did not start (printed {url!r})")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def serve_until_term(fake: FakeLlama) -> int:
+    """Serve ``fake``, its URL on the first line of stdout, until SIGTERM or Ctrl-C."""
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with fake:
+        print(fake.url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -748,16 +790,8 @@ def main(argv: list[str] | None = None) -> int:
             with lock:
                 return next(ring)
 
-        fake = FakeLlama(script, port=args.port)
-    else:
-        fake = FakeLlama(replies, port=args.port)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with fake:
-        print(fake.url, flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            done.wait()
-    return 0
+        return serve_until_term(FakeLlama(script, port=args.port))
+    return serve_until_term(FakeLlama(replies, port=args.port))
 
 
 if __name__ == "__main__":

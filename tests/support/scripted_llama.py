@@ -26,21 +26,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from tests.support.fake_llama import FakeLlama, Reply, answer
+from tests.support.fake_llama import FakeLlama, Reply, answer, in_process, serve_until_term
 
 __all__ = ["agent", "call_id", "main", "orders", "serve_in_process"]
 
-ROOT = Path(__file__).resolve().parents[2]
 _SLUG = re.compile(r"[^A-Za-z0-9]+")
 
 
@@ -101,28 +95,9 @@ def serve_in_process(
 
     ``cpus``: the CPUs the server may run on (benchmarks give it a core of its own).
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.scripted_llama", "--port", "0",
-         "--answer-chars", str(answer_chars), "--chunk", str(chunk)],
-        cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    if cpus is not None:  # before it starts any thread (Python takes far longer to start)
-        os.sched_setaffinity(proc.pid, cpus)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http://"):
-            raise RuntimeError(f"the scripted fake llama-server did not start (printed {url!r})")
+    with in_process("tests.support.scripted_llama", "--answer-chars", str(answer_chars),
+                    "--chunk", str(chunk), cpus=cpus) as url:  # fmt: skip
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-chars", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=4)
     args = parser.parse_args(argv)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with FakeLlama(agent(args.answer_chars, args.chunk), port=args.port) as fake:
-        print(fake.url, flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            done.wait()
-    return 0
+    return serve_until_term(FakeLlama(agent(args.answer_chars, args.chunk), port=args.port))
 
 
 if __name__ == "__main__":
