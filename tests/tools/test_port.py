@@ -184,17 +184,25 @@ def test_garbage_without_an_id_is_dropped_and_the_port_goes_on(
         assert port.state is PortState.READY
 
 
-def test_a_host_exit_fails_calls_in_flight_at_once(
-    ctx: zmq.Context[Any], endpoint: str, ports: Ports
-) -> None:
+def _exits_during_a_call(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports, *reasons: str
+) -> wire.Answer:
+    """A call the host never answers; the supervisor reports the host's exit(s) mid-call."""
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=60)
         assert port.wait_ready(5)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(_call, port)
             wait_until(lambda: len(host.requests()) == 1, what="the request")
-            port._io.host_exited("killed by SIGKILL")  # what the supervising actor reports
-            answer = future.result(timeout=10)
+            for reason in reasons:  # what the supervising actor reports
+                port._io.host_exited(reason)
+            return future.result(timeout=10)
+
+
+def test_a_host_exit_fails_calls_in_flight_at_once(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports
+) -> None:
+    answer = _exits_during_a_call(ctx, endpoint, ports, "killed by SIGKILL")
     assert isinstance(answer, wire.Failed)
     assert "tool host fake exited (killed by SIGKILL) during the call" in answer.message
 
@@ -286,14 +294,6 @@ def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
 def test_a_caller_is_told_why_its_own_connection_ended_not_a_later_one(
     ctx: zmq.Context[Any], endpoint: str, ports: Ports
 ) -> None:
-    with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
-        port = ports(endpoint, timeout_s=60)
-        assert port.wait_ready(5)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            future = pool.submit(_call, port)
-            wait_until(lambda: len(host.requests()) == 1, what="the request")
-            port._io.host_exited("the first end")
-            port._io.host_exited("a later end")
-            answer = future.result(timeout=10)
+    answer = _exits_during_a_call(ctx, endpoint, ports, "the first end", "a later end")
     assert isinstance(answer, wire.Failed)
     assert "tool host fake exited (the first end) during the call" in answer.message

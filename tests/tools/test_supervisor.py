@@ -18,7 +18,7 @@ import pytest
 from actors.config import Config, ConfigError, HostConfig
 from actors.tools import wire
 from actors.tools.keys import write_keypair
-from actors.tools.port import PortState
+from actors.tools.port import PortHandle, PortState
 from actors.tools.procs import is_alive
 from actors.tools.supervisor import Toolbox
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
@@ -82,9 +82,14 @@ def test_the_standard_hosts_start_and_answer(make: Make) -> None:
     assert answer == wire.Result(answer.id, "hello from the workspace\n")
 
 
+def _port(box: Toolbox, name: str) -> PortHandle:
+    (port,) = [p for p in box.ports if p.name == name]
+    return port
+
+
 def test_a_host_killed_mid_call_fails_the_call_and_is_restarted(make: Make) -> None:
     box = make()
-    shell = box.ports[[p.name for p in box.ports].index("shell")]
+    shell = _port(box, "shell")
     old_pid = shell.status().pid
     assert old_pid is not None
     result: list[wire.Answer] = []
@@ -110,7 +115,7 @@ def test_a_host_killed_mid_call_fails_the_call_and_is_restarted(make: Make) -> N
 
 def test_a_host_that_stops_answering_is_killed_and_restarted(make: Make) -> None:
     box = make()
-    files = box.ports[[p.name for p in box.ports].index("files")]
+    files = _port(box, "files")
     pid = files.status().pid
     assert pid is not None
     old = psutil.Process(pid)
