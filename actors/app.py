@@ -20,7 +20,7 @@ from actors.inference.actor import Inference
 from actors.records import Baseline, now
 from actors.session import open_session
 from actors.tools.registry import baseline_tools
-from actors.tools.supervisor import Toolbox
+from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
 
 __all__ = ["App", "start_app"]

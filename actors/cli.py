@@ -1,9 +1,9 @@
 """The ``loopd`` command.
 
-Exit codes say what happened: 0 answered; 2 bad usage or config; 3 a limit ended the turn
-(TurnLimit, SessionFull); 4 the model server failed (unreachable, errors after retries, the
-embedded server did not start); 5 the session cannot be used (open elsewhere, corrupt log);
-130 cancelled.
+Exit codes say what happened: 0 answered, else the ``exit_code`` of the
+:class:`~actors.errors.LoopdError` that ended the command (2 bad usage or config, 3 a limit
+ended the turn, 4 the model server failed, 5 the session cannot be used, 130 cancelled).
+Only LoopdError is caught here: anything else is a bug, and shows its traceback.
 """
 
 from __future__ import annotations
@@ -21,30 +21,17 @@ import pykka
 from rich.console import Console
 
 from actors import config as cfg
-from actors.inference.types import CancelToken, InferError
-from actors.log import SessionError, read_records
+from actors.cancel import CancelToken
+from actors.errors import LoopdError
+from actors.log import read_records
 from actors.records import kind_of, to_json
 from actors.session import list_sessions, session_path
-from actors.turn import Cancelled, Infer, Session, SessionFull, TurnError, TurnLimit, TurnOutcome
+from actors.turn import TurnOutcome
 from actors.view import JsonView, LiveView, describe, summary
 
 __all__ = ["main"]
 
-OK, USAGE, LIMIT, SERVER, SESSION, CANCELLED = 0, 2, 3, 4, 5, 130
-
-
-def _exit_code(error: BaseException) -> int:
-    if isinstance(error, TurnLimit | SessionFull):
-        return LIMIT
-    if isinstance(error, Infer | InferError):
-        return SERVER
-    if isinstance(error, Session | SessionError):
-        return SESSION
-    if isinstance(error, Cancelled | KeyboardInterrupt):
-        return CANCELLED
-    if isinstance(error, cfg.ConfigError):
-        return USAGE
-    return SERVER  # the embedded server or a tool host failed to start
+OK, CANCELLED = 0, 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,9 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("[yellow]cancelled[/]")
         return CANCELLED
-    except (cfg.ConfigError, SessionError, TurnError, InferError, OSError, RuntimeError) as e:
+    except LoopdError as e:
         err.print(f"[red]loopd: {e}[/]", highlight=False)
-        return _exit_code(e)
+        return e.exit_code
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -160,13 +147,13 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         started = time.monotonic()
         try:
             outcome = _turn(session, app, args.message, sink)
-        except TurnError as e:
+        except LoopdError as e:
             live.finish()
             if json_view:
                 json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
             else:
                 err.print(f"[red]{e}[/]", highlight=False)
-            return _exit_code(e)
+            return e.exit_code
         live.finish()
         line = summary(outcome, time.monotonic() - started)
         if json_view:
@@ -203,7 +190,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 outcome = _turn(session, app, message, live)
                 live.finish()
                 out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
-            except TurnError as e:
+            except LoopdError as e:
                 live.finish()
                 out.print(f"[red]{e}[/]", highlight=False)
 

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from actors.errors import ConfigError
+
 __all__ = [
     "Config",
-    "ConfigError",
     "EmbeddedConfig",
     "HostConfig",
     "InferenceConfig",
@@ -30,10 +31,6 @@ __all__ = [
     "load",
     "parse",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names the key and the fix."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

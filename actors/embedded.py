@@ -40,13 +40,13 @@ from typing import IO
 import httpx
 
 from actors.config import Config, EmbeddedConfig
+from actors.errors import EmbeddedError
 
 __all__ = [
     "INSTALL_HINT",
     "MODEL_FILE",
     "MODEL_SHA256",
     "MODEL_SIZE",
-    "EmbeddedError",
     "EmbeddedServer",
     "ensure_model",
     "free_port",
@@ -75,10 +75,6 @@ Progress = Callable[[str], None]
 
 
 _TETHER = Path(__file__).with_name("tether.py")
-
-
-class EmbeddedError(RuntimeError):
-    """The embedded server or model cannot be used; the message says why and what to do."""
 
 
 def model_name() -> str:

@@ -6,8 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from actors.records import CacheLoss, ResultClass
-from actors.tools import wire
+from actors.records import CacheLoss
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
     "CANNOT_WAIT", "REPEAT_NOTICE", "Repeats", "answer_text", "cache_outcome", "call_key",

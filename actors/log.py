@@ -40,7 +40,8 @@ import zlib
 from pathlib import Path
 from typing import NoReturn
 
-from actors.records import Baseline, Record, RecordError, ToolResult, decode, encode
+from actors.errors import LogCorrupt, RecordError, SessionError, SessionLocked
+from actors.records import Baseline, Record, ToolResult, decode, encode
 
 __all__ = [
     "FSYNC_POLICIES",
@@ -48,10 +49,7 @@ __all__ = [
     "MAGIC",
     "MAX_RECORD",
     "VERSION",
-    "LogCorrupt",
     "OpenReport",
-    "SessionError",
-    "SessionLocked",
     "SessionLog",
     "frame",
     "read_records",
@@ -66,22 +64,6 @@ FSYNC_POLICIES = ("always", "turn", "never")
 _FRAME = struct.Struct("<II")
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 _MAP_STARTS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # msgpack fixmap, map16, map32
-
-
-class SessionError(Exception):
-    """A session log that cannot be opened or written; the message names the session and fix."""
-
-
-class SessionLocked(SessionError):
-    """Another writer holds the session's log."""
-
-
-class LogCorrupt(SessionError):
-    """Corruption that is not a torn tail; ``offset`` is where the bad bytes start."""
-
-    def __init__(self, message: str, offset: int) -> None:
-        super().__init__(message)
-        self.offset = offset
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,14 +17,14 @@ from typing import Any, TypeAlias
 import msgpack
 
 from actors.checks import Check, exact, member
+from actors.errors import RecordError
+from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
     "Assistant",
     "Baseline",
     "CacheLoss",
     "Record",
-    "RecordError",
-    "ResultClass",
     "ToolCall",
     "ToolResult",
     "Usage",
@@ -42,18 +42,6 @@ JSON: TypeAlias = Any
 def now() -> dt.datetime:
     """The current UTC time, the value every record's ``time`` defaults to."""
     return dt.datetime.now(dt.UTC)
-
-
-class RecordError(ValueError):
-    """A record that cannot be encoded or decoded; the message names the kind and field."""
-
-
-class ResultClass(enum.StrEnum):
-    """How far a tool result may travel: kept in the log, shown to the person or not."""
-
-    PUBLIC = "public"
-    INTERNAL = "internal"
-    SECRET = "secret"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors.config import Config
-from actors.log import OpenReport, SessionError, SessionLog
+from actors.errors import SessionError
+from actors.log import OpenReport, SessionLog
 from actors.records import Baseline, Record
 
 if TYPE_CHECKING:
+    from actors.cancel import CancelToken
     from actors.events import Sink
-    from actors.inference.types import CancelToken
     from actors.turn import Runtime, TurnOutcome
 
 __all__ = ["SessionActor", "check_name", "list_sessions", "open_session", "session_path"]

@@ -20,11 +20,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from actors.cancel import CancelToken
 from actors.config import Config
+from actors.errors import Cancelled, SessionError, SessionFull, TurnLimit
 from actors.events import CacheLossEvent, Event, ToolCallDelta, ToolCallStarted, ToolResultEvent
 from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
 from actors.inference.types import (
-    CancelToken,
     ChatRequest,
     Completion,
     InferError,
@@ -32,34 +33,19 @@ from actors.inference.types import (
     is_context_full,
 )
 from actors.limits import (
-    CANNOT_WAIT,
     REPEAT_NOTICE,
     Repeats,
     answer_text,
     cache_outcome,
     cap_result,
 )
-from actors.log import SessionError, SessionLog
-from actors.records import Assistant, ResultClass, ToolCall, ToolResult, Usage, User
+from actors.log import SessionLog
+from actors.records import Assistant, ToolCall, ToolResult, Usage, User
 from actors.render import messages
+from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
 
-__all__ = [
-    "CANNOT_WAIT",
-    "REPEAT_NOTICE",
-    "Cancelled",
-    "Infer",
-    "Runtime",
-    "Session",
-    "SessionFull",
-    "TurnError",
-    "TurnLimit",
-    "TurnOutcome",
-    "cache_outcome",
-    "cap_result",
-    "is_context_full",
-    "run_turn",
-]
+__all__ = ["Runtime", "TurnOutcome", "run_turn"]
 
 class Model(Protocol):
     def complete(
@@ -89,44 +75,6 @@ class TurnOutcome:
     cut: bool  # the answer stopped at loop.max_tokens
 
 
-class TurnError(Exception):
-    """A turn that ended without an answer. The log stays valid; the next turn works."""
-
-
-class SessionFull(TurnError):
-    def __init__(self, error: InferError) -> None:
-        body = error.error_body()
-        n, ctx = body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")
-        super().__init__(
-            f"The conversation is full: the prompt is {n} tokens and the model's context holds "
-            f"{ctx}. Start a new session (or give the server a larger context)."
-        )
-        self.error = error
-
-
-class TurnLimit(TurnError):
-    def __init__(self, limit: str, detail: str) -> None:
-        super().__init__(f"Stopped by the {limit} limit: {detail}")
-        self.limit = limit
-
-
-class Infer(TurnError):
-    def __init__(self, error: InferError) -> None:
-        super().__init__(f"The model server failed: {error}")
-        self.error = error
-
-
-class Session(TurnError):
-    def __init__(self, error: SessionError) -> None:
-        super().__init__(f"The session log failed: {error}")
-        self.error = error
-
-
-class Cancelled(TurnError):
-    def __init__(self) -> None:
-        super().__init__("Cancelled; the session keeps everything before the cancel.")
-
-
 # --- the turn -------------------------------------------------------------------------
 
 
@@ -137,12 +85,15 @@ def run_turn(
     on_event: Callable[[Event], None],
     cancel: CancelToken | None = None,
 ) -> TurnOutcome:
-    """Run one turn to its answer, or raise a TurnError; every record is appended here."""
+    """Run one turn to its answer; every record is appended here.
+
+    A turn that ends without an answer raises a :class:`~actors.errors.LoopdError`:
+    TurnLimit or SessionFull (a limit), InferError (the server), SessionError (the log),
+    Cancelled. The log stays valid and the next turn works.
+    """
     log, cancel = session, cancel or CancelToken()
     try:
         return _Turn(log, runtime, on_event, cancel).run(content)
-    except SessionError as e:
-        raise Session(e) from e
     finally:
         if runtime.config.log.fsync == "turn":
             with contextlib.suppress(SessionError):  # the failed append already said so
@@ -193,7 +144,10 @@ class _Turn:
         except InferError as e:
             if e.kind is InferErrorKind.CANCELLED:
                 raise Cancelled() from e
-            raise (SessionFull(e) if is_context_full(e) else Infer(e)) from e
+            if is_context_full(e):
+                body = e.error_body()
+                raise SessionFull(body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")) from e
+            raise
         if self.cancel.cancelled:
             raise Cancelled()
         completion = self._bare_json(completion)

@@ -25,7 +25,6 @@ from actors.records import (
     Assistant,
     Baseline,
     Record,
-    ResultClass,
     ToolCall,
     ToolResult,
     Usage,
@@ -33,6 +32,7 @@ from actors.records import (
     decode,
     encode,
 )
+from actors.tools.protocol.spec import ResultClass
 
 __all__ = ["run"]
 

@@ -40,11 +40,12 @@ from typing import Any
 
 import httpx
 
+from actors.cancel import CancelToken
 from actors.config import Config, parse
 from actors.events import Event
 from actors.inference.actor import Inference
 from actors.inference.client import LlamaClient, encode_body
-from actors.inference.types import CancelToken, ChatRequest
+from actors.inference.types import ChatRequest
 from actors.log import SessionLog
 from actors.records import Baseline, Record, now
 from actors.render import messages

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import ToolsConfig
-from actors.tools.port import HostLauncher, PortHandle, PortSettings, start_port
-from actors.tools.supervisor import host_argv
-from actors.tools.wire import Result
+from actors.tools.client.port import HostLauncher, PortHandle, PortSettings, start_port
+from actors.tools.protocol.wire import Result
+from actors.tools.toolbox import host_argv
 
 __all__ = ["run"]
 
@@ -116,7 +116,7 @@ def _row(name: str, samples: list[float], floor: float | None, note: str) -> dic
 
 
 def run() -> list[dict[str, Any]]:
-    from actors.tools.mcp import McpProvider
+    from actors.tools.providers.mcp import McpProvider
 
     has_time = importlib.util.find_spec("mcp_server_time") is not None
 

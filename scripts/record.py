@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from actors.errors import RecordingError
 from actors.inference import recording
 
 __all__ = ["main", "record"]
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         recording.save(args.out, [exchange], append=args.append)
-    except recording.RecordingError as e:
+    except RecordingError as e:
         print(f"record: {e}", file=sys.stderr)
         return 1
     print(f"{args.out}: HTTP {exchange.response.status}, {len(exchange.response.body)} bytes")

@@ -13,17 +13,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from actors.records import (
-    Assistant,
-    Baseline,
-    CacheLoss,
-    Record,
-    ResultClass,
-    ToolCall,
-    ToolResult,
-    Usage,
-    User,
-)
+from actors.records import Assistant, Baseline, CacheLoss, Record, ToolCall, ToolResult, Usage, User
+from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
     "assistants",

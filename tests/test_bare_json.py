@@ -17,7 +17,7 @@ from tests.support.recordings import FIXTURES
 KNOWN = ("find_tool", "call_tool", "read_file")
 
 # Content the real embedded model streamed, taken from the recordings in
-# ../shared/fixtures/http (see test_recorded_content_matches_the_fixtures).
+# tests/fixtures/http (see test_recorded_content_matches_the_fixtures).
 LENGTH_HTTP = (
     '{"name": "find_tool", "description": "Find tools by what they do.", "parameters": {"query":'
 )

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from actors import config as cfg
-from actors.config import Config, ConfigError, HostConfig, load, parse
+from actors.config import Config, HostConfig, load, parse
+from actors.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}

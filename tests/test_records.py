@@ -11,13 +11,12 @@ import msgpack
 import pytest
 from hypothesis import given
 
+from actors.errors import RecordError
 from actors.records import (
     Assistant,
     Baseline,
     CacheLoss,
     Record,
-    RecordError,
-    ResultClass,
     ToolCall,
     ToolResult,
     Usage,
@@ -26,6 +25,7 @@ from actors.records import (
     encode,
     to_json,
 )
+from actors.tools.protocol.spec import ResultClass
 from tests.strategies import records
 
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)

@@ -9,18 +9,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.records import (
-    Assistant,
-    Baseline,
-    CacheLoss,
-    Record,
-    ResultClass,
-    ToolCall,
-    ToolResult,
-    Usage,
-    User,
-)
+from actors.records import Assistant, Baseline, CacheLoss, Record, ToolCall, ToolResult, Usage, User
 from actors.render import MISSING_RESULT, messages, tools
+from actors.tools.protocol.spec import ResultClass
 from tests.strategies import conversations, records
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

@@ -11,9 +11,11 @@ import pykka
 import pytest
 
 from actors.config import Config, parse
-from actors.log import LogCorrupt, SessionError, SessionLocked, SessionLog
-from actors.records import Baseline, ResultClass, ToolResult, User
+from actors.errors import LogCorrupt, SessionError, SessionLocked
+from actors.log import SessionLog
+from actors.records import Baseline, ToolResult, User
 from actors.session import SessionActor, check_name, list_sessions, open_session
+from actors.tools.protocol.spec import ResultClass
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 BASE = Baseline(system="s", tools=(), model="m", created=T0, time=T0)

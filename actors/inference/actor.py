@@ -31,16 +31,11 @@ from typing import Any
 import httpx
 import pykka
 
+from actors.cancel import CancelToken
 from actors.config import InferenceConfig
 from actors.events import Queued, Sink
 from actors.inference.client import LlamaClient
-from actors.inference.types import (
-    CancelToken,
-    ChatRequest,
-    Completion,
-    InferError,
-    InferErrorKind,
-)
+from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 
 __all__ = ["Inference", "InferenceActor"]
 

@@ -42,12 +42,12 @@ import httpx
 import orjson
 from httpx_sse import EventSource, ServerSentEvent
 
+from actors.cancel import CancelToken
 from actors.config import InferenceConfig
 from actors.events import Retrying, Sink, ThinkingCapped, Waiting
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import (
     MAX_ERROR_BODY,
-    CancelToken,
     ChatRequest,
     Completion,
     InferError,

@@ -28,9 +28,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from actors.errors import RecordingError
+
 __all__ = [
     "Exchange",
-    "RecordingError",
     "Request",
     "Response",
     "dump",
@@ -42,10 +43,6 @@ __all__ = [
 _REQUEST = b"### request\n"
 _RESPONSE = b"### response\n"
 _SPLIT = re.compile(rb"^### request\n", re.MULTILINE)
-
-
-class RecordingError(ValueError):
-    """A .http file that does not follow the format; the message names the place."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

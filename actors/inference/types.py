@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import json
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from actors.errors import ServerError
 from actors.records import ToolCall
 
 __all__ = [
     "MAX_ERROR_BODY",
-    "CancelToken",
     "ChatRequest",
     "Completion",
     "InferError",
@@ -69,8 +67,8 @@ class InferErrorKind(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-class InferError(Exception):
-    """A request to the model server that did not give a Completion."""
+class InferError(ServerError):
+    """A request to the model server that did not give a Completion; ``kind`` says how."""
 
     def __init__(
         self, kind: InferErrorKind, message: str, *, status: int | None = None, body: str = ""
@@ -83,7 +81,7 @@ class InferError(Exception):
 
     def __str__(self) -> str:
         where = f"HTTP {self.status}: " if self.status is not None else ""
-        return f"{self.kind.value}: {where}{self.message}"
+        return f"The model server failed: {self.kind.value}: {where}{self.message}"
 
     def error_body(self) -> Mapping[str, Any]:
         """The server's ``error`` object, or {} when the body is not llama-server JSON."""
@@ -107,48 +105,3 @@ def is_context_full(e: InferError) -> bool:
         and e.status == 400
         and e.error_body().get("type") == "exceed_context_size_error"
     )
-
-
-class CancelToken:
-    """Set once to cancel a turn; checked between stream chunks and while waiting on tools.
-
-    ``linked()`` gives a child token that is cancelled with its parent (at once, no polling)
-    or on its own: the inference handle cancels a request's child when it stops, without
-    cancelling the caller's whole turn.
-    """
-
-    __slots__ = ("_children", "_event", "_lock")
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._children: set[CancelToken] = set()
-        self._lock = threading.Lock()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._event.set()
-            children = list(self._children)
-        for child in children:
-            child.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._event.wait(timeout)
-
-    @contextlib.contextmanager
-    def linked(self) -> Iterator[CancelToken]:
-        """A child token for the block: cancelled with this one; unlinked when the block ends."""
-        child = CancelToken()
-        with self._lock:
-            if self._event.is_set():
-                child._event.set()
-            else:
-                self._children.add(child)
-        try:
-            yield child
-        finally:
-            with self._lock:
-                self._children.discard(child)

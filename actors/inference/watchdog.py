@@ -25,7 +25,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from actors.inference.types import CancelToken
+from actors.cancel import CancelToken
 
 __all__ = ["Watch", "Watchdog", "tracked_transport"]
 

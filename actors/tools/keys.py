@@ -25,11 +25,9 @@ import zmq
 import zmq.auth
 import zmq.utils.z85
 
-__all__ = ["KeyFileError", "load_public", "load_secret", "main", "write_keypair"]
+from actors.errors import KeyFileError
 
-
-class KeyFileError(ValueError):
-    """A key file or key text that cannot be used; the message says which and the fix."""
+__all__ = ["load_public", "load_secret", "main", "write_keypair"]
 
 
 _BANNER = (

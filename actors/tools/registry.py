@@ -29,9 +29,9 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
-from actors.tools.port import PortHandle
-from actors.tools.quickcheck import ArgumentCheck
-from actors.tools.spec import ToolSpec
+from actors.tools.client.port import PortHandle
+from actors.tools.protocol.argcheck import ArgumentCheck
+from actors.tools.protocol.spec import ToolSpec
 
 __all__ = ["META_TOOLS", "Local", "Port", "Registry", "baseline_tools", "dispatch"]
 

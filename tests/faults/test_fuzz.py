@@ -42,14 +42,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from actors import config as cfg
-from actors.log import HEADER, SessionError, SessionLog, frame, read_records
+from actors.errors import ConfigError, RecordError, SessionError
+from actors.log import HEADER, SessionLog, frame, read_records
 from actors.records import (
     Assistant,
     Baseline,
     CacheLoss,
     Record,
-    RecordError,
-    ResultClass,
     ToolCall,
     ToolResult,
     Usage,
@@ -57,10 +56,10 @@ from actors.records import (
     decode,
     to_json,
 )
-from actors.tools import wire
 from actors.tools.procs import kill_tree
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import Local, Port, Registry, dispatch
-from actors.tools.spec import ToolSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)
@@ -374,7 +373,7 @@ def test_config_parse_of_arbitrary_tables_raises_only_config_error(data: dict[st
     """And a config that is accepted has only finite numbers: every limit is a limit."""
     try:
         config = cfg.parse(data)
-    except cfg.ConfigError:
+    except ConfigError:
         return
     for key, value in _numbers(config):
         if isinstance(value, float):
@@ -383,7 +382,7 @@ def test_config_parse_of_arbitrary_tables_raises_only_config_error(data: dict[st
 
 def test_a_host_command_with_an_unclosed_quote_is_a_config_error() -> None:
     """Found by this suite (it was a bare ValueError: a traceback and exit 1); now fixed."""
-    with pytest.raises(cfg.ConfigError, match=r"tools.hosts\[0\].command"):
+    with pytest.raises(ConfigError, match=r"tools.hosts\[0\].command"):
         cfg.parse({"tools": {"hosts": [{"name": "m", "kind": "mcp", "command": "x 'open"}]}})
 
 
@@ -397,7 +396,7 @@ def test_a_limit_that_is_not_a_finite_number_is_refused(
     section: str, key: str, value: float
 ) -> None:
     """Found by this suite: NaN passed every minimum check and disabled the deadline."""
-    with pytest.raises(cfg.ConfigError, match=f"{section}.{key} = .*finite"):
+    with pytest.raises(ConfigError, match=f"{section}.{key} = .*finite"):
         cfg.parse({section: {key: value}})
 
 

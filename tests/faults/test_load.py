@@ -35,7 +35,7 @@ from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, U
 from actors.session import open_session
 from actors.tools.procs import is_alive
 from actors.tools.registry import baseline_tools
-from actors.tools.supervisor import Toolbox
+from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
 from tests.support.scripted_llama import call_id, serve_in_process
 from tests.support.watch import wait_until

@@ -1,4 +1,4 @@
-"""Model server faults at the turn level: retried where the design says, else a clean Infer.
+"""Model server faults at the turn level: retried where the design says, else a clean InferError.
 
 The fake llama-server (real HTTP on loopback) injects each fault into a real turn: the
 inference actor, a real session log with fsync, run_turn. For each one:
@@ -7,7 +7,7 @@ inference actor, a real session log with fsync, run_turn. For each one:
   stream, a stream cut before [DONE], a connection closed with no response) followed by a
   good answer gives one answer, and only the good one is logged (no partial output);
 - a fault that lasts (or is not retryable: a malformed chunk, a 200 that is not an event
-  stream, a 4xx, a response that never ends) ends the turn with ``Infer`` of the right kind
+  stream, a 4xx, a response that never ends) ends the turn with ``InferError`` of the right kind
   after the right number of requests, and the log holds nothing for it: ``[..., User]``,
   in memory and on disk;
 - the next turn on the same session works.
@@ -24,9 +24,8 @@ from collections.abc import Callable
 import pytest
 
 from actors.events import Retrying
-from actors.inference.types import InferErrorKind
+from actors.inference.types import InferError, InferErrorKind
 from actors.records import Assistant, Baseline, User
-from actors.turn import Infer
 from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import (
     FakeLlama,
@@ -89,7 +88,7 @@ def test_a_retryable_fault_then_ok_logs_only_the_good_answer(turn_rig: MakeRig, 
         _next_turn_works(rig, 4)
 
 
-# --- given up: a clean Infer, nothing logged ---------------------------------------------------
+# --- given up: a clean InferError, nothing logged ----------------------------------------------
 
 FAILED: dict[str, tuple[Callable[[], Reply], int, InferErrorKind, str]] = {
     # fault: (reply, requests made, kind, in the message)
@@ -126,9 +125,9 @@ def test_a_lasting_fault_is_a_clean_infer_and_logs_nothing(turn_rig: MakeRig, fa
     script = [reply() for _ in range(requests)] + [answer("next")]
     with FakeLlama(script) as fake:
         rig = turn_rig(fake.url)
-        with pytest.raises(Infer) as caught:
+        with pytest.raises(InferError) as caught:
             rig.turn("Hi?")
-        assert caught.value.error.kind is kind
+        assert caught.value.kind is kind
         assert says in str(caught.value)
         assert str(caught.value).startswith("The model server failed: ")
         assert len(fake.requests) == requests  # retried exactly as the design says
@@ -147,9 +146,9 @@ def test_connection_refused_is_retried_then_a_connect_error_and_the_next_turn_wo
 ) -> None:
     port = _free_port()
     rig = turn_rig(f"http://127.0.0.1:{port}")
-    with pytest.raises(Infer) as caught:
+    with pytest.raises(InferError) as caught:
         rig.turn("Hi?")
-    assert caught.value.error.kind is InferErrorKind.CONNECT
+    assert caught.value.kind is InferErrorKind.CONNECT
     assert "is llama-server running there?" in str(caught.value)
     assert len([e for e in rig.events if isinstance(e, Retrying)]) == RETRIES
     _failed_cleanly(rig, "Hi?")
@@ -164,9 +163,9 @@ def test_a_response_that_never_ends_meets_the_wall_clock_deadline(
     never = trickle(0.05) if fault == "trickle" else hang()
     with FakeLlama([never, answer("next")]) as fake:
         rig = turn_rig(fake.url, timeout_s=1.0, read_timeout_s=10.0)
-        with pytest.raises(Infer) as caught:
+        with pytest.raises(InferError) as caught:
             rig.turn("Hi?")
-        assert caught.value.error.kind is InferErrorKind.TIMEOUT
+        assert caught.value.kind is InferErrorKind.TIMEOUT
         assert "inference.timeout_s = 1 s" in str(caught.value)
         assert len(fake.requests) == 1  # the deadline covers retries too: none is made
         _failed_cleanly(rig, "Hi?")

@@ -27,9 +27,9 @@ import pytest
 
 from actors.config import Config, HostConfig
 from actors.records import ToolResult
-from actors.tools.port import HostLauncher, PortHandle, PortSettings, start_port
+from actors.tools.client.port import HostLauncher, PortHandle, PortSettings, start_port
 from actors.tools.registry import Registry
-from actors.tools.supervisor import Toolbox
+from actors.tools.toolbox import Toolbox
 from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent

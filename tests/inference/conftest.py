@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from actors.cancel import CancelToken
 from actors.config import InferenceConfig
 from actors.events import Event
 from actors.inference.client import LlamaClient
-from actors.inference.types import CancelToken, ChatRequest, Completion
+from actors.inference.types import ChatRequest, Completion
 from tests.support.fake_llama import FakeLlama, Reply
 
 USER = ({"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi?"})

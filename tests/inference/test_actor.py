@@ -17,9 +17,10 @@ import httpx
 import pykka
 import pytest
 
+from actors.cancel import CancelToken
 from actors.events import Content, Event, Progress, Waiting
 from actors.inference.actor import Inference
-from actors.inference.types import CancelToken, ChatRequest, Completion, InferError, InferErrorKind
+from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
 from tests.support.fake_llama import FakeLlama, hang
 

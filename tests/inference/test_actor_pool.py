@@ -18,9 +18,10 @@ import httpx
 import pykka
 import pytest
 
+from actors.cancel import CancelToken
 from actors.events import Event, Queued, Waiting
 from actors.inference.actor import Inference, InferenceActor
-from actors.inference.types import CancelToken, Completion, InferError, InferErrorKind
+from actors.inference.types import Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
 from tests.inference.test_actor import WAIT, GatedServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from actors.inference.types import CancelToken
+from actors.cancel import CancelToken
 
 WAIT = 10.0
 

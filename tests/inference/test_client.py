@@ -8,6 +8,7 @@ import types
 
 import pytest
 
+from actors.cancel import CancelToken
 from actors.events import (
     Content,
     Event,
@@ -18,7 +19,7 @@ from actors.events import (
 )
 from actors.inference import client as client_module
 from actors.inference.client import LlamaClient
-from actors.inference.types import CancelToken, InferError, InferErrorKind, is_context_full
+from actors.inference.types import InferError, InferErrorKind, is_context_full
 from actors.records import ToolCall
 from tests.inference.conftest import USER, MakeRig, config, request
 from tests.support.fake_llama import (

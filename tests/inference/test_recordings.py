@@ -6,6 +6,7 @@ independent parsing), plus the facts its README states.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.errors import RecordingError
 from actors.events import Content, Progress, Retrying, ToolCallDelta
 from actors.inference import recording
 from actors.inference.types import Completion, InferError, InferErrorKind, is_context_full
@@ -22,10 +24,16 @@ from tests.inference.conftest import MakeRig, request
 from tests.support.fake_llama import FakeLlama, answer, replay
 from tests.support.recordings import FIXTURES
 
-pytestmark = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"no recordings at {FIXTURES} (../shared beside the repo)"
-)
-FILES = sorted(p.name for p in FIXTURES.glob("*.http")) if FIXTURES.is_dir() else []
+FILES = sorted(p.name for p in FIXTURES.glob("*.http"))
+
+
+def test_the_recordings_are_in_the_repository_byte_for_byte() -> None:
+    """The copies must stay exact: SHA256SUMS was written from ../shared/fixtures/http."""
+    sums = (FIXTURES / "SHA256SUMS").read_text().split("\n")
+    listed = dict(reversed(line.split("  ", 1)) for line in sums if line)
+    assert set(listed) == {*FILES, "README.md"}
+    for name, digest in listed.items():
+        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest, name
 
 
 def reference(body: bytes) -> dict[str, Any]:
@@ -209,7 +217,7 @@ def test_dump_then_parse_gives_the_same_exchanges(exchanges: list[recording.Exch
 def test_a_bad_recording_names_the_problem(tmp_path: Path, bad: bytes, why: str) -> None:
     path = tmp_path / "bad.http"
     path.write_bytes(bad)
-    with pytest.raises(recording.RecordingError, match=why) as e:
+    with pytest.raises(RecordingError, match=why) as e:
         recording.load(path)
     assert str(path) in str(e.value)
 

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.cancel import CancelToken
 from actors.events import Progress, ToolCallDelta
 from actors.inference.client import LlamaClient
 from actors.inference.sse import StreamAssembler
-from actors.inference.types import CancelToken, InferError, InferErrorKind
+from actors.inference.types import InferError, InferErrorKind
 from actors.records import ToolCall
 from tests.inference.conftest import config, request
 

@@ -22,8 +22,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.tools import wire
-from actors.tools.spec import ToolSpec
+from actors.errors import WireError
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ToolSpec
 
 __all__ = ["MODES", "SPEC", "main"]
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             peer, frame = sock.recv_multipart()
             try:
                 msg = wire.decode(frame)
-            except wire.WireError:
+            except WireError:
                 continue
             reply: bytes | None = None
             if isinstance(msg, wire.Hello):

@@ -1,4 +1,4 @@
-"""Where the real llama-server recordings are: ``../shared/fixtures/http`` beside the repo."""
+"""Where the real llama-server recordings are: ``tests/fixtures/http``, byte for byte."""
 
 from __future__ import annotations
 
@@ -6,4 +6,4 @@ from pathlib import Path
 
 __all__ = ["FIXTURES"]
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "http"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "http"

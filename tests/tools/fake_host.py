@@ -15,8 +15,8 @@ from typing import Any
 
 import zmq
 
-from actors.tools import wire
-from actors.tools.spec import ToolSpec
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ToolSpec
 
 __all__ = ["ECHO", "FakeHost"]
 

@@ -10,13 +10,14 @@ call did or did not run).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.tools.spec import ToolSpec
-from actors.tools.wire import Answer, Result
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.protocol.wire import Answer, Result
 
 __all__ = ["FakeTools", "provider"]
 
@@ -42,7 +43,9 @@ class FakeTools:
     def specs(self) -> list[ToolSpec]:
         return list(_SPECS)
 
-    def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer:
+    def run(
+        self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
+    ) -> Answer:
         if tool == "echo":
             return Result(content=str(arguments["text"]))
         if tool == "wait_for_file":

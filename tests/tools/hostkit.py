@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 import zmq
 
-from actors.tools import wire
 from actors.tools.procs import is_alive, kill_session, kill_tree
+from actors.tools.protocol import wire
 
 __all__ = [
     "FAKE",

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import pytest
 import zmq
 
-from actors.tools import wire
-from actors.tools.keys import KeyFileError, load_public, load_secret, main, write_keypair
-from actors.tools.port import CurveClient, PortSettings, start_port
+from actors.errors import KeyFileError
+from actors.tools.client.port import CurveClient, PortSettings, start_port
+from actors.tools.keys import load_public, load_secret, main, write_keypair
+from actors.tools.protocol import wire
 from tests.tools.hostkit import FAKE, ask, raw_dealer, recv, short_dir, spawn_host, wait_until
 
 

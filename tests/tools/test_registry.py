@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.tools.port import PortHandle, PortSettings, start_port
+from actors.tools.client.port import PortHandle, PortSettings, start_port
+from actors.tools.protocol.spec import ToolSpec
 from actors.tools.registry import META_TOOLS, Local, Port, Registry, baseline_tools, dispatch
-from actors.tools.spec import ToolSpec
 from tests.tools.fake_host import FakeHost
 
 _n = itertools.count()

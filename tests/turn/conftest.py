@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from actors.cancel import CancelToken
 from actors.config import Config, InferenceConfig, LoopConfig, parse
 from actors.events import Event
 from actors.inference.actor import Inference
-from actors.inference.types import CancelToken
 from actors.log import SessionLog
-from actors.records import Baseline, Record, ResultClass, now
-from actors.tools import wire
+from actors.records import Baseline, Record, now
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import META_TOOLS, Registry
-from actors.tools.spec import ToolSpec
 from actors.turn import Runtime, TurnOutcome, run_turn
 from tests.support.fake_llama import FakeLlama, Reply
 

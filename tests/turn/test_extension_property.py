@@ -23,10 +23,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.records import ResultClass
-from actors.tools import wire
+from actors.errors import LoopdError
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
-from actors.turn import TurnError
 from tests.support.fake_llama import Reply, answer, context_full, http_error
 from tests.turn.conftest import Rig, ScriptedPort
 
@@ -119,7 +119,7 @@ def test_every_request_extends_the_last_and_the_log_only_grows(
         logs = [rig.path.read_bytes()]
         for content in turns:
             # a limit or a failure: the log must stay an extension all the same
-            with contextlib.suppress(TurnError):
+            with contextlib.suppress(LoopdError):
                 rig.turn(content)
             logs.append(rig.path.read_bytes())
         for before, after in itertools.pairwise(logs):

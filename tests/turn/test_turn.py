@@ -1,7 +1,7 @@
 """run_turn end to end: a fake llama-server over real HTTP, the inference actor, a real log.
 
 Record sequences for each kind of turn, one test per limit (named for it), cancellation,
-cache loss, and that every TurnError leaves a session whose next turn works.
+cache loss, and that every error that ends a turn leaves a session whose next turn works.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 import pykka
 import pytest
 
+from actors.cancel import CancelToken
 from actors.config import parse
+from actors.errors import Cancelled, SessionFull, TurnLimit
 from actors.events import (
     CacheLossEvent,
     Content,
@@ -26,22 +28,16 @@ from actors.events import (
     ToolResultEvent,
     Waiting,
 )
-from actors.inference.types import CancelToken
+from actors.inference.types import InferError
+from actors.limits import CANNOT_WAIT, REPEAT_NOTICE
 from actors.log import read_records
-from actors.records import Assistant, CacheLoss, ResultClass, ToolResult, Usage
+from actors.records import Assistant, CacheLoss, ToolResult, Usage
 from actors.render import MISSING_RESULT
 from actors.session import open_session
-from actors.tools import wire
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
-from actors.tools.supervisor import Toolbox
-from actors.turn import (
-    CANNOT_WAIT,
-    REPEAT_NOTICE,
-    Cancelled,
-    Infer,
-    SessionFull,
-    TurnLimit,
-)
+from actors.tools.toolbox import Toolbox
 from tests.support.fake_llama import (
     after,
     answer,
@@ -283,7 +279,7 @@ def test_answer_cut_by_max_tokens_ends_the_turn_saying_so(rig: Make) -> None:
 def test_a_failed_request_appends_nothing_and_the_session_goes_on(rig: Make) -> None:
     boom = http_error(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}})
     r = rig([boom] * 3 + [answer("recovered")])
-    with pytest.raises(Infer) as caught:
+    with pytest.raises(InferError) as caught:
         r.turn()
     assert "boom" in str(caught.value)
     assert r.kinds() == ["User"]
@@ -339,7 +335,7 @@ def test_no_cache_loss_when_each_request_extends_the_last(rig: Make) -> None:
 
 
 def _next_turn_works(r: Rig, expect: list[str] | None = None) -> None:
-    """After a TurnError the log is valid on disk and the next turn answers."""
+    """After an error that ends a turn the log is valid on disk and the next turn answers."""
     assert tuple(read_records(r.path, name="s")) == r.records
     before = len(r.records)
     assert r.turn("and now?").content

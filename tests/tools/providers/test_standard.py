@@ -12,9 +12,9 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools import wire
-from actors.tools.port import PortHandle, PortSettings, start_port
+from actors.tools.client.port import PortHandle, PortSettings, start_port
 from actors.tools.procs import is_alive
+from actors.tools.protocol import wire
 from tests.tools.hostkit import short_dir, spawn_host
 
 OUTSIDE_TEXT = "secret outside the workspace"

@@ -8,8 +8,8 @@ field's type is checked, unknown fields included. Anything wrong raises :class:`
 with what was wrong (and the request id when one could be read), never another exception.
 
 The answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default their ``id`` to
-0, so a :class:`~actors.tools.spec.ToolProvider` can build them without knowing the wire id;
-the host fills it in.
+0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build them without knowing
+the wire id; the host fills it in.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any, TypeAlias
 import msgpack
 
 from actors.checks import Check, exact, member
-from actors.records import ResultClass
-from actors.tools.spec import ToolSpec
+from actors.errors import WireError
+from actors.tools.protocol.spec import ResultClass, ToolSpec
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -50,14 +50,6 @@ MAX_DEPTH = 64  # nesting of arguments and schemas
 _MAX_ARRAY = 100_000
 _MAX_MAP = 50_000
 _MAX_ID = 2**63 - 1
-
-
-class WireError(ValueError):
-    """A frame that is not a valid message; ``id`` is the request id when it could be read."""
-
-    def __init__(self, message: str, id: int | None = None) -> None:
-        super().__init__(message)
-        self.id = id
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

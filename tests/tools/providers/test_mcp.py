@@ -26,6 +26,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+NO_CANCEL = threading.Event()  # never set: these calls run to their end
+
 
 def _need(module: str) -> Any:
     """The module, or skip; in CI a missing extra is a failure, not a skip."""
@@ -38,15 +40,15 @@ _need("mcp")
 
 import mcp_types  # noqa: E402
 
-from actors.records import ResultClass  # noqa: E402
-from actors.tools.mcp import (  # noqa: E402
-    McpError,
+from actors.errors import McpError  # noqa: E402
+from actors.tools.protocol.spec import ResultClass  # noqa: E402
+from actors.tools.protocol.wire import Failed, PendingApproval, Result  # noqa: E402
+from actors.tools.providers.mcp import (  # noqa: E402
     McpProvider,
     describe_content,
     policy,
     tool_spec,
 )
-from actors.tools.wire import Failed, PendingApproval, Result  # noqa: E402
 from tests.tools.mcp_support import TEST_SERVER, TIME_SERVER, mcp_port  # noqa: E402
 
 pytestmark = pytest.mark.mcp
@@ -106,7 +108,7 @@ def _notes(record: Path) -> list[dict[str, Any]]:
 
 
 def _pid(provider: McpProvider) -> int:
-    answer = provider.run("pid", {}, 10)
+    answer = provider.run("pid", {}, 10, NO_CANCEL)
     assert isinstance(answer, Result), answer
     return int(answer.content)
 
@@ -220,11 +222,11 @@ def test_time_server_lists_its_tools_and_answers(make_provider: Callable[..., Mc
     assert spec.parameters["properties"]["timezone"]["type"] == "string"
     assert not spec.needs_approval and not spec.untrusted  # it says read-only, closed-world
 
-    answer = provider.run("get_current_time", {"timezone": "Asia/Tokyo"}, 10)
+    answer = provider.run("get_current_time", {"timezone": "Asia/Tokyo"}, 10, NO_CANCEL)
     assert isinstance(answer, Result), answer
     assert json.loads(answer.content)["timezone"] == "Asia/Tokyo"
 
-    bad = provider.run("get_current_time", {"timezone": "Nowhere/Atlantis"}, 10)
+    bad = provider.run("get_current_time", {"timezone": "Nowhere/Atlantis"}, 10, NO_CANCEL)
     assert isinstance(bad, Failed) and "Nowhere/Atlantis" in bad.message  # isError -> Failed
 
 
@@ -253,23 +255,17 @@ def test_git_server_reads_and_config_alone_allows_writes(
 ) -> None:
     _need("mcp_server_git")
     command = [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]
-    provider = make_provider(command, allow=())  # gating here, as no host is in front
+    provider = make_provider(command)
     specs = {s.name: s for s in provider.specs()}
     assert not specs["git_log"].needs_approval
     assert specs["git_add"].needs_approval  # additive write: destructiveHint false, not read-only
 
-    log = provider.run("git_log", {"repo_path": str(repo)}, 20)
+    log = provider.run("git_log", {"repo_path": str(repo)}, 20, NO_CANCEL)
     assert isinstance(log, Result), log
     assert "first commit from the test" in log.content
 
-    (repo / "new.txt").write_text("new\n")
-    asked = provider.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20)
-    assert isinstance(asked, PendingApproval), asked
-    assert "git_add" in asked.prompt and "tools.allow" in asked.prompt
-    assert "?? new.txt" in _status(repo)  # nothing ran
-
-    allowed = make_provider(command, allow=["git_add"])
-    added = allowed.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20)
+    (repo / "new.txt").write_text("new\n")  # the host asks first; the provider only runs
+    added = provider.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20, NO_CANCEL)
     assert isinstance(added, Result), added
     assert "A  new.txt" in _status(repo)
 
@@ -278,56 +274,52 @@ def test_git_server_reads_and_config_alone_allows_writes(
 
 
 def test_content_mapping_through_a_real_server(test_server: McpProvider) -> None:
-    media = test_server.run("media", {}, 10)
+    media = test_server.run("media", {}, 10, NO_CANCEL)
     assert isinstance(media, Result), media
     assert media.content.splitlines() == [
         "here are the files",
         "[image: image/png, 100 bytes; not shown]",
         "[audio: audio/wav, 1,000 bytes; not shown]",
     ]
-    failed = test_server.run("fail", {}, 10)
+    failed = test_server.run("fail", {}, 10, NO_CANCEL)
     assert isinstance(failed, Failed) and "the tool failed on purpose" in failed.message
-    unknown = test_server.run("no_such_tool", {}, 10)
+    unknown = test_server.run("no_such_tool", {}, 10, NO_CANCEL)
     assert isinstance(unknown, Failed) and "no tool named 'no_such_tool'" in unknown.message
 
 
 def test_long_answers_are_cut_with_a_note(make_provider: Callable[..., McpProvider]) -> None:
     provider = make_provider([sys.executable, str(TEST_SERVER)], max_output_bytes=10)
-    answer = provider.run("echo", {"text": "é" * 20}, 10)  # 40 bytes of UTF-8
+    answer = provider.run("echo", {"text": "é" * 20}, 10, NO_CANCEL)  # 40 bytes of UTF-8
     assert answer == Result(content="é" * 5 + "\n[cut: showing 10 of 40 bytes of the answer]")
-    assert provider.run("echo", {"text": "short"}, 10) == Result(content="short")
+    assert provider.run("echo", {"text": "short"}, 10, NO_CANCEL) == Result(content="short")
 
 
 def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
     make_provider: Callable[..., McpProvider],
 ) -> None:
-    command = [sys.executable, str(TEST_SERVER)]
-    strict = make_provider(command, allow=())
-    assert isinstance(strict.run("delete_all", {}, 10), PendingApproval)
-    assert strict.run("echo", {"text": "x"}, 10) == Result(content="x", untrusted=False)
-    web = strict.run("web", {}, 10)
+    provider = make_provider([sys.executable, str(TEST_SERVER)])
+    specs = {s.name: s for s in provider.specs()}
+    assert specs["delete_all"].needs_approval and not specs["echo"].needs_approval
+    echo = provider.run("echo", {"text": "x"}, 10, NO_CANCEL)
+    assert echo == Result(content="x", untrusted=False)
+    web = provider.run("web", {}, 10, NO_CANCEL)
     assert isinstance(web, Result) and web.untrusted  # openWorldHint: true
-
-    allowing = make_provider(command, allow=["delete_all"])
-    deleted = allowing.run("delete_all", {}, 10)
+    deleted = provider.run("delete_all", {}, 10, NO_CANCEL)
     assert deleted == Result(content="deleted", untrusted=True)  # no openWorldHint: untrusted
-
-    behind_a_host = make_provider(command)  # allow=None: the host has already checked
-    assert behind_a_host.run("delete_all", {}, 10) == Result(content="deleted", untrusted=True)
 
 
 def test_a_crash_mid_call_fails_the_call_and_the_next_call_restarts(
     test_server: McpProvider,
 ) -> None:
     first = _pid(test_server)
-    crashed = test_server.run("crash", {}, 10)
+    crashed = test_server.run("crash", {}, 10, NO_CANCEL)
     assert isinstance(crashed, Failed), crashed
     assert "exited or closed the connection during the call to crash" in crashed.message
     assert "restarted for the next call" in crashed.message
     second = _pid(test_server)
     assert second != first
     _wait_until(lambda: _gone(first), "the crashed server to be reaped")
-    assert test_server.run("echo", {"text": "again"}, 10) == Result(content="again")
+    assert test_server.run("echo", {"text": "again"}, 10, NO_CANCEL) == Result(content="again")
 
 
 def test_a_server_killed_between_calls_is_replaced_before_the_next_call(
@@ -336,7 +328,7 @@ def test_a_server_killed_between_calls_is_replaced_before_the_next_call(
     first = _pid(test_server)
     os.kill(first, signal.SIGKILL)
     _wait_until(lambda: not test_server.connected, "the provider to see the server gone")
-    assert test_server.run("echo", {"text": "fresh"}, 10) == Result(content="fresh")
+    assert test_server.run("echo", {"text": "fresh"}, 10, NO_CANCEL) == Result(content="fresh")
     assert _pid(test_server) != first
 
 
@@ -344,7 +336,7 @@ def test_a_timed_out_call_is_cancelled_on_the_server(
     test_server: McpProvider, record: Path
 ) -> None:
     first = _pid(test_server)
-    answer = test_server.run("hang", {}, 1.0)
+    answer = test_server.run("hang", {}, 1.0, NO_CANCEL)
     assert isinstance(answer, Failed), answer
     assert "did not answer within 1 s" in answer.message and "cancelled" in answer.message
     _wait_until(lambda: len(_notes(record)) == 2, "the server to record notifications/cancelled")
@@ -360,7 +352,7 @@ def test_a_wedged_server_is_replaced_after_the_timeout(
 ) -> None:
     provider = make_provider([sys.executable, str(TEST_SERVER)], probe_timeout_s=1.0)
     first = _pid(provider)
-    answer = provider.run("wedge", {}, 1.0)
+    answer = provider.run("wedge", {}, 1.0, NO_CANCEL)
     assert isinstance(answer, Failed) and "did not answer within 1 s" in answer.message
     second = _pid(provider)  # waits for the probe, which fails, then starts a new server
     assert second != first
@@ -371,7 +363,7 @@ def test_concurrent_calls_each_get_their_own_answer(test_server: McpProvider) ->
     answers: dict[int, Any] = {}
 
     def call(i: int) -> None:
-        answers[i] = test_server.run("echo", {"text": f"call {i}"}, 20)
+        answers[i] = test_server.run("echo", {"text": f"call {i}"}, 20, NO_CANCEL)
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     for t in threads:
@@ -389,7 +381,7 @@ def test_close_stops_the_server_and_later_calls_fail(
     provider.close()
     assert _gone(pid)
     assert pid not in {p.pid for p in psutil.Process().children(recursive=True) if not _gone(p.pid)}
-    after = provider.run("echo", {"text": "x"}, 5)
+    after = provider.run("echo", {"text": "x"}, 5, NO_CANCEL)
     assert isinstance(after, Failed) and "closed" in after.message
     provider.close()  # twice is fine
 
@@ -416,10 +408,11 @@ def test_a_streamable_http_server(
 ) -> None:
     provider = make_provider(url=http_server)
     assert "echo" in {s.name for s in provider.specs()}
-    assert provider.run("echo", {"text": "over http"}, 10) == Result(content="over http")
-    hung = provider.run("hang", {}, 1.0)
+    assert provider.run("echo", {"text": "over http"}, 10, NO_CANCEL) == Result(content="over http")
+    hung = provider.run("hang", {}, 1.0, NO_CANCEL)
     assert isinstance(hung, Failed) and "did not answer within 1 s" in hung.message
-    assert provider.run("echo", {"text": "still there"}, 10) == Result(content="still there")
+    still = provider.run("echo", {"text": "still there"}, 10, NO_CANCEL)
+    assert still == Result(content="still there")
 
 
 def test_a_cancelled_call_is_cancelled_on_the_server(
@@ -428,7 +421,7 @@ def test_a_cancelled_call_is_cancelled_on_the_server(
     cancel = threading.Event()
     answers: list[Any] = []
     caller = threading.Thread(
-        target=lambda: answers.append(test_server.run_cancellable("hang", {}, 60, cancel))
+        target=lambda: answers.append(test_server.run("hang", {}, 60, cancel))
     )
     caller.start()
     try:
@@ -515,7 +508,7 @@ def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_pat
 
     from actors.config import parse
     from actors.tools.registry import Local, Port, dispatch
-    from actors.tools.supervisor import Toolbox
+    from actors.tools.toolbox import Toolbox
 
     command = shlex.join(TIME_SERVER)
     config = parse(tomllib.loads(f"""

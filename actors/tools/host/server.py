@@ -1,43 +1,29 @@
-"""A tool host: the separate process that runs tools, behind a ZeroMQ ROUTER socket.
-
-``loopd toolhost --bind ENDPOINT --tools NAMES...`` (or ``python -m actors.tools.host``).
+"""The request loop of a tool host: a ROUTER socket, a worker thread per running call.
 
 The main thread owns the socket and never runs a tool: it answers ``Hello`` with the tool
 list and ``Ping`` with ``Pong`` at once, checks each ``ToolRequest`` (known tool, arguments
 valid against its JSON schema, approval) and hands it to a worker thread, with at most
-``--max-calls`` tools running at a time (a call over the cap is answered ``Failed`` at once
+``max_calls`` tools running at a time (a call over the cap is answered ``Failed`` at once
 rather than queued behind a slow tool). Workers hand their answers back through a queue and
-a wake-up pipe, and the main thread sends them. A call that passes ``--timeout`` is answered
+a wake-up pipe, and the main thread sends them. A call that passes its timeout is answered
 ``Failed`` and told to stop (a tool with a subprocess kills its whole process tree).
 
 A frame that is not a valid message is answered ``Failed`` (or dropped, when libzmq already
 cut off a peer over ``MAXMSGSIZE``) and logged, at a bounded rate; nothing a peer sends
-can end the host. With ``--parent-pid`` the host exits when that process is gone, so a
-daemon killed with SIGKILL leaves no host behind.
-
-Remote use: ``--curve-secret FILE --allow-keys DIR`` turns on CURVE encryption and client
-authentication; a client whose public key is not in DIR is refused during the handshake, so
-it gets no answer and no tool runs. The key directory is read again when an unknown key
-knocks (at most once a second), so adding a client's ``.key`` file needs no restart.
+can end the host.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import os
 import queue
-import shlex
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, cast
 
 import jsonschema
@@ -45,12 +31,13 @@ import jsonschema.exceptions
 import psutil
 import zmq
 
-from actors.tools import wire
-from actors.tools.keys import KeyFileError, load_secret
-from actors.tools.procs import is_alive, kill_tree
-from actors.tools.quickcheck import ArgumentCheck
-from actors.tools.spec import ToolProvider, ToolSpec
-from actors.tools.wire import (
+from actors.errors import UsageError, WireError
+from actors.tools.procs import kill_tree
+from actors.tools.protocol import wire
+from actors.tools.protocol.argcheck import ArgumentCheck
+from actors.tools.protocol.provider import ToolProvider
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.protocol.wire import (
     Cancel,
     Failed,
     Hello,
@@ -61,7 +48,7 @@ from actors.tools.wire import (
     ToolRequest,
 )
 
-__all__ = ["HOST_GRACE_S", "Host", "main"]
+__all__ = ["HOST_GRACE_S", "Complaints", "Host", "home_cpu", "pin"]
 
 log = logging.getLogger("loopd.toolhost")
 
@@ -89,7 +76,7 @@ class _Call:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
-class _Complaints:
+class Complaints:
     """Logs bad frames at WARNING, ``burst`` per ``window_s`` at most: a flood fills no disk."""
 
     def __init__(self, burst: int = 20, window_s: float = 10.0) -> None:
@@ -131,14 +118,14 @@ class Host:
         for provider in providers:
             for spec in provider.specs():
                 if spec.name in self.tools:
-                    raise ValueError(f"two providers in tool host {name} offer {spec.name!r}")
+                    raise UsageError(f"two providers in tool host {name} offer {spec.name!r}")
                 spec = dataclasses.replace(
                     spec, needs_approval=spec.needs_approval and spec.name not in allow
                 )
                 try:
                     check = ArgumentCheck(spec.parameters)
                 except jsonschema.exceptions.SchemaError as e:
-                    raise ValueError(
+                    raise UsageError(
                         f"tool {spec.name}: its argument schema is invalid: {e.message}"
                     ) from None
                 self.tools[spec.name] = _Tool(spec, provider, check)
@@ -154,12 +141,12 @@ class Host:
             queue.SimpleQueue()
         )
         self._threads = 0
-        # The CPU the loop and idle workers keep to, and all of the process's (see _home_cpu).
+        # The CPU the loop and idle workers keep to, and all of the process's (see home_cpu).
         self._home = {cpu} if cpu is not None else None
         self._free = os.sched_getaffinity(0) if cpu is not None else None
         self._awaiting = False  # the main thread waits on _done (see _await_lone_call)
         self._stop = False
-        self._complain = _Complaints()
+        self._complain = Complaints()
 
     # --- control -------------------------------------------------------------------------
 
@@ -248,7 +235,7 @@ class Host:
                 continue
             try:
                 msg = wire.decode(frames[1], self.max_frame)
-            except wire.WireError as e:
+            except WireError as e:
                 self._complain("bad frame from peer %s: %s", peer.hex(), e)
                 self._send(
                     sock,
@@ -338,24 +325,20 @@ class Host:
     def _worker(self) -> None:
         """A worker thread: runs calls one after another until it gets None.
 
-        It waits for work on the loop's CPU (``cpu``, see :func:`_home_cpu`) and runs each
+        It waits for work on the loop's CPU (``cpu``, see :func:`home_cpu`) and runs each
         tool free to move, so what a tool starts is not held to one CPU.
         """
         home, free = self._home, self._free
-        _pin(home)
+        pin(home)
         while (job := self._jobs.get()) is not None:
-            _pin(free)
+            pin(free)
             self._work(*job)
-            _pin(home)
+            pin(home)
 
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
         try:
-            run_cancellable = getattr(tool.provider, "run_cancellable", None)
-            if run_cancellable is not None:
-                answer = run_cancellable(call.tool, arguments, self.timeout_s, call.cancel)
-            else:
-                answer = tool.provider.run(call.tool, arguments, self.timeout_s)
+            answer = tool.provider.run(call.tool, arguments, self.timeout_s, call.cancel)
         except BaseException as e:  # a tool must not take its worker (or the host) down
             log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
             answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
@@ -385,7 +368,7 @@ class Host:
             )
         try:
             frame = wire.encode(answer)
-        except wire.WireError:
+        except WireError:
             if not isinstance(answer, Result) or not isinstance(answer.content, str):
                 return wire.encode(
                     Failed(call.id, f"{call.tool} gave an answer that cannot be sent")
@@ -473,7 +456,7 @@ class Host:
 _PONG = wire.encode(Pong())
 
 
-def _home_cpu() -> int | None:
+def home_cpu() -> int | None:
     """A CPU for the host's loop, spread over hosts by pid; None where pinning does not apply.
 
     Every call is handed from the loop to a worker thread and back, and libzmq's I/O thread
@@ -487,244 +470,8 @@ def _home_cpu() -> int | None:
     return cpus[os.getpid() % len(cpus)] if len(cpus) > 1 else None
 
 
-def _pin(cpus: set[int] | None) -> None:
+def pin(cpus: set[int] | None) -> None:
     """Keep the calling thread (and threads and processes it starts) to ``cpus``."""
     if cpus is not None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
-
-
-# --- the process --------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="loopd toolhost",
-        description="Run a tool host: a process that runs tools for loopd over ZeroMQ.",
-    )
-    p.add_argument("--bind", required=True, help="ipc:///path/host.sock or tcp://ADDRESS:PORT")
-    p.add_argument(
-        "--name", default="", help="name used in messages and logs (default: from the tools)"
-    )
-    p.add_argument("--tools", nargs="*", default=[], metavar="NAME", help="standard tools to run")
-    p.add_argument(
-        "--provider",
-        action="append",
-        default=[],
-        metavar="MODULE:ATTR",
-        help="a callable returning a ToolProvider (repeatable)",
-    )
-    p.add_argument("--mcp", metavar="COMMAND", help="an MCP server's command line (stdio)")
-    p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL")
-    p.add_argument("--workspace", default=".", help="root of the file tools and run_command")
-    p.add_argument(
-        "--allow", nargs="*", default=[], metavar="NAME", help="tools that run without approval"
-    )
-    p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds one call may run (default 60)"
-    )
-    p.add_argument("--max-calls", type=int, default=8, help="calls running at once (default 8)")
-    p.add_argument("--max-frame-bytes", type=int, default=wire.DEFAULT_MAX_FRAME)
-    p.add_argument("--max-output-bytes", type=int, default=1024 * 1024)
-    p.add_argument(
-        "--curve-secret", metavar="FILE", help="this host's .key_secret file (from loopd keys)"
-    )
-    p.add_argument(
-        "--allow-keys", metavar="DIR", help="directory of the .key files of allowed clients"
-    )
-    p.add_argument("--log-level", default="INFO")
-    return p
-
-
-class _UsageError(Exception):
-    """Bad flags or set-up; main prints it and exits 2."""
-
-
-def _providers(args: argparse.Namespace) -> list[ToolProvider]:
-    providers: list[ToolProvider] = []
-    if args.tools:
-        from actors.tools.standard import StandardTools
-        from actors.tools.workspace import Workspace
-
-        try:
-            workspace = Workspace(args.workspace)
-            providers.append(
-                StandardTools(
-                    args.tools, workspace=workspace, max_output_bytes=args.max_output_bytes
-                )
-            )
-        except ValueError as e:
-            raise _UsageError(str(e)) from None
-    for ref in args.provider:
-        module, _, attr = ref.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr or "provider")
-        except (ImportError, AttributeError) as e:
-            raise _UsageError(
-                f"--provider {ref}: cannot load it ({e}); give MODULE:ATTR of a factory"
-            ) from None
-        providers.append(factory())
-    if args.mcp or args.mcp_url:
-        try:
-            from actors.tools.mcp import McpProvider
-        except ModuleNotFoundError as e:
-            if e.name == "actors.tools.mcp":
-                raise _UsageError(
-                    "--mcp: this loopd has no MCP support (actors/tools/mcp.py is missing)"
-                ) from None
-            raise _UsageError(
-                f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
-            ) from None
-        command = shlex.split(args.mcp) if args.mcp else None
-        providers.append(
-            McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes)
-        )
-    if not providers:
-        raise _UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")
-    return providers
-
-
-def _parent_watch(pid: int) -> Callable[[], bool]:
-    if os.getppid() == pid:
-        return lambda: os.getppid() == pid  # reparented: the parent is gone (pid reuse-proof)
-    try:
-        parent = psutil.Process(pid)
-    except psutil.Error:
-        return lambda: False
-    return lambda: is_alive(parent)  # a zombie parent is a dead one
-
-
-class _KeyDirectory:
-    """ZAP credentials callback: lets in a client whose public key has a .key file in ``path``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.keys: set[bytes] = set()
-        self.loaded = 0.0
-        self._complain = _Complaints()
-        self.reload()
-
-    def reload(self) -> None:
-        import zmq.auth
-
-        keys = set()
-        for f in sorted(self.path.glob("*.key")):
-            try:
-                public, _ = zmq.auth.load_certificate(f)
-                keys.add(public)
-            except (OSError, ValueError) as e:
-                log.warning("allow-keys: skipping %s: %s", f, e)
-        if not keys:
-            log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
-        self.keys, self.loaded = keys, time.monotonic()
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        if key in self.keys:
-            return True
-        if time.monotonic() - self.loaded > 1.0:
-            self.reload()
-            if key in self.keys:
-                return True
-        self._complain(
-            "refused a client with unknown key %s (not in %s)",
-            key.decode(errors="replace"),
-            self.path,
-        )
-        return False
-
-
-def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket[Any], Any]:
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
-    sock.setsockopt(zmq.LINGER, 0)
-    auth = None
-    if args.curve_secret or args.allow_keys:
-        if not (args.curve_secret and args.allow_keys):
-            sock.close()
-            raise _UsageError(
-                "--curve-secret and --allow-keys go together (the host's key and its clients' keys)"
-            )
-        allow_dir = Path(args.allow_keys).expanduser()
-        if not allow_dir.is_dir():
-            sock.close()
-            raise _UsageError(
-                f"--allow-keys {allow_dir}: not a directory; put the clients' .key files in one"
-            )
-        try:
-            public, secret = load_secret(args.curve_secret)
-        except KeyFileError as e:
-            sock.close()
-            raise _UsageError(str(e)) from None
-        from zmq.auth.thread import ThreadAuthenticator
-
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve_callback(domain="*", credentials_provider=_KeyDirectory(allow_dir))
-        sock.curve_secretkey = secret
-        sock.curve_publickey = public
-        sock.curve_server = True
-    elif args.bind.startswith("tcp://"):
-        log.warning("%s has no CURVE keys: anyone who can reach it can run its tools", args.bind)
-    try:
-        sock.bind(args.bind)
-    except zmq.ZMQError as e:
-        sock.close()
-        if auth is not None:
-            auth.stop()
-        raise _UsageError(f"cannot bind {args.bind}: {e}") from None
-    return sock, auth
-
-
-def main(argv: list[str]) -> int:
-    """Run a tool host until SIGTERM/SIGINT or the parent's exit; 2 on bad usage."""
-    args = _parser().parse_args(argv)
-    name = args.name or "+".join(args.tools) or "host"
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
-    )
-    providers: list[ToolProvider] = []
-    ctx: zmq.Context[Any] | None = None
-    auth = None
-    cpu = _home_cpu()
-    try:
-        providers = _providers(args)
-        host = Host(
-            providers,
-            name=name,
-            allow=frozenset(args.allow),
-            timeout_s=args.timeout,
-            max_calls=args.max_calls,
-            max_frame_bytes=args.max_frame_bytes,
-            cpu=cpu,
-        )
-        # After the providers (what they start stays free), before the context (its I/O
-        # thread keeps to the loop's CPU).
-        _pin({cpu} if cpu is not None else None)
-        ctx = zmq.Context()
-        sock, auth = _socket(ctx, args)
-    except (_UsageError, ValueError) as e:
-        print(f"loopd toolhost: {e}", file=sys.stderr)
-        for provider in providers:
-            with contextlib.suppress(Exception):
-                provider.close()
-        if ctx is not None:
-            ctx.term()
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: host.request_stop())
-    try:
-        host.serve(sock, parent_alive=_parent_watch(args.parent_pid) if args.parent_pid else None)
-    finally:
-        if auth is not None:
-            auth.stop()
-        sock.close(linger=0)
-        ctx.term()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

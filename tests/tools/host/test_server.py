@@ -14,8 +14,8 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools import wire
-from actors.tools.port import PortHandle, PortSettings, start_port
+from actors.tools.client.port import PortHandle, PortSettings, start_port
+from actors.tools.protocol import wire
 from tests.tools.hostkit import (
     FAKE,
     ROOT,
@@ -211,7 +211,7 @@ def test_bad_flags_exit_2_with_the_reason(args: list[str], says: str) -> None:
 
 def test_mcp_without_the_mcp_module_is_a_clear_error() -> None:
     code = (
-        "import sys; sys.modules['actors.tools.mcp'] = None; "
+        "import sys; sys.modules['actors.tools.providers.mcp'] = None; "
         "from actors.tools.host import main; sys.exit(main(sys.argv[1:]))"
     )
     with short_dir() as d:

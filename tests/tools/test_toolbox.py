@@ -15,12 +15,13 @@ from typing import Any
 import psutil
 import pytest
 
-from actors.config import Config, ConfigError, HostConfig
-from actors.tools import wire
+from actors.config import Config, HostConfig
+from actors.errors import ConfigError
+from actors.tools.client.port import PortHandle, PortState
 from actors.tools.keys import write_keypair
-from actors.tools.port import PortHandle, PortState
 from actors.tools.procs import is_alive
-from actors.tools.supervisor import Toolbox
+from actors.tools.protocol import wire
+from actors.tools.toolbox import Toolbox
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
 
 Make = Callable[..., Toolbox]
@@ -156,7 +157,7 @@ def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
 _DAEMON = """
 import json, sys, time
 from actors.config import Config
-from actors.tools.supervisor import Toolbox
+from actors.tools.toolbox import Toolbox
 box = Toolbox.start(Config().replace("tools", workspace=sys.argv[1]))
 print(json.dumps([s.pid for s in box.status().values()]), flush=True)
 time.sleep(300)

@@ -1,8 +1,9 @@
 """The standard tools: files in the workspace, a shell command, a web fetch, and echo.
 
 One :class:`StandardTools` provider runs any subset of them inside a tool host. Every path
-goes through :class:`~actors.tools.workspace.Workspace`, so a path that resolves outside the
-workspace (``../``, an absolute path, a symlink pointing out) is ``Denied`` with the reason.
+goes through :class:`~actors.tools.providers.workspace.Workspace`, so a path that resolves
+outside the workspace (``../``, an absolute path, a symlink pointing out) is ``Denied``
+with the reason.
 Outputs are cut at ``max_output_bytes`` with a note saying how much was cut and how to read
 on. ``write_file`` and ``run_command`` change things, so their specs say
 ``needs_approval``; the host answers ``PendingApproval`` unless ``tools.allow`` names them.
@@ -19,10 +20,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from actors.tools.command import run_shell
-from actors.tools.spec import ToolSpec
-from actors.tools.wire import Answer, Denied, Failed, Result
-from actors.tools.workspace import OutsideWorkspace, Workspace
+from actors.errors import UsageError
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.protocol.wire import Answer, Denied, Failed, Result
+from actors.tools.providers.command import run_shell
+from actors.tools.providers.workspace import OutsideWorkspace, Workspace
 
 __all__ = ["STANDARD_SPECS", "StandardTools"]
 
@@ -120,7 +122,7 @@ class StandardTools:
     def __init__(self, names: list[str], *, workspace: Workspace, max_output_bytes: int) -> None:
         unknown = [n for n in names if n not in STANDARD_SPECS]
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"unknown standard tool(s) {', '.join(unknown)}; known: {', '.join(STANDARD_SPECS)}"
             )
         self.names = list(dict.fromkeys(names))
@@ -139,10 +141,7 @@ class StandardTools:
     def specs(self) -> list[ToolSpec]:
         return [STANDARD_SPECS[n] for n in self.names]
 
-    def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer:
-        return self.run_cancellable(tool, arguments, timeout_s, threading.Event())
-
-    def run_cancellable(
+    def run(
         self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
     ) -> Answer:
         if tool not in self.names:

@@ -7,7 +7,7 @@ import os
 import psutil
 import pytest
 
-from actors.tools import wire
+from actors.tools.protocol import wire
 from tests.tools.hostkit import ask, raw_dealer, short_dir, spawn_host
 
 pytestmark = pytest.mark.skipif(

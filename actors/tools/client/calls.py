@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
-from actors.inference.types import CancelToken
-from actors.tools import wire
-from actors.tools.wire import Answer, Cancel, Failed
+from actors.cancel import CancelToken
+from actors.errors import WireError
+from actors.tools.protocol import wire
+from actors.tools.protocol.wire import Answer, Cancel, Failed
 
 if TYPE_CHECKING:
-    from actors.tools.port import PortSettings
+    from actors.tools.client.port import PortSettings
 
 __all__ = ["Callers", "Link", "configure"]
 
@@ -226,7 +227,7 @@ class Callers:
         """The answer to ``cid`` if ``frame`` is it; anything else is logged and dropped."""
         try:
             msg = wire.decode(frame, self.s.max_frame_bytes)
-        except wire.WireError as e:
+        except WireError as e:
             if e.id == cid:
                 return Failed(cid, f"tool host {self.name} sent a malformed answer: {e}")
             log.warning("tool host %s sent a bad frame: %s", self.name, e)

@@ -11,9 +11,9 @@ import msgpack
 import pytest
 import zmq
 
-from actors.inference.types import CancelToken
-from actors.tools import wire
-from actors.tools.port import PortHandle, PortSettings, PortState, start_port
+from actors.cancel import CancelToken
+from actors.tools.client.port import PortHandle, PortSettings, PortState, start_port
+from actors.tools.protocol import wire
 from tests.tools.fake_host import ECHO, FakeHost
 from tests.tools.hostkit import wait_until
 

@@ -15,7 +15,7 @@ that does not come up is not a hang and not fatal: it is named in :attr:`Toolbox
 (with the end of its log) and its port keeps trying, so its tools appear when it does.
 
 Each local host is supervised by its port actor (restarted with backoff when it dies, see
-:mod:`actors.tools.port`), runs with ``--parent-pid`` so it exits if the daemon is killed,
+:mod:`actors.tools.client.port`), runs with ``--parent-pid`` so it exits if the daemon is killed,
 and leads a process session of its own, so :meth:`Toolbox.close` can kill everything it
 and its tools started. Nothing is left running after ``close``.
 """
@@ -36,9 +36,9 @@ from types import TracebackType
 import psutil
 
 import actors
-from actors.config import Config, ConfigError, HostConfig, ToolsConfig
-from actors.tools.keys import KeyFileError, load_public, load_secret
-from actors.tools.port import (
+from actors.config import Config, HostConfig, ToolsConfig
+from actors.errors import ConfigError, KeyFileError
+from actors.tools.client.port import (
     CurveClient,
     HostLauncher,
     PortHandle,
@@ -47,6 +47,7 @@ from actors.tools.port import (
     start_port,
     stop_ports,
 )
+from actors.tools.keys import load_public, load_secret
 from actors.tools.procs import kill_session, kill_tree
 from actors.tools.registry import Registry
 

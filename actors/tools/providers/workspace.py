@@ -1,3 +1,4 @@
+
 """The workspace root of the file tools, and the rule that nothing resolves outside it.
 
 A path the model gives is taken relative to the root (an absolute path is taken as is) and
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from actors.errors import UsageError
+
 __all__ = ["OutsideWorkspace", "Workspace"]
 
 
@@ -25,7 +28,7 @@ class Workspace:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         path = Path(root).expanduser()
         if not path.is_dir():
-            raise ValueError(
+            raise UsageError(
                 f"workspace {path} is not a directory; create it or set tools.workspace"
             )
         self.root = Path(os.path.realpath(path))

@@ -7,7 +7,7 @@ Four parts, each with one job:
   arrives first), or the cancel token, and never raises for a tool failure: everything
   becomes ``Failed`` with a message a model can read.
 - Calls to a connected host go out on the **calling thread's own DEALER**
-  (:mod:`actors.tools.caller`): no thread hand-off, answers correlated by id, cancel and
+  (:mod:`actors.tools.client.calls`): no thread hand-off, answers correlated by id, cancel and
   timeout watched by the caller, which then tells the host to stop the call.
 - The **I/O thread** (:class:`_IO`) owns its own DEALER (ZeroMQ sockets are not
   thread-safe). It says Hello, pings the host every ``heartbeat_s`` and declares it dead
@@ -49,13 +49,14 @@ from typing import IO, Any, cast
 import pykka
 import zmq
 
+from actors.cancel import CancelToken
 from actors.config import ToolsConfig
-from actors.inference.types import CancelToken
-from actors.tools import wire
-from actors.tools.caller import Callers, configure
+from actors.errors import WireError
+from actors.tools.client.calls import Callers, configure
 from actors.tools.procs import kill_session
-from actors.tools.spec import ToolSpec
-from actors.tools.wire import Answer, Cancel, Failed, Hello, Ping, Pong, ToolRequest, Tools
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.protocol.wire import Answer, Cancel, Failed, Hello, Ping, Pong, ToolRequest, Tools
 
 __all__ = [
     "PORT_GRACE_S",
@@ -317,7 +318,7 @@ class _IO:
             self._last_rx = time.monotonic()
             try:
                 msg = wire.decode(frame, self.s.max_frame_bytes)
-            except wire.WireError as e:
+            except WireError as e:
                 p = self._inflight.pop(e.id, None) if e.id is not None else None
                 if p is not None:
                     p.resolve(Failed(p.id, f"tool host {self.s.name} sent a malformed answer: {e}"))
@@ -643,7 +644,7 @@ class PortHandle:
             return Failed(cid, f"tool host {self.name}: the tool port is closed")
         try:
             frame = wire.encode(ToolRequest(cid, session, call, tool, arguments))
-        except wire.WireError as e:
+        except WireError as e:
             return Failed(cid, f"the arguments of {tool} cannot be sent to its host: {e}")
         if len(frame) > self.settings.max_frame_bytes:
             return Failed(

@@ -8,8 +8,8 @@ import jsonschema
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.tools.quickcheck import quick_check
-from actors.tools.standard import STANDARD_SPECS
+from actors.tools.protocol.argcheck import quick_check
+from actors.tools.providers.standard import STANDARD_SPECS
 
 _NAMES = st.sampled_from(["text", "path", "n", "flag", "x"])
 _TYPES = st.sampled_from(["string", "integer", "number", "boolean"])

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.records import ResultClass
-from actors.tools import wire
-from actors.tools.spec import ToolSpec
+from actors.errors import WireError
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass, ToolSpec
 
 json_leaf = (
     st.none()
@@ -54,7 +54,7 @@ messages = st.one_of(
 def _no_surrogates(msg: Any) -> bool:
     try:
         wire.encode(msg)
-    except wire.WireError:
+    except WireError:
         return False
     return True
 
@@ -66,7 +66,7 @@ def test_every_message_round_trips(msg: wire.Message) -> None:
 
 @given(st.binary(max_size=512))
 def test_arbitrary_bytes_raise_only_wire_error(frame: bytes) -> None:
-    with contextlib.suppress(wire.WireError):
+    with contextlib.suppress(WireError):
         wire.decode(frame, 256)
 
 
@@ -99,7 +99,7 @@ def test_arbitrary_msgpack_raises_only_wire_error(value: Any) -> None:
     frame = msgpack.packb(value)
     try:
         msg = wire.decode(frame)
-    except wire.WireError:
+    except WireError:
         return
     assert wire.decode(wire.encode(msg)) == msg  # whatever was accepted is a valid message
 
@@ -140,20 +140,20 @@ def _frame(**body: Any) -> bytes:
     ],
 )
 def test_bad_frames_are_refused_with_what_is_wrong(frame: bytes, says: str) -> None:
-    with pytest.raises(wire.WireError) as e:
+    with pytest.raises(WireError) as e:
         wire.decode(frame)
     assert says in str(e.value)
 
 
 def test_an_oversized_frame_is_refused_before_unpacking() -> None:
     frame = wire.encode(wire.Result(1, "x" * 2000))
-    with pytest.raises(wire.WireError, match="over the limit of 1024 bytes"):
+    with pytest.raises(WireError, match="over the limit of 1024 bytes"):
         wire.decode(frame, 1024)
     assert wire.decode(frame, len(frame)) == wire.Result(1, "x" * 2000)
 
 
 def test_the_request_id_is_kept_on_an_error_when_it_could_be_read() -> None:
-    with pytest.raises(wire.WireError) as e:
+    with pytest.raises(WireError) as e:
         wire.decode(_frame(kind="result", id=7, content=3, **{"class": "public"}, untrusted=False))
     assert e.value.id == 7
 
@@ -163,16 +163,16 @@ def test_deep_nesting_is_refused() -> None:
     for _ in range(wire.MAX_DEPTH + 5):
         deep = {"a": deep}
     frame = _frame(kind="request", id=1, session="s", call=1, tool="t", arguments=deep)
-    with pytest.raises(wire.WireError, match="nested deeper"):
+    with pytest.raises(WireError, match="nested deeper"):
         wire.decode(frame)
 
 
 def test_encode_refuses_what_cannot_go_on_the_wire() -> None:
-    with pytest.raises(wire.WireError, match="not a wire message"):
+    with pytest.raises(WireError, match="not a wire message"):
         wire.encode("hello")  # type: ignore[arg-type]
-    with pytest.raises(wire.WireError, match="cannot encode"):
+    with pytest.raises(WireError, match="cannot encode"):
         wire.encode(wire.Result(1, "\ud800"))
-    with pytest.raises(wire.WireError, match="arguments"):
+    with pytest.raises(WireError, match="arguments"):
         wire.encode(wire.ToolRequest(1, "s", 1, "t", {"when": object()}))
 
 

@@ -38,14 +38,14 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from actors.records import ResultClass
-from actors.tools.spec import Answer, ToolSpec
-from actors.tools.wire import Failed, PendingApproval, Result
+from actors.errors import McpError
+from actors.tools.protocol.spec import ResultClass, ToolSpec
+from actors.tools.protocol.wire import Answer, Failed, Result
 
 try:
     import anyio
@@ -58,7 +58,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
         f"MCP tool hosts need the MCP SDK ({e}); install it with: pip install 'loopd[mcp]'"
     ) from e
 
-__all__ = ["McpError", "McpProvider", "describe_content", "policy", "tool_spec"]
+__all__ = ["McpProvider", "describe_content", "policy", "tool_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,9 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
-_CHILD = Path(__file__).parent.parent / "tether.py"
+_CHILD = Path(__file__).parents[2] / "tether.py"  # actors/tether.py
 _CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
-
-
-class McpError(RuntimeError):
-    """The MCP server could not be started or listed; the message names it and the fix."""
 
 
 # --- policy and mapping (pure) -----------------------------------------------------------
@@ -231,13 +227,9 @@ class McpProvider:
 
     Construction starts the server and lists its tools, raising :class:`McpError` with
     the reason if that fails. ``max_output_bytes`` (``tools.max_output_bytes``) cuts a
-    result's text, with a note saying so.
-
-    Approval: inside a tool host, leave ``allow`` as None; the host answers
-    ``PendingApproval`` for every provider's tools whose spec says ``needs_approval`` and
-    that ``tools.allow`` does not name, before ``run`` is called. Used on its own, give
-    ``allow`` (``tools.allow``, the only way a tool that needs approval runs without it)
-    and the provider answers ``PendingApproval`` itself.
+    result's text, with a note saying so. Approval is not decided here: the tool host
+    answers ``PendingApproval`` for a tool whose spec says ``needs_approval`` before ``run``
+    is ever called.
     """
 
     def __init__(
@@ -245,7 +237,6 @@ class McpProvider:
         command: Sequence[str] | None = None,
         url: str | None = None,
         *,
-        allow: Collection[str] | None = None,
         connect_timeout_s: float = 30.0,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         max_output_bytes: int | None = None,
@@ -273,7 +264,6 @@ class McpProvider:
             self.label = _strip_userinfo(url)
         self._restarted = "restarted" if command is not None else "reconnected"
         self._url = url
-        self._allow = None if allow is None else frozenset(allow)
         self._connect_timeout_s = connect_timeout_s
         self._probe_timeout_s = probe_timeout_s
         self._max_output = max_output_bytes
@@ -312,18 +302,13 @@ class McpProvider:
     def specs(self) -> list[ToolSpec]:
         return list(self._specs)
 
-    def run(self, tool: str, arguments: Mapping[str, Any], timeout_s: float) -> Answer:
-        return self.run_cancellable(tool, arguments, timeout_s, threading.Event())
-
-    def run_cancellable(
+    def run(
         self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
     ) -> Answer:
-        """``run``, given up early when ``cancel`` is set (the server is told, as on a timeout)."""
+        """One call; given up early when ``cancel`` is set (the server is told, as on a timeout)."""
         spec = self._by_name.get(tool)
         if spec is None:
             return Failed(message=f"MCP server {self.label} has no tool named {tool!r}")
-        if self._allow is not None and spec.needs_approval and tool not in self._allow:
-            return PendingApproval(prompt=self._approval_prompt(tool, arguments))
         if self._closed:
             return Failed(message=f"MCP server {self.label} is closed")
         # Answer a little before the host gives up, so the message is ours and precise.
@@ -572,15 +557,6 @@ class McpProvider:
         return (
             f"{tool} on MCP server {self.label} did not answer within {timeout_s:g} s; "
             "the call was cancelled on the server"
-        )
-
-    def _approval_prompt(self, tool: str, arguments: Mapping[str, Any]) -> str:
-        args = json.dumps(dict(arguments), ensure_ascii=False, default=str)
-        if len(args) > 400:
-            args = args[:400] + "…"
-        return (
-            f"Run {tool} on MCP server {self.label} with {args}? The server does not declare "
-            f"it read-only. Add {tool!r} to tools.allow in the config to run it without asking."
         )
 
 

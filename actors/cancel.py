@@ -1,0 +1,58 @@
+"""The cancel token of a turn: one flag, set once, seen by every thread the turn uses.
+
+It lives apart from the session, inference and tool modules because all of them (the tool
+client included) wait on it, and none of them may import another for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+__all__ = ["CancelToken"]
+
+
+class CancelToken:
+    """Set once to cancel a turn; checked between stream chunks and while waiting on tools.
+
+    ``linked()`` gives a child token that is cancelled with its parent (at once, no polling)
+    or on its own: the inference handle cancels a request's child when it stops, without
+    cancelling the caller's whole turn.
+    """
+
+    __slots__ = ("_children", "_event", "_lock")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._children: set[CancelToken] = set()
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            children = list(self._children)
+        for child in children:
+            child.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    @contextlib.contextmanager
+    def linked(self) -> Iterator[CancelToken]:
+        """A child token for the block: cancelled with this one; unlinked when the block ends."""
+        child = CancelToken()
+        with self._lock:
+            if self._event.is_set():
+                child._event.set()
+            else:
+                self._children.add(child)
+        try:
+            yield child
+        finally:
+            with self._lock:
+                self._children.discard(child)

@@ -1,0 +1,265 @@
+"""The tool host process: ``loopd toolhost --bind ENDPOINT --tools NAMES...``.
+
+Also ``python -m actors.tools.host``. It builds the providers its flags name, binds the
+ROUTER socket (with CURVE when given keys) and runs :class:`~actors.tools.host.server.Host`
+until SIGTERM/SIGINT. With ``--parent-pid`` the host exits when that process is gone, so a
+daemon killed with SIGKILL leaves no host behind. Bad flags or set-up exit with code 2,
+which the daemon's supervisor takes as "do not restart".
+
+Remote use: ``--curve-secret FILE --allow-keys DIR`` turns on CURVE encryption and client
+authentication; a client whose public key is not in DIR is refused during the handshake, so
+it gets no answer and no tool runs. The key directory is read again when an unknown key
+knocks (at most once a second), so adding a client's ``.key`` file needs no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+from actors.errors import KeyFileError, McpError, UsageError
+from actors.tools.host.server import Complaints, Host, home_cpu, pin
+from actors.tools.keys import load_secret
+from actors.tools.procs import is_alive
+from actors.tools.protocol import wire
+from actors.tools.protocol.provider import ToolProvider
+
+__all__ = ["main"]
+
+log = logging.getLogger("loopd.toolhost")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loopd toolhost",
+        description="Run a tool host: a process that runs tools for loopd over ZeroMQ.",
+    )
+    p.add_argument("--bind", required=True, help="ipc:///path/host.sock or tcp://ADDRESS:PORT")
+    p.add_argument(
+        "--name", default="", help="name used in messages and logs (default: from the tools)"
+    )
+    p.add_argument("--tools", nargs="*", default=[], metavar="NAME", help="standard tools to run")
+    p.add_argument(
+        "--provider",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="a callable returning a ToolProvider (repeatable)",
+    )
+    p.add_argument("--mcp", metavar="COMMAND", help="an MCP server's command line (stdio)")
+    p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL")
+    p.add_argument("--workspace", default=".", help="root of the file tools and run_command")
+    p.add_argument(
+        "--allow", nargs="*", default=[], metavar="NAME", help="tools that run without approval"
+    )
+    p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds one call may run (default 60)"
+    )
+    p.add_argument("--max-calls", type=int, default=8, help="calls running at once (default 8)")
+    p.add_argument("--max-frame-bytes", type=int, default=wire.DEFAULT_MAX_FRAME)
+    p.add_argument("--max-output-bytes", type=int, default=1024 * 1024)
+    p.add_argument(
+        "--curve-secret", metavar="FILE", help="this host's .key_secret file (from loopd keys)"
+    )
+    p.add_argument(
+        "--allow-keys", metavar="DIR", help="directory of the .key files of allowed clients"
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _providers(args: argparse.Namespace) -> list[ToolProvider]:
+    providers: list[ToolProvider] = []
+    if args.tools:
+        from actors.tools.providers.standard import StandardTools
+        from actors.tools.providers.workspace import Workspace
+
+        workspace = Workspace(args.workspace)
+        providers.append(
+            StandardTools(
+                args.tools, workspace=workspace, max_output_bytes=args.max_output_bytes
+            )
+        )
+    for ref in args.provider:
+        module, _, attr = ref.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr or "provider")
+        except (ImportError, AttributeError) as e:
+            raise UsageError(
+                f"--provider {ref}: cannot load it ({e}); give MODULE:ATTR of a factory"
+            ) from None
+        providers.append(factory())
+    if args.mcp or args.mcp_url:
+        try:
+            from actors.tools.providers.mcp import McpProvider
+        except ModuleNotFoundError as e:
+            if e.name == "actors.tools.providers.mcp":
+                raise UsageError(
+                    "--mcp: this loopd has no MCP support (actors/tools/mcp.py is missing)"
+                ) from None
+            raise UsageError(
+                f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
+            ) from None
+        command = shlex.split(args.mcp) if args.mcp else None
+        providers.append(
+            McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes)
+        )
+    if not providers:
+        raise UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")
+    return providers
+
+
+def _parent_watch(pid: int) -> Callable[[], bool]:
+    if os.getppid() == pid:
+        return lambda: os.getppid() == pid  # reparented: the parent is gone (pid reuse-proof)
+    try:
+        parent = psutil.Process(pid)
+    except psutil.Error:
+        return lambda: False
+    return lambda: is_alive(parent)  # a zombie parent is a dead one
+
+
+class _KeyDirectory:
+    """ZAP credentials callback: lets in a client whose public key has a .key file in ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys: set[bytes] = set()
+        self.loaded = 0.0
+        self._complain = Complaints()
+        self.reload()
+
+    def reload(self) -> None:
+        import zmq.auth
+
+        keys = set()
+        for f in sorted(self.path.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(f)
+                keys.add(public)
+            except (OSError, ValueError) as e:
+                log.warning("allow-keys: skipping %s: %s", f, e)
+        if not keys:
+            log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
+        self.keys, self.loaded = keys, time.monotonic()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        if time.monotonic() - self.loaded > 1.0:
+            self.reload()
+            if key in self.keys:
+                return True
+        self._complain(
+            "refused a client with unknown key %s (not in %s)",
+            key.decode(errors="replace"),
+            self.path,
+        )
+        return False
+
+
+def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket[Any], Any]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
+    sock.setsockopt(zmq.LINGER, 0)
+    auth = None
+    if args.curve_secret or args.allow_keys:
+        if not (args.curve_secret and args.allow_keys):
+            sock.close()
+            raise UsageError(
+                "--curve-secret and --allow-keys go together (the host's key and its clients' keys)"
+            )
+        allow_dir = Path(args.allow_keys).expanduser()
+        if not allow_dir.is_dir():
+            sock.close()
+            raise UsageError(
+                f"--allow-keys {allow_dir}: not a directory; put the clients' .key files in one"
+            )
+        try:
+            public, secret = load_secret(args.curve_secret)
+        except KeyFileError as e:
+            sock.close()
+            raise UsageError(str(e)) from None
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(ctx)
+        auth.start()
+        auth.configure_curve_callback(domain="*", credentials_provider=_KeyDirectory(allow_dir))
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+    elif args.bind.startswith("tcp://"):
+        log.warning("%s has no CURVE keys: anyone who can reach it can run its tools", args.bind)
+    try:
+        sock.bind(args.bind)
+    except zmq.ZMQError as e:
+        sock.close()
+        if auth is not None:
+            auth.stop()
+        raise UsageError(f"cannot bind {args.bind}: {e}") from None
+    return sock, auth
+
+
+def main(argv: list[str]) -> int:
+    """Run a tool host until SIGTERM/SIGINT or the parent's exit; 2 on bad usage."""
+    args = _parser().parse_args(argv)
+    name = args.name or "+".join(args.tools) or "host"
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
+    )
+    providers: list[ToolProvider] = []
+    ctx: zmq.Context[Any] | None = None
+    auth = None
+    cpu = home_cpu()
+    try:
+        providers = _providers(args)
+        host = Host(
+            providers,
+            name=name,
+            allow=frozenset(args.allow),
+            timeout_s=args.timeout,
+            max_calls=args.max_calls,
+            max_frame_bytes=args.max_frame_bytes,
+            cpu=cpu,
+        )
+        # After the providers (what they start stays free), before the context (its I/O
+        # thread keeps to the loop's CPU).
+        pin({cpu} if cpu is not None else None)
+        ctx = zmq.Context()
+        sock, auth = _socket(ctx, args)
+    except (UsageError, McpError) as e:
+        print(f"loopd toolhost: {e}", file=sys.stderr)
+        for provider in providers:
+            with contextlib.suppress(Exception):
+                provider.close()
+        if ctx is not None:
+            ctx.term()
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: host.request_stop())
+    try:
+        host.serve(sock, parent_alive=_parent_watch(args.parent_pid) if args.parent_pid else None)
+    finally:
+        if auth is not None:
+            auth.stop()
+        sock.close(linger=0)
+        ctx.term()
+    return 0
+

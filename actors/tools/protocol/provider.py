@@ -1,0 +1,31 @@
+"""The contract between a tool host and what runs its tools (standard tools, an MCP server)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.protocol.wire import Answer
+
+__all__ = ["ToolProvider"]
+
+
+class ToolProvider(Protocol):
+    """Runs a set of tools inside a tool host process.
+
+    ``run`` is called from a worker thread of the host, one call per thread. It must return
+    by ``timeout_s``; the host then gives up on it, answers Failed, and sets ``cancel``, which
+    it also sets when the caller gives up. A tool that runs a subprocess kills it when
+    ``cancel`` is set instead of running on unobserved. The answer's ``id`` is left at 0: the
+    host fills it in.
+    """
+
+    def specs(self) -> list[ToolSpec]: ...
+
+    def run(
+        self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
+    ) -> Answer: ...
+
+    def close(self) -> None: ...
