@@ -41,6 +41,7 @@ import httpx
 
 from actors.config import Config, EmbeddedConfig
 from actors.errors import EmbeddedError
+from actors.files import fsync_dir
 
 __all__ = [
     "INSTALL_HINT",
@@ -153,7 +154,7 @@ def ensure_model(
         _check_part_sizes(sources, expected_size)
         _assemble(sources, target, expected_sha256, expected_size, on_progress)
         _write_stamp(stamp_path, _Stamp.of(target, expected_sha256))
-        _fsync_dir(models)
+        fsync_dir(models)
     return target
 
 
@@ -226,13 +227,6 @@ def _write_stamp(path: Path, stamp: _Stamp) -> None:
     tmp.write_text(json.dumps(dataclasses.asdict(stamp)), encoding="utf-8")
     os.replace(tmp, path)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from actors.cut import cut
 from actors.records import CacheLoss
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -42,8 +43,8 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
     if len(text) <= cap:
         return text, False
     note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
-    kept = max(0, cap - len(note.format(kept=cap)))
-    return text[:kept] + note.format(kept=kept), True
+    kept, size, _ = cut(text, cap - len(note.format(kept=cap)), "chars")
+    return kept + note.format(kept=size), True
 
 
 def cache_outcome(

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from actors.errors import LogCorrupt, RecordError, SessionError, SessionLocked
+from actors.files import fsync_dir, write_all
 from actors.records import Baseline, Record, ToolResult, decode, encode
 
 __all__ = [
@@ -160,12 +161,7 @@ class SessionLog:
         fd = self._writable()
         data = b"".join(frame(r) for r in records)  # a RecordError here writes nothing
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                if written <= 0:
-                    raise OSError("write wrote nothing")
-                view = view[written:]
+            write_all(fd, data)
             if self._fsync == "always":
                 _fdatasync(fd)
         except OSError as e:
@@ -263,7 +259,7 @@ def _open_locked(path: Path, name: str, baseline: Baseline | None) -> tuple[int,
             except FileExistsError:  # created by someone else just now: open theirs
                 fd = os.open(path, flags)
             for d in {path.parent, *(m.parent for m in made)}:
-                _fsync_dir(d)
+                fsync_dir(d)
     except OSError as e:
         raise SessionError(
             f"session {name}: cannot open {path}: {e.strerror or e}; check that the log "
@@ -295,14 +291,6 @@ def _mkdirs(d: Path) -> list[Path]:
             m.mkdir(mode=0o700)
     return list(reversed(missing))
 
-
-def _fsync_dir(d: Path) -> None:
-    """Make a new directory entry in ``d`` durable (fsync of the file does not)."""
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _lock_holder(fd: int) -> str:
@@ -350,7 +338,7 @@ def _recover(
                 f"with a baseline to start it afresh, or delete {path}"
             )
         os.ftruncate(fd, 0)
-        _write_all(fd, HEADER + frame(baseline))
+        write_all(fd, HEADER + frame(baseline))
         _fdatasync(fd)
         return [baseline], len(data), True
     _check_first(records[0], where)
@@ -440,8 +428,3 @@ def _next_valid_frame(data: bytes, start: int) -> int | None:
             return q
     return None
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -16,12 +16,12 @@ Usage and CacheLoss records render to nothing, and ``time`` is never sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from actors.records import Assistant, Baseline, Record, ToolCall, ToolResult, User
 
-__all__ = ["MISSING_RESULT", "Message", "messages", "tools"]
+__all__ = ["MISSING_RESULT", "Message", "messages"]
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
 
@@ -53,10 +53,6 @@ def messages(baseline: Baseline, records: Iterable[Record]) -> list[Message]:
     return out
 
 
-def tools(baseline: Baseline) -> list[dict[str, Any]]:
-    """The tool list of every request of the session, as plain JSON-ready data."""
-    return [_plain(t) for t in baseline.tools]
-
 
 def _assistant(record: Assistant) -> Message:
     message: Message = {"role": "assistant", "content": record.content or ""}
@@ -77,10 +73,3 @@ def _assistant(record: Assistant) -> Message:
 def _placeholder(call: ToolCall) -> Message:
     return {"role": "tool", "tool_call_id": call.id, "content": MISSING_RESULT}
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

@@ -98,9 +98,6 @@ class SessionActor(pykka.ThreadingActor):
         assert self._report is not None
         return self._report
 
-    def report(self) -> OpenReport:
-        return self.ready()
-
     def records(self) -> tuple[Record, ...]:
         return self._open_log().records
 

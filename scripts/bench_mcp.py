@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import ToolsConfig
-from actors.tools.client.port import HostLauncher, PortHandle, PortSettings, start_port
+from actors.tools.client import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.protocol.wire import Result
 from actors.tools.toolbox import host_argv
 
@@ -45,7 +45,7 @@ STARTS = 3  # host start-ups per kind
 
 
 @contextlib.contextmanager
-def _port(name: str, **kind: Any) -> Iterator[tuple[PortHandle, float]]:
+def _port(name: str, **kind: Any) -> Iterator[tuple[ToolPort, float]]:
     """A ready port to a fresh host; yields it and the seconds it took to come up."""
     workdir = Path(tempfile.mkdtemp(prefix="loopd-bench-"))
     endpoint = f"ipc://{workdir}/{name}.sock"
@@ -66,7 +66,7 @@ def _port(name: str, **kind: Any) -> Iterator[tuple[PortHandle, float]]:
         workdir.rmdir()
 
 
-def _caller(port: PortHandle, tool: str, arguments: dict[str, Any]) -> Callable[[int], None]:
+def _caller(port: ToolPort, tool: str, arguments: dict[str, Any]) -> Callable[[int], None]:
     def call(i: int) -> None:
         answer = port.call(session="bench", call=i, tool=tool, arguments=arguments)
         if not isinstance(answer, Result):

@@ -6,7 +6,7 @@ side are what count):
 
 - **floor**: a bare pyzmq DEALER (here) and ROUTER (a child process) over ``ipc://``, one
   msgpack map each way; no framework, no threads;
-- **loopd**: ``PortHandle.call`` to a real tool host (``--tools echo``) over ``ipc://``:
+- **loopd**: ``ToolPort.call`` to a real tool host (``--tools echo``) over ``ipc://``:
   the caller's own socket, correlation and timeout, the host's schema check and worker;
 - **mcp**: the official ``mcp`` SDK, ``ClientSession.call_tool`` to an ``MCPServer`` echo
   tool over stdio.
@@ -183,7 +183,7 @@ def _measure(systems: dict[str, Callable[[], None]]) -> dict[str, tuple[list[flo
 
 
 def run() -> list[dict[str, Any]]:
-    from actors.tools.client.port import PortSettings, start_port
+    from actors.tools.client import PortSettings, start_port
 
     tmp = Path(tempfile.mkdtemp(prefix="lb-", dir="/tmp"))
     floor_ep, host_ep = f"ipc://{tmp}/floor.sock", f"ipc://{tmp}/host.sock"

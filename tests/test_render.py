@@ -9,8 +9,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.inference.client import encode_body
+from actors.inference.types import ChatRequest
 from actors.records import Assistant, Baseline, CacheLoss, Record, ToolCall, ToolResult, Usage, User
-from actors.render import MISSING_RESULT, messages, tools
+from actors.render import MISSING_RESULT, messages
 from actors.tools.protocol.spec import ResultClass
 from tests.strategies import conversations, records
 
@@ -88,10 +90,10 @@ def test_baseline_at_index_zero_or_not_renders_the_same() -> None:
     assert messages(BASE, []) == [SYSTEM]
 
 
-def test_tools_are_plain_json() -> None:
+def test_the_baselines_tools_go_out_as_plain_json() -> None:
     function = {"name": "f", "parameters": {"a": [1, 2]}}
-    assert tools(BASE) == [{"type": "function", "function": function}]
-    json.dumps(tools(BASE))
+    request = ChatRequest(slot=0, messages=tuple(messages(BASE, [])), tools=BASE.tools)
+    assert json.loads(encode_body(request))["tools"] == [{"type": "function", "function": function}]
 
 
 # --- the placeholder ---------------------------------------------------------------------------

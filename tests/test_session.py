@@ -39,7 +39,7 @@ def session(config: Config) -> Iterator[pykka.ActorProxy[SessionActor]]:
 def test_creates_appends_and_reopens(
     config: Config, session: pykka.ActorProxy[SessionActor]
 ) -> None:
-    report = session.report().get(timeout=WAIT)
+    report = session.ready().get(timeout=WAIT)
     assert (report.records, report.cut_bytes, report.created) == (1, 0, True)
     user = User(content="hi", time=T0)
     session.append(user).get(timeout=WAIT)
@@ -56,7 +56,7 @@ def test_creates_appends_and_reopens(
     try:
         assert again.records().get(timeout=WAIT) == (BASE, user, result)
         assert again.next_call().get(timeout=WAIT) == 2
-        assert not again.report().get(timeout=WAIT).created
+        assert not again.ready().get(timeout=WAIT).created
     finally:
         again.actor_ref.stop(timeout=WAIT)
     assert (config.log_dir / "alpha" / "log.bin").is_file()
@@ -104,7 +104,7 @@ def test_torn_tail_is_reported(config: Config) -> None:
         f.write(b"\x10\0\0\0partial")
     proxy = open_session(config, "torn")
     try:
-        assert proxy.report().get(timeout=WAIT).cut_bytes == 11
+        assert proxy.ready().get(timeout=WAIT).cut_bytes == 11
     finally:
         proxy.actor_ref.stop(timeout=WAIT)
 

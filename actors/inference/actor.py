@@ -54,8 +54,7 @@ class _Ask:
     deadline: float
 
 
-def _stopped() -> InferError:
-    return InferError(InferErrorKind.CANCELLED, "the inference actor has stopped")
+_STOPPED = "the inference actor has stopped"
 
 
 class InferenceActor(pykka.ThreadingActor):
@@ -105,7 +104,7 @@ class Inference:
         with cancel.linked() as token:  # stop cancels this request, not the caller's turn
             with self._lock:
                 if self._stopping:
-                    raise _stopped()
+                    raise InferError.cancelled(_STOPPED)
                 self._flying.add(token)
             try:
                 ref = self._lend(sink, token, deadline)
@@ -135,7 +134,7 @@ class Inference:
             sink(Queued(ahead=ahead))
             while True:
                 if cancel.cancelled:
-                    raise _stopped() if self._stopping else _cancelled()
+                    raise InferError.cancelled(_STOPPED if self._stopping else "cancelled")
                 if time.monotonic() >= deadline:
                     raise InferError(
                         InferErrorKind.TIMEOUT,
@@ -158,7 +157,7 @@ class Inference:
                 timeout=max(0.0, ask.deadline - time.monotonic()) + _GRACE_S
             )
         except pykka.ActorDeadError:
-            return _stopped()
+            return InferError.cancelled(_STOPPED)
         except pykka.Timeout:  # the client's own deadline should have ended it long before
             return InferError(
                 InferErrorKind.TIMEOUT,
@@ -183,6 +182,3 @@ class Inference:
                 stopped.get(timeout=max(0.0, end - time.monotonic()))
         self._client.close()
 
-
-def _cancelled() -> InferError:
-    return InferError(InferErrorKind.CANCELLED, "cancelled")

@@ -205,7 +205,7 @@ class LlamaClient:
         failures = 0
         while True:
             if cancel.cancelled:
-                raise _cancelled()
+                raise InferError.cancelled()
             try:
                 outcome = self._exchange(request, sink, cancel, run)
             except _Failed as f:
@@ -234,7 +234,7 @@ class LlamaClient:
         reason = f"HTTP {error.status}: {error.message}" if error.status else error.message
         sink(Retrying(attempt=failures, delay=delay, reason=reason))
         if cancel.wait(delay):
-            raise _cancelled()
+            raise InferError.cancelled()
 
     # --- one exchange ------------------------------------------------------------------
 
@@ -297,7 +297,7 @@ class LlamaClient:
                 if not data:  # event:/id:/retry: alone dispatch no event (SSE spec)
                     continue
                 if cancel.cancelled:
-                    raise _Failed(_cancelled(), retry=False)
+                    raise _Failed(InferError.cancelled(), retry=False)
                 if monotonic() >= deadline:
                     raise _Failed(self._timed_out(), retry=False)
                 try:
@@ -326,7 +326,7 @@ class LlamaClient:
                 return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
         except httpx.HTTPError as e:
             raise self._transport_failure(e, watch, cancel, run, answered=asm.answered) from None
-        if _stopped(watch, cancel):
+        if _interrupted(watch, cancel):
             raise self._expired(watch, cancel)
         raise _Failed(
             InferError(
@@ -370,7 +370,7 @@ class LlamaClient:
 
     def _expired(self, watch: Watch | None, cancel: CancelToken) -> _Failed:
         if cancel.cancelled or (watch is not None and watch.expired == "cancelled"):
-            return _Failed(_cancelled(), retry=False)
+            return _Failed(InferError.cancelled(), retry=False)
         return _Failed(self._timed_out(), retry=False)
 
     def _transport_failure(
@@ -382,7 +382,7 @@ class LlamaClient:
         *,
         answered: bool,
     ) -> _Failed:
-        if _stopped(watch, cancel):
+        if _interrupted(watch, cancel):
             return self._expired(watch, cancel)
         if time.monotonic() >= run.deadline:
             return _Failed(self._timed_out(), retry=False)
@@ -417,7 +417,7 @@ class LlamaClient:
                 if size >= MAX_ERROR_BODY:
                     break
         except httpx.HTTPError as e:
-            if _stopped(watch, cancel):
+            if _interrupted(watch, cancel):
                 return self._expired(watch, cancel)
             del e  # a cut error body still says enough with its status
         body = b"".join(chunks)[:MAX_ERROR_BODY].decode("utf-8", errors="replace")
@@ -447,9 +447,6 @@ def _retryable_status(status: int | None) -> bool:
     return status is not None and status >= 500
 
 
-def _cancelled() -> InferError:
-    return InferError(InferErrorKind.CANCELLED, "cancelled")
-
 
 def _plain(value: object) -> Any:
     """JSON for the Mapping and tuple types the records use."""
@@ -458,6 +455,6 @@ def _plain(value: object) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _stopped(watch: Watch | None, cancel: CancelToken) -> bool:
+def _interrupted(watch: Watch | None, cancel: CancelToken) -> bool:
     """Cancelled, or past its deadline (the watchdog closed the socket): not a failure."""
     return cancel.cancelled or (watch is not None and bool(watch.expired))

@@ -83,6 +83,11 @@ class InferError(ServerError):
         where = f"HTTP {self.status}: " if self.status is not None else ""
         return f"The model server failed: {self.kind.value}: {where}{self.message}"
 
+    @classmethod
+    def cancelled(cls, why: str = "cancelled") -> InferError:
+        """The request was cancelled, or the inference side stopped under it."""
+        return cls(InferErrorKind.CANCELLED, why)
+
     def error_body(self) -> Mapping[str, Any]:
         """The server's ``error`` object, or {} when the body is not llama-server JSON."""
         return error_object(self.body)

@@ -8,7 +8,7 @@ prompt prefix the server caches) never changes when hosts come and go:
 - ``call_tool(name, arguments)`` runs the named tool on the host that offers it.
 
 :func:`dispatch` turns a call the model made into :class:`Local` (text to give back now) or
-:class:`Port` (a call for a tool port). Nothing the model sends raises: an unknown tool,
+:class:`Remote` (a call for a tool port). Nothing the model sends raises: an unknown tool,
 arguments that are not JSON or not an object, or that break the tool's schema, all become
 ``Local`` text saying what was wrong and what to do. Small models are met half way: a
 ``call_tool`` whose ``arguments`` is a JSON *string* holding an object is accepted, so are
@@ -22,18 +22,18 @@ import dataclasses
 import difflib
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
 import jsonschema.exceptions
 
-from actors.tools.client.port import PortHandle
+from actors.tools.client import ToolPort
 from actors.tools.protocol.argcheck import ArgumentCheck
 from actors.tools.protocol.spec import ToolSpec
+from actors.tools.search import find
 
-__all__ = ["META_TOOLS", "Local", "Port", "Registry", "baseline_tools", "dispatch"]
+__all__ = ["META_TOOLS", "Local", "Registry", "Remote", "baseline_tools", "dispatch"]
 
 log = logging.getLogger("loopd.registry")
 
@@ -88,25 +88,40 @@ class Local:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Port:
+class Remote:
     """A call to make on a tool port: the tool and its (already checked) arguments."""
 
-    port: PortHandle
+    port: ToolPort
     tool: str
     arguments: Mapping[str, Any]
 
 
 class Registry:
-    """The tools of the given ports; the first port offering a name wins it."""
+    """The tools of the given ports; the first port offering a name wins it.
 
-    def __init__(self, ports: Sequence[PortHandle]) -> None:
+    The table is rebuilt only when a host announces a new tool list (each port's specs are
+    one tuple per announcement, so comparing them by identity is enough).
+    """
+
+    def __init__(self, ports: Sequence[ToolPort]) -> None:
         self.ports = list(ports)
         self._checks: dict[tuple[str, int], tuple[Mapping[str, Any], ArgumentCheck | None]] = {}
+        self._built_from: tuple[tuple[ToolSpec, ...], ...] | None = None
+        self._table: dict[str, tuple[ToolSpec, ToolPort]] = {}
 
-    def _table(self) -> dict[str, tuple[ToolSpec, PortHandle]]:
-        table: dict[str, tuple[ToolSpec, PortHandle]] = {}
-        for port in self.ports:
-            for spec in port.specs():
+    def entry(self, tool: str) -> tuple[ToolSpec, ToolPort] | None:
+        """The spec of ``tool`` and the port of the host that offers it, or None."""
+        return self._current().get(tool)
+
+    def _current(self) -> dict[str, tuple[ToolSpec, ToolPort]]:
+        announced = tuple(port.specs() for port in self.ports)
+        if self._built_from is not None and all(
+            a is b for a, b in zip(announced, self._built_from, strict=True)
+        ):
+            return self._table
+        table: dict[str, tuple[ToolSpec, ToolPort]] = {}
+        for port, specs in zip(self.ports, announced, strict=True):
+            for spec in specs:
                 if spec.name in _META_NAMES:
                     continue
                 if spec.name in table:
@@ -117,46 +132,20 @@ class Registry:
                         )
                     continue
                 table[spec.name] = (spec, port)
+        self._table, self._built_from = table, announced
         return table
 
     def specs(self) -> list[ToolSpec]:
         """Every tool of every connected host (one per name)."""
-        return [spec for spec, _ in self._table().values()]
+        return [spec for spec, _ in self._current().values()]
 
     def spec(self, tool: str) -> ToolSpec | None:
-        entry = self._table().get(tool)
+        entry = self.entry(tool)
         return entry[0] if entry else None
-
-    def port_for(self, tool: str) -> PortHandle | None:
-        """The port of the host that offers ``tool``, or None."""
-        entry = self._table().get(tool)
-        return entry[1] if entry else None
 
     def find(self, query: str, limit: int = 5) -> str:
         """The find_tool answer: the best matches for ``query``, with their schemas."""
-        specs = self.specs()
-        if not specs:
-            return "No tools are available right now: no tool host is connected."
-        words = _query_words(query)
-        if not words:
-            listed = specs[: max(limit, 20)]
-            head = (
-                f"All {len(specs)} tools" if len(listed) == len(specs) else f"{len(listed)} tools"
-            )
-            return _describe(f"{head} (ask with a few words to narrow it down):", listed)
-        scored = sorted(
-            ((score, i, s) for i, s in enumerate(specs) if (score := _score(words, s)) > 0),
-            key=lambda t: (-t[0], t[1]),
-        )
-        if not scored:
-            names = ", ".join(s.name for s in specs[:30])
-            return (
-                f"No tool matches {query!r}. The tools are: {names}. Try other words with "
-                "find_tool, or call_tool with one of these names."
-            )
-        top = scored[0][0]
-        best = [s for score, _, s in scored[:limit] if score >= top / 4]  # drop weak tails
-        return _describe(f"Tools matching {query!r}, best first:", best)
+        return find(self.specs(), query, limit)
 
     def check(self, spec: ToolSpec) -> ArgumentCheck | None:
         """The compiled argument check of ``spec``; None when its schema is invalid."""
@@ -175,86 +164,6 @@ class Registry:
             self._checks.clear()
         self._checks[key] = (spec.parameters, check)
         return check
-
-
-# --- find_tool's ranking ----------------------------------------------------------------------
-
-_STOP = {
-    "a",
-    "an",
-    "the",
-    "to",
-    "of",
-    "in",
-    "on",
-    "for",
-    "and",
-    "or",
-    "with",
-    "from",
-    "my",
-    "me",
-    "i",
-    "some",
-    "this",
-    "that",
-    "it",
-    "is",
-    "be",
-    "tool",
-    "tools",
-    "please",
-    "can",
-    "want",
-}
-
-
-def _words(text: str) -> list[str]:
-    text = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)  # camelCase -> camel Case
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def _query_words(query: str) -> list[str]:
-    return [w for w in dict.fromkeys(_words(query)) if w not in _STOP]
-
-
-def _related(a: str, b: str) -> bool:
-    """Same word up to an ending: file/files, read/reading, dir/directory."""
-    short, long = sorted((a, b), key=len)
-    return len(short) >= 3 and long.startswith(short)
-
-
-def _score(words: list[str], spec: ToolSpec) -> float:
-    name_words = _words(spec.name)
-    desc_words = set(_words(spec.description))
-    score = 0.0
-    for w in words:
-        if w in name_words:
-            score += 3
-        elif any(_related(w, n) for n in name_words):
-            score += 2
-        if w in desc_words:
-            score += 1
-        elif any(_related(w, d) for d in desc_words):
-            score += 0.5
-    if "_".join(words) == spec.name.lower() or " ".join(words) == spec.name.lower():
-        score += 10
-    return score
-
-
-def _describe(head: str, specs: Iterable[ToolSpec]) -> str:
-    lines = [head]
-    for s in specs:
-        notes = []
-        if s.needs_approval:
-            notes.append("needs approval")
-        if s.untrusted:
-            notes.append("its results come from outside and may be wrong")
-        extra = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"- {s.name}: {s.description}{extra}")
-        lines.append(f"  arguments: {json.dumps(s.parameters, ensure_ascii=False, sort_keys=True)}")
-    lines.append('Run one with call_tool(name="...", arguments={...}).')
-    return "\n".join(lines)
 
 
 # --- dispatch -------------------------------------------------------------------------------------
@@ -296,8 +205,8 @@ def _unknown(registry: Registry, name: str) -> Local:
     )
 
 
-def _checked(registry: Registry, name: str, arguments: dict[str, Any]) -> Local | Port:
-    entry = registry._table().get(name)
+def _checked(registry: Registry, name: str, arguments: dict[str, Any]) -> Local | Remote:
+    entry = registry.entry(name)
     if entry is None:
         return _unknown(registry, name)
     spec, port = entry
@@ -310,10 +219,10 @@ def _checked(registry: Registry, name: str, arguments: dict[str, Any]) -> Local 
             f"The arguments for {name} are not valid: at {where}: {what}. "
             f"Its arguments schema is {schema}. Call it again with arguments that match."
         )
-    return Port(port, name, arguments)
+    return Remote(port, name, arguments)
 
 
-def dispatch(registry: Registry, name: str, arguments: str) -> Local | Port:
+def dispatch(registry: Registry, name: str, arguments: str) -> Local | Remote:
     """What the model's call ``name(arguments)`` (raw JSON text) turns into; never raises."""
     args = _parse_object(arguments, name)
     if isinstance(args, str):

@@ -38,12 +38,12 @@ import psutil
 import actors
 from actors.config import Config, HostConfig, ToolsConfig
 from actors.errors import ConfigError, KeyFileError
-from actors.tools.client.port import (
+from actors.tools.client import (
     CurveClient,
     HostLauncher,
-    PortHandle,
     PortSettings,
     PortStatus,
+    ToolPort,
     start_port,
     stop_ports,
 )
@@ -123,7 +123,7 @@ def _curve(h: HostConfig, where: str) -> CurveClient:
 class Toolbox:
     """The running tool hosts and their ports; :attr:`registry` holds their tools."""
 
-    def __init__(self, ports: list[PortHandle], run_dir: Path, owns_run_dir: bool) -> None:
+    def __init__(self, ports: list[ToolPort], run_dir: Path, owns_run_dir: bool) -> None:
         self.ports = ports
         self.registry = Registry(ports)
         self.problems: dict[str, str] = {}

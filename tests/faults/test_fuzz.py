@@ -59,7 +59,7 @@ from actors.records import (
 from actors.tools.procs import kill_tree
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
-from actors.tools.registry import Local, Port, Registry, dispatch
+from actors.tools.registry import Local, Registry, Remote, dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)
@@ -423,4 +423,4 @@ _REGISTRY = Registry([_Port()])  # type: ignore[list-item]
                 values),
 )  # fmt: skip
 def test_dispatch_never_raises(name: str, arguments: str) -> None:
-    assert isinstance(dispatch(_REGISTRY, name, arguments), Local | Port)
+    assert isinstance(dispatch(_REGISTRY, name, arguments), Local | Remote)

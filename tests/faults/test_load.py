@@ -91,8 +91,9 @@ def _expected_results(toolbox: Toolbox) -> dict[str, str]:
     for host, (tool, args) in TOOLS.items():
         if tool == "echo":
             continue
-        port = toolbox.registry.port_for(tool)
-        assert port is not None and port.name == host
+        entry = toolbox.registry.entry(tool)
+        assert entry is not None and entry[1].name == host
+        port = entry[1]
         answer = port.call(session="probe", call=1, tool=tool, arguments=json.loads(args))
         out[tool] = getattr(answer, "content", repr(answer))
     return out

@@ -27,7 +27,7 @@ import pytest
 
 from actors.config import Config, HostConfig
 from actors.records import ToolResult
-from actors.tools.client.port import HostLauncher, PortHandle, PortSettings, start_port
+from actors.tools.client import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
 from tests.faults.conftest import MakeRig, TurnRig
@@ -132,7 +132,7 @@ def test_a_host_frozen_mid_call(shell: Toolbox, fake: FakeLlama, turn_rig: MakeR
 
 
 @pytest.fixture
-def junk() -> Iterator[PortHandle]:
+def junk() -> Iterator[ToolPort]:
     """A real tool port to :mod:`tests.support.garbage_host` in its own process."""
     with short_dir() as d:
         endpoint = f"ipc://{d}/junk.sock"
@@ -151,7 +151,7 @@ def junk() -> Iterator[PortHandle]:
             port.stop()
 
 
-def test_a_host_answering_garbage(junk: PortHandle, fake: FakeLlama, turn_rig: MakeRig) -> None:
+def test_a_host_answering_garbage(junk: ToolPort, fake: FakeLlama, turn_rig: MakeRig) -> None:
     rig = turn_rig(fake.url, registry=Registry([junk]))
     modes = ["bytes", "map", "wrong_id", "silent", "huge"]
     steps = " ".join(f':: garbage {{"mode": "{m}"}}' for m in modes)

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from actors.errors import KeyFileError
-from actors.tools.client.port import CurveClient, PortSettings, start_port
+from actors.tools.client import CurveClient, PortSettings, start_port
 from actors.tools.keys import load_public, load_secret, main, write_keypair
 from actors.tools.protocol import wire
 from tests.tools.hostkit import FAKE, ask, raw_dealer, recv, short_dir, spawn_host, wait_until

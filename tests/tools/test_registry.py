@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.tools.client.port import PortHandle, PortSettings, start_port
+from actors.tools.client import PortSettings, ToolPort, start_port
 from actors.tools.protocol.spec import ToolSpec
-from actors.tools.registry import META_TOOLS, Local, Port, Registry, baseline_tools, dispatch
+from actors.tools.registry import META_TOOLS, Local, Registry, Remote, baseline_tools, dispatch
 from tests.tools.fake_host import FakeHost
 
 _n = itertools.count()
@@ -42,14 +42,14 @@ WEB = (
 )
 
 
-Hosts = tuple[Registry, PortHandle, PortHandle]
+Hosts = tuple[Registry, ToolPort, ToolPort]
 
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
     """Two hosts (files, web) and the registry of their ports."""
     ctx: zmq.Context[Any] = zmq.Context()
-    ports: list[PortHandle] = []
+    ports: list[ToolPort] = []
     try:
         with contextlib.ExitStack() as stack:
             for name, tools in (("files", FILES), ("web", WEB)):
@@ -73,9 +73,9 @@ def test_specs_hold_every_tool_once_the_first_host_wins(hosts: Hosts) -> None:
         "write_file",
         "fetch_url",
     ]
-    assert registry.port_for("read_file") is files
-    assert registry.port_for("fetch_url") is web
-    assert registry.port_for("nope") is None
+    assert registry.entry("read_file") == (registry.spec("read_file"), files)
+    assert registry.entry("fetch_url") == (registry.spec("fetch_url"), web)
+    assert registry.entry("nope") is None
 
 
 def test_find_ranks_by_name_and_description_and_shows_schemas(hosts: Hosts) -> None:
@@ -120,12 +120,13 @@ def test_find_tool_dispatches_locally(hosts: Hosts) -> None:
 )
 def test_call_tool_goes_to_the_port_of_the_host_offering_it(hosts: Hosts, arguments: str) -> None:
     registry, files, _ = hosts
-    assert dispatch(registry, "call_tool", arguments) == Port(files, "read_file", {"path": "a.txt"})
+    expected = Remote(files, "read_file", {"path": "a.txt"})
+    assert dispatch(registry, "call_tool", arguments) == expected
 
 
 def test_a_known_tool_called_by_its_own_name_goes_to_its_port(hosts: Hosts) -> None:
     registry, _, web = hosts
-    assert dispatch(registry, "fetch_url", '{"url": "http://x"}') == Port(
+    assert dispatch(registry, "fetch_url", '{"url": "http://x"}') == Remote(
         web, "fetch_url", {"url": "http://x"}
     )
 

@@ -17,7 +17,7 @@ import pytest
 
 from actors.config import Config, HostConfig
 from actors.errors import ConfigError
-from actors.tools.client.port import PortHandle, PortState
+from actors.tools.client import PortState, ToolPort
 from actors.tools.keys import write_keypair
 from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
@@ -55,9 +55,9 @@ def make(workspace: Path) -> Iterator[Make]:
 
 
 def _run(box: Toolbox, tool: str, **arguments: Any) -> wire.Answer:
-    port = box.registry.port_for(tool)
-    assert port is not None, f"no host offers {tool}"
-    return port.call(session="s", call=1, tool=tool, arguments=arguments)
+    entry = box.registry.entry(tool)
+    assert entry is not None, f"no host offers {tool}"
+    return entry[1].call(session="s", call=1, tool=tool, arguments=arguments)
 
 
 def _sleeps(marker: str) -> list[psutil.Process]:
@@ -83,7 +83,7 @@ def test_the_standard_hosts_start_and_answer(make: Make) -> None:
     assert answer == wire.Result(answer.id, "hello from the workspace\n")
 
 
-def _port(box: Toolbox, name: str) -> PortHandle:
+def _port(box: Toolbox, name: str) -> ToolPort:
     (port,) = [p for p in box.ports if p.name == name]
     return port
 

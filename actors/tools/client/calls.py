@@ -1,21 +1,24 @@
-"""A calling thread's own DEALER to a tool host: a call with no thread hand-off.
+"""One call to a tool host, on the calling thread's own DEALER: no thread hand-off.
 
-ZeroMQ sockets are not thread-safe, so the port's I/O thread cannot lend its socket to
-callers; handing each call to that thread and back costs two thread wake-ups, more than the
-socket round trip itself. Instead each calling thread gets a DEALER of its own (made lazily
-by that thread, used only by it), sends its request, and waits on that socket for the
-answer in blocking receives of at most ``_CHECK_MS`` (cheaper than poll() over a second
-descriptor), looking at its cancel token, its deadline and the port between them. The host
-answers whichever routing id asked.
+ZeroMQ sockets are not thread-safe, so the connection thread cannot lend its socket to
+callers, and handing each call to that thread and back costs two thread wake-ups, more than
+the socket round trip itself. Instead each calling thread gets a DEALER of its own (made
+lazily by that thread, used only by it), sends its request, and waits on that socket for the
+answer in blocking receives of at most ``_PULSE_MS`` (cheaper than poll() over a second
+descriptor), looking at its cancel token, its deadline and the connection between them. The
+host answers whichever routing id asked.
 
-The I/O thread still owns liveness (heartbeats, the host's exit, the port's stop). When it
-gives up on a connection it bumps :attr:`Link.generation`: a caller waiting on the dead host
-fails within ``_CHECK_MS``, and a caller socket of an older generation is closed and
-replaced before its next call, so nothing queued for a dead host reaches its successor.
+A call to a host that is not connected waits for it (``PortSettings.connect_wait_s``), then
+fails without having been sent. When the connection thread gives up on a host it bumps its
+generation: a caller waiting on the dead host fails within a pulse, and a caller socket of
+an older generation is closed and replaced before its next call.
 
 Sockets are closed by their own thread, except those of threads that are idle or gone,
-which the port closes under the lock when it stops (or a new caller arrives): the lock
-gives the memory barrier libzmq asks for when a socket changes threads.
+which :meth:`CallSockets.close` (or a new caller) closes under the lock: the lock gives the
+memory barrier libzmq asks for when a socket changes threads.
+
+Every way a call can fail is one of the functions in the "failures" section: the one set of
+texts a model reads about a tool host.
 """
 
 from __future__ import annotations
@@ -25,50 +28,89 @@ import logging
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import zmq
 
 from actors.cancel import CancelToken
 from actors.errors import WireError
+from actors.tools.client.connection import Connection, PortState
+from actors.tools.client.settings import PortSettings, configure
 from actors.tools.protocol import wire
-from actors.tools.protocol.wire import Answer, Cancel, Failed
+from actors.tools.protocol.wire import Answer, Failed
 
-if TYPE_CHECKING:
-    from actors.tools.client.port import PortSettings
-
-__all__ = ["Callers", "Link", "configure"]
+__all__ = ["CallSockets", "classify"]
 
 log = logging.getLogger("loopd.toolport")
 
-_CHECK_MS = 20  # how often a waiting call looks at its cancel token and the port's state
+_PULSE_MS = 20  # how often a waiting call looks at its cancel token and the connection
 
 
-class Link(Protocol):
-    """What the callers need to know of the port's connection (the I/O thread keeps it)."""
-
-    @property
-    def generation(self) -> int: ...  # bumped each time the host is given up on
-
-    def why_ended(self, generation: int) -> str: ...  # e.g. "exited (exit code 1)"
-
-    @property
-    def stopped(self) -> bool: ...
+# --- failures: what the model reads when a call did not get the host's answer -----------------
 
 
-def configure(sock: zmq.Socket[Any], settings: PortSettings) -> None:
-    """Options every DEALER to a host gets (the I/O thread's and the callers')."""
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a host that is not there
-    sock.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-    if settings.curve is not None:
-        sock.curve_serverkey = settings.curve.server_key
-        sock.curve_publickey = settings.curve.public
-        sock.curve_secretkey = settings.curve.secret
+def closed(host: str) -> str:
+    return f"tool host {host}: the tool port is closed"
 
 
-class _Conn:
+def not_connected(host: str, why: str) -> str:
+    return f"tool host {host} is not connected ({why}); the call was not sent"
+
+
+def lost(host: str, why: str) -> str:
+    return f"tool host {host} {why} during the call; it may or may not have run"
+
+
+def timed_out(host: str, tool: str, limit: float) -> str:
+    return f"tool host {host} did not answer {tool} within {limit:g} s"
+
+
+def malformed(host: str, error: WireError) -> str:
+    return f"tool host {host} sent a malformed answer: {error}"
+
+
+def unsendable(tool: str, error: WireError) -> str:
+    return f"the arguments of {tool} cannot be sent to its host: {error}"
+
+
+def too_large(tool: str, size: int, limit: int) -> str:
+    return (
+        f"the arguments of {tool} are {size} bytes, over the limit of {limit} "
+        "(tools.max_frame_bytes); send less"
+    )
+
+
+CANCELLED = "cancelled"
+
+
+# --- the one classifier of what a host sends on a call's socket ------------------------------
+
+
+def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | None:
+    """The answer to call ``cid`` if ``frame`` is it; anything else is logged and None."""
+    try:
+        msg = wire.decode(frame, max_bytes)
+    except WireError as e:
+        if e.id == cid:
+            return Failed(cid, malformed(host, e))
+        log.warning("tool host %s sent a bad frame: %s", host, e)
+        return None
+    if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval):
+        if msg.id == cid:
+            return msg
+        if isinstance(msg, Failed) and msg.id == 0:
+            log.warning("tool host %s: %s", host, msg.message)
+        else:
+            log.debug("tool host %s: answer to call %d came after the caller left", host, msg.id)
+    else:
+        log.warning("tool host %s sent %s, which only a port sends", host, type(msg).__name__)
+    return None
+
+
+# --- the sockets --------------------------------------------------------------------------
+
+
+class _Socket:
     """One thread's socket; ``busy`` and ``closed`` change under the lock."""
 
     __slots__ = ("busy", "closed", "generation", "sock", "thread")
@@ -87,102 +129,110 @@ class _Conn:
             self.sock.close(linger=0)
 
 
-class Callers:
+class CallSockets:
     """The per-thread sockets of one port, and the call made on them."""
 
-    def __init__(
-        self, name: str, settings: PortSettings, ctx: zmq.Context[Any], link: Link
-    ) -> None:
-        self.name = name
+    def __init__(self, settings: PortSettings, ctx: zmq.Context[Any], conn: Connection) -> None:
+        self.name = settings.name
         self.s = settings
         self.ctx = ctx
-        self.link = link
+        self.conn = conn
         self._lock = threading.Lock()
-        self._conns: set[_Conn] = set()
+        self._sockets: set[_Socket] = set()
         self._local = threading.local()
         self._closed = False
-
-    # --- from whoever stops the port -----------------------------------------------------
 
     def close(self) -> None:
         """The port stopped: close idle sockets now; busy ones close when their call ends."""
         with self._lock:
             self._closed = True
-            for conn in list(self._conns):
-                if not conn.busy:
-                    conn.close()
-                    self._conns.discard(conn)
+            for s in list(self._sockets):
+                if not s.busy:
+                    s.close()
+                    self._sockets.discard(s)
 
-    # --- from the calling thread ------------------------------------------------------------
+    def open_count(self) -> int:
+        """How many sockets are open (tests: none may outlive the port)."""
+        with self._lock:
+            return len(self._sockets)
 
-    def _acquire(self, generation: int) -> _Conn | None:
-        """This thread's socket for ``generation``, marked busy; None once the port is closed."""
-        conn: _Conn | None = getattr(self._local, "conn", None)
+    def call(
+        self, cid: int, tool: str, frame: bytes, cancel: CancelToken | None, limit: float
+    ) -> Answer:
+        """Send ``frame`` and wait for answer ``cid``; Failed for every other ending."""
+        start = time.monotonic()
+        if self.conn.state is not PortState.READY:
+            waited = self._await_ready(cid, cancel, start)
+            if waited is not None:
+                return waited
+        generation = self.conn.generation
+        sock = self._acquire(generation)
+        if sock is None:
+            return Failed(cid, closed(self.name))
+        try:
+            return self._exchange(sock, generation, cid, tool, frame, cancel, start, limit)
+        finally:
+            self._release(sock)
+
+    def _await_ready(self, cid: int, cancel: CancelToken | None, start: float) -> Failed | None:
+        """Wait for a host that is not connected; None once it is, else why not."""
+        while not self.conn.ready.wait(_PULSE_MS / 1000):
+            if self.conn.stopped:
+                return Failed(cid, closed(self.name))
+            if cancel is not None and cancel.cancelled:
+                return Failed(cid, CANCELLED)
+            if time.monotonic() - start >= self.s.connect_wait_s:
+                return Failed(cid, not_connected(self.name, self.conn.reason))
+        return None
+
+    def _acquire(self, generation: int) -> _Socket | None:
+        """This thread's socket for ``generation``, marked busy; None once closed."""
+        s: _Socket | None = getattr(self._local, "socket", None)
         with self._lock:
             if self._closed:
                 return None
-            if conn is not None and (conn.closed or conn.generation != generation):
-                conn.close()  # an older generation's: whatever it queued must not be sent
-                self._conns.discard(conn)
-                conn = None
-            if conn is None:
-                for old in [c for c in self._conns if c.thread() is None and not c.busy]:
+            if s is not None and (s.closed or s.generation != generation):
+                s.close()  # an older generation's: whatever it queued must not be sent
+                self._sockets.discard(s)
+                s = None
+            if s is None:
+                for old in [o for o in self._sockets if o.thread() is None and not o.busy]:
                     old.close()  # its thread has ended
-                    self._conns.discard(old)
+                    self._sockets.discard(old)
                 sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
                 configure(sock, self.s)
-                sock.setsockopt(zmq.RCVTIMEO, _CHECK_MS)  # blocking calls, with a pulse
-                sock.setsockopt(zmq.SNDTIMEO, _CHECK_MS)
+                sock.setsockopt(zmq.RCVTIMEO, _PULSE_MS)  # blocking calls, with a pulse
+                sock.setsockopt(zmq.SNDTIMEO, _PULSE_MS)
                 sock.connect(self.s.endpoint)
-                conn = _Conn(sock, generation)
-                self._conns.add(conn)
-                self._local.conn = conn
-            conn.busy = True
-        return conn
+                s = _Socket(sock, generation)
+                self._sockets.add(s)
+                self._local.socket = s
+            s.busy = True
+        return s
 
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, s: _Socket) -> None:
         with self._lock:
-            conn.busy = False
-            if self._closed or conn.generation != self.link.generation:
-                conn.close()
-                self._conns.discard(conn)
-
-    def call(
-        self,
-        cid: int,
-        tool: str,
-        frame: bytes,
-        cancel: CancelToken | None,
-        limit: float,
-        wait_connect: float,
-    ) -> Answer:
-        """Send ``frame`` on this thread's socket and wait for answer ``cid``; Failed otherwise."""
-        generation = self.link.generation
-        conn = self._acquire(generation)
-        if conn is None:
-            return Failed(cid, f"tool host {self.name}: the tool port is closed")
-        try:
-            return self._exchange(conn, generation, cid, tool, frame, cancel, limit, wait_connect)
-        finally:
-            self._release(conn)
+            s.busy = False
+            if self._closed or s.generation != self.conn.generation:
+                s.close()
+                self._sockets.discard(s)
 
     def _exchange(
         self,
-        conn: _Conn,
+        s: _Socket,
         generation: int,
         cid: int,
         tool: str,
         frame: bytes,
         cancel: CancelToken | None,
+        start: float,
         limit: float,
-        wait_connect: float,
     ) -> Answer:
-        sock = conn.sock
-        start = time.monotonic()
+        sock = s.sock
         deadline = start + limit
         sent = False
         while True:
-            # Blocking send/recv, each at most _CHECK_MS: cheaper than poll() with a second fd.
+            # Blocking send/recv, each at most a pulse: cheaper than poll() with a second fd.
             if not sent:
                 try:
                     sock.send(frame)  # waits while a fresh socket connects (IMMEDIATE)
@@ -191,66 +241,28 @@ class Callers:
                     pass
             else:
                 try:
-                    answer = self._answer(sock.recv(), cid)
+                    answer = classify(self.name, sock.recv(), cid, self.s.max_frame_bytes)
                 except zmq.Again:
                     answer = None
                 if answer is not None:
                     return answer
             now = time.monotonic()
-            if self.link.stopped:
-                return Failed(cid, f"tool host {self.name}: the tool port was closed")
-            if self.link.generation != generation:
-                why = self.link.why_ended(generation)  # the first end, not a later one
-                if not sent:
-                    return Failed(
-                        cid,
-                        f"tool host {self.name} is not connected ({why}); the call was not sent",
-                    )
-                return Failed(
-                    cid,
-                    f"tool host {self.name} {why} during the call; it may or may not have run",
-                )
+            if self.conn.stopped:
+                return Failed(cid, closed(self.name))
+            if self.conn.generation != generation:
+                why = self.conn.why_ended(generation)  # the first end, not a later one
+                return Failed(cid, lost(self.name, why) if sent else not_connected(self.name, why))
             if cancel is not None and cancel.cancelled:
                 if sent:
                     self._cancel(sock, cid)
-                return Failed(cid, "cancelled")
-            if not sent and now - start >= wait_connect:
-                return Failed(cid, f"tool host {self.name} is not connected; the call was not sent")
+                return Failed(cid, CANCELLED)
+            if not sent and now - start >= self.s.connect_wait_s:
+                return Failed(cid, not_connected(self.name, "no connection within the wait"))
             if now >= deadline:
                 if sent:
                     self._cancel(sock, cid)
-                return Failed(
-                    cid, f"tool host {self.name} did not answer {tool} within {limit:g} s"
-                )
-
-    def _answer(self, frame: bytes, cid: int) -> Answer | None:
-        """The answer to ``cid`` if ``frame`` is it; anything else is logged and dropped."""
-        try:
-            msg = wire.decode(frame, self.s.max_frame_bytes)
-        except WireError as e:
-            if e.id == cid:
-                return Failed(cid, f"tool host {self.name} sent a malformed answer: {e}")
-            log.warning("tool host %s sent a bad frame: %s", self.name, e)
-            return None
-        if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval):
-            if msg.id == cid:
-                return msg
-            if isinstance(msg, Failed) and msg.id == 0:
-                log.warning("tool host %s: %s", self.name, msg.message)
-            else:
-                log.debug(
-                    "tool host %s: answer to call %d came after the caller left", self.name, msg.id
-                )
-        else:
-            log.warning(
-                "tool host %s sent %s, which only a port sends", self.name, type(msg).__name__
-            )
-        return None
+                return Failed(cid, timed_out(self.name, tool, limit))
 
     def _cancel(self, sock: zmq.Socket[Any], cid: int) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            sock.send(_cancel_frame(cid), zmq.NOBLOCK)  # best effort: the host may be gone
-
-
-def _cancel_frame(cid: int) -> bytes:
-    return wire.encode(Cancel(cid))
+        with contextlib.suppress(zmq.ZMQError):  # best effort: the host may be gone
+            sock.send(wire.encode(wire.Cancel(cid)), zmq.NOBLOCK)

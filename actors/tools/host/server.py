@@ -31,6 +31,7 @@ import jsonschema.exceptions
 import psutil
 import zmq
 
+from actors.cut import cut
 from actors.errors import UsageError, WireError
 from actors.tools.procs import kill_tree
 from actors.tools.protocol import wire
@@ -377,9 +378,9 @@ class Host:
             frame = wire.encode(dataclasses.replace(answer, content=clean))
         if len(frame) > self.max_frame and isinstance(answer, Result):
             room = self.max_frame - 4096
-            cut = answer.content.encode()[:room].decode("utf-8", "ignore")
+            kept, _, _ = cut(answer.content, room, "bytes")
             note = f"\n[cut by the tool host: over the frame limit of {self.max_frame} bytes]"
-            frame = wire.encode(dataclasses.replace(answer, content=cut + note))
+            frame = wire.encode(dataclasses.replace(answer, content=kept + note))
         if len(frame) > self.max_frame:
             frame = wire.encode(Failed(call.id, f"{call.tool}'s answer is too large to send"))
         return frame

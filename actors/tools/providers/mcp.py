@@ -43,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from actors.cut import cut
 from actors.errors import McpError
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.protocol.wire import Answer, Failed, Result
@@ -511,11 +512,10 @@ class McpProvider:
         """The text cut at ``max_output_bytes`` (``tools.max_output_bytes``), saying so."""
         if self._max_output is None:
             return text
-        data = text.encode("utf-8", "replace")
-        if len(data) <= self._max_output:
+        shown, size, total = cut(text, self._max_output, "bytes")
+        if size == total:
             return text
-        shown = data[: self._max_output].decode("utf-8", "ignore")
-        return shown + f"\n[cut: showing {self._max_output} of {len(data)} bytes of the answer]"
+        return shown + f"\n[cut: showing {size} of {total} bytes of the answer]"
 
     def _start_probe(self, conn: _Connection) -> None:
         """After a timeout: a server that cannot list its tools either is hung; replace it."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors.cut import cut
 from actors.errors import UsageError
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
@@ -169,8 +170,8 @@ class StandardTools:
     # --- the tools ---------------------------------------------------------------------
 
     def _cut(self, data: bytes, total: int, start: int = 0) -> str:
-        text = data[: self.max_output].decode("utf-8", "replace")
-        shown_end = start + min(len(data), self.max_output)
+        text, size, _ = cut(data, self.max_output, "bytes")
+        shown_end = start + size
         if shown_end < total:
             text += (
                 f"\n[cut: showing bytes {start} to {shown_end} of {total}; "

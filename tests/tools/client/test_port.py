@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from actors.cancel import CancelToken
-from actors.tools.client.port import PortHandle, PortSettings, PortState, start_port
+from actors.tools.client import PortSettings, PortState, ToolPort, start_port
 from actors.tools.protocol import wire
 from tests.tools.fake_host import ECHO, FakeHost
 from tests.tools.hostkit import wait_until
@@ -39,9 +39,9 @@ class Ports:
 
     def __init__(self, ctx: zmq.Context[Any]) -> None:
         self.ctx = ctx
-        self.started: list[PortHandle] = []
+        self.started: list[ToolPort] = []
 
-    def __call__(self, endpoint: str, **settings: Any) -> PortHandle:
+    def __call__(self, endpoint: str, **settings: Any) -> ToolPort:
         merged = {"timeout_s": 5.0, "heartbeat_s": 0.5, **settings}
         port = start_port(PortSettings("fake", endpoint, **merged), context=self.ctx)
         self.started.append(port)
@@ -58,7 +58,7 @@ def ports(ctx: zmq.Context[Any]) -> Iterator[Ports]:
             port.stop()
 
 
-def _call(port: PortHandle, text: str = "hi", cancel: CancelToken | None = None) -> wire.Answer:
+def _call(port: ToolPort, text: str = "hi", cancel: CancelToken | None = None) -> wire.Answer:
     return port.call(session="s1", call=3, tool="echo", arguments={"text": text}, cancel=cancel)
 
 
@@ -75,7 +75,7 @@ def test_a_call_round_trips_with_its_session_call_and_arguments(
         assert (req.id, req.session, req.call, req.tool, dict(req.arguments)) == (
             answer.id, "s1", 3, "echo", {"text": "hello"},
         )  # fmt: skip
-        assert port.specs() == [ECHO]
+        assert port.specs() == (ECHO,)
         assert port.status().state is PortState.READY
 
 
@@ -195,7 +195,7 @@ def _exits_during_a_call(
             future = pool.submit(_call, port)
             wait_until(lambda: len(host.requests()) == 1, what="the request")
             for reason in reasons:  # what the supervising actor reports
-                port._io.host_exited(reason)
+                port.conn.host_exited(reason)
             return future.result(timeout=10)
 
 
@@ -226,7 +226,7 @@ def test_a_call_to_a_host_that_is_not_there_fails_without_being_sent(
     answer = _call(port)
     assert isinstance(answer, wire.Failed)
     assert "tool host fake is not connected (starting); the call was not sent" in answer.message
-    assert port.specs() == []
+    assert port.specs() == ()
 
 
 def test_arguments_over_the_frame_limit_are_refused_before_sending(
@@ -271,9 +271,9 @@ def test_each_calling_thread_calls_on_a_socket_of_its_own_that_the_stop_closes(
         peers = [host.peer_of(a.id) for a in [*here, there]]
         assert peers[0] == peers[1]  # one thread keeps its socket
         assert peers[2] != peers[0]  # another thread has its own
-        assert len(port._io.callers._conns) == 2
+        assert port.sockets.open_count() == 2
         port.stop()
-        assert port._io.callers._conns == set()
+        assert port.sockets.open_count() == 0
 
 
 def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
@@ -283,8 +283,8 @@ def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
         port = ports(endpoint, timeout_s=60)
         assert port.wait_ready(5)
         first = _call(port)
-        port._io.host_exited("killed by SIGKILL")  # the I/O thread gives up on the connection
-        wait_until(lambda: port._io.generation == 1, what="the port to give up on it")
+        port.conn.host_exited("killed by SIGKILL")  # the I/O thread gives up on the connection
+        wait_until(lambda: port.conn.generation == 1, what="the port to give up on it")
         assert port.wait_ready(10)
         second = _call(port)
         assert isinstance(second, wire.Result)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools.client.port import PortHandle, PortSettings, start_port
+from actors.tools.client import PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from tests.tools.hostkit import (
     FAKE,
@@ -228,7 +228,7 @@ def test_mcp_without_the_mcp_module_is_a_clear_error() -> None:
 
 
 @pytest.fixture
-def port(host: tuple[str, Path]) -> Iterator[PortHandle]:
+def port(host: tuple[str, Path]) -> Iterator[ToolPort]:
     endpoint, _ = host
     handle = start_port(
         PortSettings("fake", endpoint, timeout_s=0.5, heartbeat_s=0.5),
@@ -241,13 +241,13 @@ def port(host: tuple[str, Path]) -> Iterator[PortHandle]:
         handle.stop()
 
 
-def test_the_port_gets_the_hosts_own_timeout_answer(port: PortHandle) -> None:
+def test_the_port_gets_the_hosts_own_timeout_answer(port: ToolPort) -> None:
     answer = port.call(session="s", call=1, tool="hang", arguments={"seconds": 1.5})
     assert isinstance(answer, wire.Failed)
     assert "hang did not finish within 0.5 s (the tool host's limit" in answer.message
 
 
-def test_the_port_round_trips_through_a_real_host(port: PortHandle) -> None:
+def test_the_port_round_trips_through_a_real_host(port: ToolPort) -> None:
     answer = port.call(session="s", call=1, tool="pid", arguments={})
     assert isinstance(answer, wire.Result)
     assert int(answer.content) != os.getpid()

@@ -507,7 +507,7 @@ def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_pat
     import tomllib
 
     from actors.config import parse
-    from actors.tools.registry import Local, Port, dispatch
+    from actors.tools.registry import Local, Remote, dispatch
     from actors.tools.toolbox import Toolbox
 
     command = shlex.join(TIME_SERVER)
@@ -529,7 +529,7 @@ def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_pat
             "call_tool",
             '{"name": "get_current_time", "arguments": {"timezone": "America/New_York"}}',
         )
-        assert isinstance(call, Port) and call.tool == "get_current_time", call
+        assert isinstance(call, Remote) and call.tool == "get_current_time", call
         answer = call.port.call(session="s", call=1, tool=call.tool, arguments=call.arguments)
         assert isinstance(answer, Result), answer
         assert json.loads(answer.content)["timezone"] == "America/New_York"

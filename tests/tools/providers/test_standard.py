@@ -12,7 +12,7 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools.client.port import PortHandle, PortSettings, start_port
+from actors.tools.client import PortSettings, ToolPort, start_port
 from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
 from tests.tools.hostkit import short_dir, spawn_host
@@ -45,7 +45,7 @@ def host() -> Iterator[tuple[str, int, Path, Path]]:
 
 
 class World(NamedTuple):
-    port: PortHandle
+    port: ToolPort
     pid: int  # the host's
     workspace: Path
     outside: Path
@@ -62,7 +62,7 @@ def world(host: tuple[str, int, Path, Path]) -> Iterator[World]:
         port.stop()
 
 
-def _call(port: PortHandle, tool: str, **arguments: Any) -> wire.Answer:
+def _call(port: ToolPort, tool: str, **arguments: Any) -> wire.Answer:
     return port.call(session="s", call=1, tool=tool, arguments=arguments)
 
 
