@@ -1,4 +1,4 @@
-"""Field checks shared by loopd's two msgpack codecs: log records and tool wire messages.
+"""Field checks shared by loopd's msgpack codecs: log records and the wire protocols.
 
 A check takes a decoded value and returns the Python value, or raises ``TypeError`` saying
 what it expected; the codec adds the kind and the field to the message.
@@ -10,7 +10,10 @@ import enum
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
-__all__ = ["Check", "exact", "member"]
+__all__ = [
+    "MAX_DEPTH", "MAX_ID", "SCALARS", "Check", "exact", "json_data", "json_object", "member",
+    "wire_id",
+]  # fmt: skip
 
 Check: TypeAlias = Callable[[Any], Any]
 E = TypeVar("E", bound=enum.Enum)
@@ -41,3 +44,48 @@ def member(kind: type[E]) -> Callable[[Any], E]:
             raise TypeError(f"expected one of {allowed}, got {v!r:.40}") from None
 
     return check
+
+
+MAX_ID = 2**63 - 1
+MAX_DEPTH = 64  # nesting of JSON data on a wire (tool arguments, schemas)
+SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def wire_id(v: Any) -> int:
+    """A request id or counter: a non-negative integer that fits in 63 bits."""
+    if type(v) is not int or not 0 <= v <= MAX_ID:
+        raise TypeError(f"expected a non-negative integer id, got {v!r:.40}")
+    return v
+
+
+def json_data(v: Any, depth: int = 0) -> Any:
+    """``v`` itself, if it is JSON-shaped data nested at most MAX_DEPTH deep.
+
+    It only looks (a copy per call cost more than the rest of a decode).
+    """
+    if depth > MAX_DEPTH:
+        raise TypeError(f"nested deeper than {MAX_DEPTH} levels")
+    t = type(v)
+    if t is str or t is int or t is float or t is bool or v is None:
+        return v
+    if t is list:
+        for x in v:
+            if type(x) not in SCALARS:
+                json_data(x, depth + 1)
+        return v
+    if t is dict:
+        for k, x in v.items():
+            if type(k) is not str:
+                raise TypeError(f"map keys must be text, got {type(k).__name__}")
+            if type(x) not in SCALARS:
+                json_data(x, depth + 1)
+        return v
+    raise TypeError(f"{t.__name__} is not JSON data")
+
+
+def json_object(v: Any) -> dict[str, Any]:
+    """A map of JSON data (tool arguments, a JSON schema)."""
+    if type(v) is not dict:
+        raise TypeError(f"expected a map, got {type(v).__name__}")
+    result: dict[str, Any] = json_data(v)
+    return result

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.checks import MAX_DEPTH
 from actors.errors import WireError
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
@@ -160,7 +161,7 @@ def test_the_request_id_is_kept_on_an_error_when_it_could_be_read() -> None:
 
 def test_deep_nesting_is_refused() -> None:
     deep: Any = "x"
-    for _ in range(wire.MAX_DEPTH + 5):
+    for _ in range(MAX_DEPTH + 5):
         deep = {"a": deep}
     frame = _frame(kind="request", id=1, session="s", call=1, tool="t", arguments=deep)
     with pytest.raises(WireError, match="nested deeper"):
@@ -168,7 +169,7 @@ def test_deep_nesting_is_refused() -> None:
 
 
 def test_encode_refuses_what_cannot_go_on_the_wire() -> None:
-    with pytest.raises(WireError, match="not a wire message"):
+    with pytest.raises(WireError, match="not a tool wire message"):
         wire.encode("hello")  # type: ignore[arg-type]
     with pytest.raises(WireError, match="cannot encode"):
         wire.encode(wire.Result(1, "\ud800"))
