@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from actors.config import Config, HostConfig, parse
+from actors.config import Config
 from actors.events import Event
 from actors.inference.actor import Inference
 from actors.records import Baseline, now
@@ -31,39 +31,18 @@ from actors.session import open_session
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
+from tests.support.load import SLOTS, load_config, message
 from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import Peak
 
 __all__ = ["LEVELS", "run"]
 
 LEVELS = ((1, 100), (8, 25), (32, 10))  # (sessions, turns per session)
-SLOTS = 4
-TOOLS = {
-    "h_read": ("read_file", '{"path": "notes.txt"}'),
-    "h_list": ("list_dir", '{"path": "."}'),
-    "h_search": ("search_files", '{"pattern": "hello"}'),
-    "h_echo": ("echo", '{"text": "hi"}'),
-}
-_HOSTS = list(TOOLS)
 MiB = 1024 * 1024
 
 
-def _message(session: int, n: int) -> str:
-    tool, args = TOOLS[_HOSTS[(session + n) % len(_HOSTS)]]
-    return f"s{session} t{n} :: {tool} {args}"
-
-
 def _config(root: Path, url: str) -> Config:
-    workspace = root / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("hello from the workspace\n")
-    hosts = tuple(HostConfig(name=h, tools=(tool,)) for h, (tool, _) in TOOLS.items())
-    config = parse({
-        "inference": {"url": url, "parallel": SLOTS, "retries": 0, "timeout_s": 60},
-        "log": {"dir": str(root / "sessions"), "fsync": "always"},
-        "tools": {"standard": False, "workspace": str(workspace), "max_concurrent_calls": 32},
-    })  # fmt: skip
-    return config.replace("tools", hosts=hosts)
+    return load_config(root, url, inference={"retries": 0}, log={"fsync": "always"})
 
 
 def _sink(_event: Event) -> None:
@@ -86,7 +65,7 @@ def _level(
         try:
             for n in range(turns):
                 start = time.perf_counter()
-                proxies[s].turn(runtimes[s % SLOTS], _message(s, n), _sink).get(timeout=120)
+                proxies[s].turn(runtimes[s % SLOTS], message(s, n), _sink).get(timeout=120)
                 with lock:
                     latencies.append(time.perf_counter() - start)
         except BaseException as e:

@@ -27,7 +27,7 @@ import psutil
 import pykka
 import pytest
 
-from actors.config import Config, HostConfig, parse
+from actors.config import Config
 from actors.events import Event
 from actors.inference.actor import Inference
 from actors.log import SessionLog, read_records
@@ -37,41 +37,18 @@ from actors.tools.procs import is_alive
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
+from tests.support.load import HOSTS, SLOTS, TOOLS, message
+from tests.support.load import load_config as shared_config
 from tests.support.scripted_llama import call_id, serve_in_process
 from tests.support.watch import wait_until
 
 SESSIONS = 32
-SLOTS = 4
 TURNS = int(os.environ.get("LOOPD_LOAD_TURNS", "20"))
-TOOLS = {  # host name: (its tool, the arguments a turn gives it)
-    "h_read": ("read_file", '{"path": "notes.txt"}'),
-    "h_list": ("list_dir", '{"path": "."}'),
-    "h_search": ("search_files", '{"pattern": "hello"}'),
-    "h_echo": ("echo", '{"text": "echo %s"}'),
-}
-HOSTS = list(TOOLS)
 TURN_KINDS = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 
 
-def message(session: int, n: int) -> str:
-    tool, args = TOOLS[HOSTS[(session + n) % len(HOSTS)]]
-    tag = f"s{session:02d} t{n:03d}"
-    return f"{tag} :: {tool} {args.replace('%s', tag)}"
-
-
 def load_config(tmp_path: Path, url: str) -> Config:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("hello from the workspace\n")
-    hosts = tuple(HostConfig(name=h, tools=(tool,)) for h, (tool, _) in TOOLS.items())
-    config = parse({
-        "inference": {"url": url, "parallel": SLOTS, "retries": 2, "backoff_s": 0.01,
-                      "timeout_s": 60},
-        "log": {"dir": str(tmp_path / "sessions")},
-        "tools": {"standard": False, "workspace": str(workspace), "timeout_s": 30,
-                  "max_concurrent_calls": 16},
-    })  # fmt: skip
-    return config.replace("tools", hosts=hosts)
+    return shared_config(tmp_path, url, inference={"retries": 2, "backoff_s": 0.01})
 
 
 @pytest.fixture
