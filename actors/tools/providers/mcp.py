@@ -394,23 +394,9 @@ class McpProvider:
         conn.task = asyncio.create_task(self._hold(conn, ready))
         try:
             conn.client = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
-        except TimeoutError:
-            self._retire(conn, cancel=True)
-            raise McpError(
-                f"MCP server {self.label} did not finish the MCP handshake within {timeout_s:g} s"
-            ) from None
-        except OSError as e:
-            self._retire(conn, cancel=True)
-            raise McpError(
-                f"MCP server command {self.label} could not be started: {e}; "
-                "check the command in [[tools.hosts]] (is it installed and on PATH?)"
-            ) from None
         except Exception as e:
             self._retire(conn, cancel=True)
-            raise McpError(
-                f"MCP server {self.label} did not start: {_reason(e)}; "
-                "run the command by hand to see its error output"
-            ) from None
+            raise McpError(self._start_failure(e, timeout_s)) from None
         self._conn = conn
         return conn
 
@@ -552,6 +538,19 @@ class McpProvider:
             await asyncio.wait(others, timeout=2)
 
     # --- messages ---
+
+    def _start_failure(self, e: Exception, timeout_s: float) -> str:
+        if isinstance(e, TimeoutError):
+            return f"MCP server {self.label} did not finish the handshake within {timeout_s:g} s"
+        if isinstance(e, OSError):
+            return (
+                f"MCP server command {self.label} could not be started: {e}; "
+                "check the command in [[tools.hosts]] (is it installed and on PATH?)"
+            )
+        return (
+            f"MCP server {self.label} did not start: {_reason(e)}; "
+            "run the command by hand to see its error output"
+        )
 
     def _timeout_message(self, tool: str, timeout_s: float) -> str:
         return (
