@@ -541,7 +541,9 @@ class McpProvider:
 
     def _start_failure(self, e: Exception, timeout_s: float) -> str:
         if isinstance(e, TimeoutError):
-            return f"MCP server {self.label} did not finish the handshake within {timeout_s:g} s"
+            return (
+                f"MCP server {self.label} did not finish the MCP handshake within {timeout_s:g} s"
+            )
         if isinstance(e, OSError):
             return (
                 f"MCP server command {self.label} could not be started: {e}; "
