@@ -1,9 +1,11 @@
 """Wiring: the model server, the inference actor and the tool hosts that sessions run on.
 
 One loopd command builds one :class:`App`: it starts the embedded llama-server when the
-config names no ``inference.url`` (and stops it when the command ends), the inference
-actor, and the tool hosts (local ones as child processes, remote ones by endpoint). Sessions
-are opened on it by name.
+config names no ``inference.url`` nor ``inference.servers`` (and stops it when the command
+ends), the inference actors with the slot keeper over the server(s), and the tool hosts
+(local ones as child processes, remote ones by endpoint). Sessions are opened on it by
+name. When the command ends (normally, Ctrl-C, SIGTERM) the sessions stop first, then the
+keeper saves every session's changed KV state, then the server stops.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pykka
 
 from actors.config import Config
 from actors.inference.actor import Inference
+from actors.inference.slotfiles import meta_dir
+from actors.inference.slots import KeeperSettings, ServerSpec
 from actors.records import Baseline, now
 from actors.session import open_session
 from actors.tools.registry import baseline_tools
@@ -62,23 +67,33 @@ class App:
 def start_app(config: Config, status: Callable[[str], None] = lambda _: None) -> Iterator[App]:
     """Everything a session needs, stopped again (no process left) when the block ends."""
     with contextlib.ExitStack() as stack:
-        url, model, bare_json = config.inference.url, "llama-server", False
-        if not url:
-            from actors.embedded import EmbeddedServer, model_name
+        urls = config.inference.servers or (config.inference.url,)
+        save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None
+        specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
+        model, embedded = "llama-server", not urls[0]
+        if embedded:
+            from actors.embedded import EmbeddedServer, model_name, server_identity, slot_dir
 
             server = EmbeddedServer.start(config, on_progress=status)
             stack.callback(server.stop)
-            url, model, bare_json = server.url, model_name(), True
+            model = model_name()
+            identity = server_identity(server.binary) if server.binary else ""
+            specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
+            config = config.replace("inference", url=server.url)
         setting = config.inference.bare_json_tool_calls
-        if setting != "auto":
-            bare_json = setting == "on"
-        config = config.replace("inference", url=url)
+        bare_json = embedded if setting == "auto" else setting == "on"
+        save = config.slots.save_after_turn
+        keeper = KeeperSettings(
+            log_dir=config.log_dir, meta_dir=meta_dir(config),
+            disk_bytes=config.slots.disk_mb * 1024 * 1024,
+            save_after_turn=embedded if save == "auto" else save == "on",
+        )
         status("starting tool hosts")
         toolbox = Toolbox.start(config)
         stack.callback(toolbox.close)
         for host, problem in toolbox.problems.items():
             status(f"tool host {host} is not available: {problem}")
-        inference = Inference.start(config.inference)
+        inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
         stack.callback(inference.stop)
         runtime = Runtime(
             config=config, inference=inference, registry=toolbox.registry,

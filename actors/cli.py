@@ -25,7 +25,7 @@ from actors.cancel import CancelToken
 from actors.errors import LoopdError
 from actors.log import read_records
 from actors.records import kind_of, to_json
-from actors.session import list_sessions, session_path
+from actors.session import list_sessions, remove_session, session_path
 from actors.turn import TurnOutcome
 from actors.view import JsonView, LiveView, describe, summary
 
@@ -49,7 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("message")
     run.add_argument("--session", default="default", help="session name (default: default)")
     run.add_argument("--json", action="store_true", help="print the events as JSON lines")
-    sub.add_parser("sessions", parents=[common], help="list the sessions")
+    sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command")
+    rm = sessions_sub.add_parser(
+        "rm", parents=[common], help="delete a session: its log and its saved KV state"
+    )
+    rm.add_argument("name")
     log = sub.add_parser("log", help="read a session's log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
     show = log_sub.add_parser("show", parents=[common], help="every record of a session")
@@ -63,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace) -> cfg.Config:
     config = cfg.load(args.config)
     if args.url:
-        config = config.replace("inference", url=args.url)
+        config = config.replace("inference", url=args.url, servers=())
     if args.workspace:
         config = config.replace("tools", workspace=args.workspace)
     if args.log_dir:
@@ -109,6 +114,10 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    if args.sessions_command == "rm":
+        remove_session(config, args.name)
+        err.print(f"session {args.name} deleted")
+        return OK
     names = list_sessions(config)
     for name in names:
         print(name)

@@ -35,7 +35,8 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InferenceConfig:
-    url: str = ""  # empty: start the embedded model server
+    url: str = ""  # empty (and no servers): start the embedded model server
+    servers: tuple[str, ...] = ()  # several llama-servers; url is the one-server form
     timeout_s: float = 600.0  # wall-clock limit for one request
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 120.0  # longest gap between two chunks
@@ -53,7 +54,12 @@ class InferenceConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SlotsConfig:
-    main: int = 0
+    disk_mb: int = 2048  # saved KV state kept on disk, at most (least recently used go first)
+    # Save a session's KV state after each turn, off the answer's path. "auto": on for the
+    # embedded server, off for servers named by url (they save before a slot changes hands
+    # and when a command ends).
+    save_after_turn: Literal["auto", "on", "off"] = "auto"
+    save_dir: str = ""  # the --slot-save-path of the named servers, when on this machine
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,6 +119,7 @@ class EmbeddedConfig:
     port: int = 0  # 0: a free loopback port
     startup_timeout_s: float = 300.0
     threads: int = 0  # 0: llama-server's default
+    slots: int = 2  # sessions whose KV state the server holds at once (-np)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,7 +158,7 @@ _MINIMUM: dict[str, float] = {
     "inference.parallel": 1,
     "inference.temperature": -1,
     "inference.seed": -1,
-    "slots.main": 0,
+    "slots.disk_mb": 0,
     "loop.tool_iterations": 1,
     "loop.thinking_cap": 0,
     "loop.tool_result_cap": 1,
@@ -166,6 +173,13 @@ _MINIMUM: dict[str, float] = {
     "embedded.port": 0,
     "embedded.startup_timeout_s": 1,
     "embedded.threads": 0,
+    "embedded.slots": 1,
+}
+# Keys that existed once: a config naming one is told what replaced it.
+_REMOVED = {
+    "slots.main": "slots.main was removed: the slot keeper now gives each session a slot of "
+    "its own (and saves and restores its KV state); delete the key. To choose how many "
+    "slots the embedded server has, set embedded.slots",
 }
 
 
@@ -242,6 +256,9 @@ def _build(cls: Any, table: Any, prefix: str) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(f"[{prefix}] must be a table, got {type(table).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if f"{prefix}.{key}" in _REMOVED:
+            raise ConfigError(_REMOVED[f"{prefix}.{key}"])
     unknown = set(table) - set(fields)
     if unknown:
         raise ConfigError(
@@ -252,6 +269,11 @@ def _build(cls: Any, table: Any, prefix: str) -> Any:
     if missing:
         raise ConfigError(f"[{prefix}] needs {', '.join(missing)}")
     values = {k: _check(f"{prefix}.{k}", str(fields[k].type), v) for k, v in table.items()}
+    if cls is InferenceConfig and values.get("url") and values.get("servers"):
+        raise ConfigError(
+            "inference.url and inference.servers are both set: use url for one server or "
+            "servers = [...] for several, not both"
+        )
     return cls(**values)
 
 

@@ -55,6 +55,8 @@ __all__ = [
     "model_name",
     "server_binary",
     "server_command",
+    "server_identity",
+    "slot_dir",
 ]
 
 MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # GGUF ftype: Q4_K - Medium
@@ -278,20 +280,39 @@ def free_port() -> int:
         return port
 
 
+def slot_dir(embedded: EmbeddedConfig) -> Path:
+    """The embedded server's ``--slot-save-path``: sessions' KV state files (design 9)."""
+    return Path(embedded.data_dir).expanduser() / "slots"
+
+
+def server_identity(binary: Path) -> str:
+    """The model and server build, for the fingerprint of saved KV state: a file saved by
+    another model or build is never restored (llama.cpp's format changes between builds)."""
+    try:
+        st = binary.stat()
+        build = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        build = "?"
+    return f"sha256:{MODEL_SHA256};llama-server:{build}"
+
+
 def server_command(
     binary: Path, model: Path, port: int, embedded: EmbeddedConfig, *, repack: bool = True
 ) -> list[str]:
-    """The llama-server command line: tools need ``--jinja``; one slot gets the whole context.
+    """The llama-server command line: tools need ``--jinja``.
 
-    ``repack=False`` adds ``--no-repack``, which keeps llama.cpp from using its AMX kernels
-    (see :meth:`EmbeddedServer.start`).
+    ``embedded.slots`` slots (``-np``), each with ``embedded.ctx_size`` tokens (with an
+    explicit ``-np`` llama-server gives each slot ``-c / np``), and a save path so the slot
+    keeper can save and restore sessions' KV state. ``repack=False`` adds ``--no-repack``,
+    which keeps llama.cpp from using its AMX kernels (see :meth:`EmbeddedServer.start`).
     """
     cmd = [
         str(binary),
         "-m", str(model),
         "--jinja",
-        "-c", str(embedded.ctx_size),
-        "-np", "1",
+        "-c", str(embedded.ctx_size * embedded.slots),
+        "-np", str(embedded.slots),
+        "--slot-save-path", str(slot_dir(embedded)),
         "--host", "127.0.0.1",
         "--port", str(port),
         "--no-webui",
@@ -321,8 +342,10 @@ atexit.register(_stop_all_at_exit)
 class EmbeddedServer:
     """A running llama-server in its own process group; a context manager that stops it."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path,
+                 binary: Path | None = None) -> None:
         self._process = process
+        self.binary = binary
         self.url = url
         self.log_path = log_path
         self._log_offset = 0
@@ -350,6 +373,7 @@ class EmbeddedServer:
         """
         data_dir = Path(config.embedded.data_dir).expanduser()
         data_dir.mkdir(parents=True, exist_ok=True)
+        slot_dir(config.embedded).mkdir(exist_ok=True)
         model = model if model is not None else ensure_model(data_dir, on_progress=on_progress)
         binary = binary if binary is not None else server_binary()
         deadline = time.monotonic() + config.embedded.startup_timeout_s
@@ -411,7 +435,7 @@ class EmbeddedServer:
             raise EmbeddedError(f"cannot start {cmd[0]}: {e}. Reinstall: {INSTALL_HINT}") from e
         finally:
             log.close()  # the child has its own copy
-        server = cls(process, f"http://127.0.0.1:{port}", log_path)
+        server = cls(process, f"http://127.0.0.1:{port}", log_path, Path(cmd[0]))
         server._log_offset = offset
         return server
 

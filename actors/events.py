@@ -33,9 +33,10 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Queued:
-    """The request waits behind another one to the same server in this process."""
+    """The request waits: for a free slot (all are leased) or an idle inference actor."""
 
     ahead: int = 1
+    waiting_for: str = "an inference actor"  # or "a free slot"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class ToolResultEvent:
 class CacheLossEvent:
     expected: int
     got: int
+    cause: str = ""
 
 
 ChatEvent: TypeAlias = (

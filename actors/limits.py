@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.cut import cut
-from actors.records import CacheLoss
+from actors.records import CacheLoss, SlotState, SlotUse
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
     "CANNOT_WAIT", "REPEAT_NOTICE", "Repeats", "answer_text", "cache_outcome", "call_key",
-    "cap_result",
+    "cap_result", "loss_cause",
 ]
 
 REPEAT_NOTICE = (
@@ -48,14 +48,29 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
 
 
 def cache_outcome(
-    previous: Mapping[str, Any] | None, new: Mapping[str, Any]
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any], slot: SlotUse | None = None
 ) -> CacheLoss | None:
-    """A CacheLoss when the new request reused fewer tokens than the previous prompt held."""
+    """A CacheLoss when the new request reused fewer tokens than the previous prompt held;
+    its cause from what the slot keeper did for the request (``slot``)."""
     if not previous or "cache_n" not in new:
         return None
     expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
     got = int(new["cache_n"])
-    return CacheLoss(expected=expected, got=got) if got < expected else None
+    if got >= expected:
+        return None
+    return CacheLoss(expected=expected, got=got, cause=loss_cause(slot))
+
+
+def loss_cause(slot: SlotUse | None) -> str:
+    """Why the cache was short, as far as the keeper's record of the request tells."""
+    if slot is None:
+        return ""
+    if slot.state is SlotState.RESTORED:
+        took = f"the restore of {slot.restored} tokens did not take"
+        return f"{slot.reason}; {took}" if slot.reason else took
+    if slot.state is SlotState.KEPT:
+        return "the server dropped the slot's cache"
+    return slot.reason or "nothing to restore"
 
 
 def call_key(name: str, arguments: str) -> tuple[str, str]:

@@ -25,6 +25,8 @@ __all__ = [
     "Baseline",
     "CacheLoss",
     "Record",
+    "SlotState",
+    "SlotUse",
     "ToolCall",
     "ToolResult",
     "Usage",
@@ -49,6 +51,26 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # the model's raw JSON text, kept as sent
+
+
+class SlotState(enum.StrEnum):
+    """What the slot keeper found for a request: the session's KV state was..."""
+
+    KEPT = "kept"  # still in the slot from its last request
+    RESTORED = "restored"  # loaded from the session's file into the slot
+    NONE = "none"  # not there, and not restored (``SlotUse.reason`` says why)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotUse:
+    """What the slot keeper did for one request (part of its Usage record)."""
+
+    server: str  # the server's URL
+    slot: int
+    state: SlotState
+    restored: int = 0  # tokens restored from the session's file
+    restore_ms: float = 0.0
+    reason: str = ""  # why nothing was restored, or what else the keeper noticed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +104,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    slot: SlotUse | None = None  # None in logs written before the slot keeper
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
@@ -89,6 +112,7 @@ class Usage:
 class CacheLoss:
     expected: int
     got: int
+    cause: str = ""  # why, as far as loopd knows ("" in logs written before the keeper)
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
@@ -156,6 +180,20 @@ def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
 
 _STR, _INT, _BOOL = exact(str), exact(int), exact(bool)
 _result_class = member(ResultClass)
+_slot_state = member(SlotState)
+_NUMBER = exact(float, int)
+_SLOT_USE: dict[str, Check] = {
+    "server": _STR, "slot": _INT, "state": _slot_state, "restored": _INT,
+    "restore_ms": lambda v: float(_NUMBER(v)), "reason": _STR,
+}
+
+
+def _slot_use(v: Any) -> SlotUse:
+    m = _mapping(v)
+    try:
+        return SlotUse(**{k: check(m[k]) for k, check in _SLOT_USE.items()})
+    except KeyError as e:
+        raise TypeError(f"slot use without {e.args[0]!r}") from None
 
 # wire name -> (attribute name, check)
 _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
@@ -178,8 +216,9 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "prompt_tokens": ("prompt_tokens", _INT),
         "completion_tokens": ("completion_tokens", _INT),
         "finish_reason": ("finish_reason", _STR),
+        "slot": ("slot", _optional(_slot_use)),
     },
-    "cache_loss": {"expected": ("expected", _INT), "got": ("got", _INT)},
+    "cache_loss": {"expected": ("expected", _INT), "got": ("got", _INT), "cause": ("cause", _STR)},
     "tool_result": {
         "call": ("call", _INT),
         "tool_call_id": ("tool_call_id", _STR),
@@ -191,6 +230,8 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
 }
 for _fields in _FIELDS.values():
     _fields["time"] = ("time", _time)
+# Fields added after logs were first written: a record without one decodes to its default.
+_ADDED = {"usage": frozenset({"slot"}), "cache_loss": frozenset({"cause"})}
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None), bytes, dt.datetime})
@@ -205,6 +246,8 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, ToolCall):
         return {"id": value.id, "name": value.name, "arguments": value.arguments}
+    if isinstance(value, SlotUse):
+        return {k: _plain(getattr(value, k)) for k in _SLOT_USE}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
@@ -254,8 +297,11 @@ def decode(payload: bytes) -> Record:
     if unknown:
         raise RecordError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
+    added = _ADDED.get(str(kind), frozenset())
     for wire, (attr, check) in fields.items():
         if wire not in body:
+            if wire in added:
+                continue  # an older log: the field's default
             raise RecordError(f"{kind}.{wire}: missing")
         try:
             values[attr] = check(body[wire])

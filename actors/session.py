@@ -8,7 +8,10 @@ actor again, which turns "open elsewhere" or "corrupt" into an exception for the
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors.config import Config
-from actors.errors import SessionError
+from actors.errors import SessionError, SessionLocked
 from actors.log import OpenReport, SessionLog
 from actors.records import Baseline, Record
 
@@ -25,7 +28,10 @@ if TYPE_CHECKING:
     from actors.events import Sink
     from actors.turn import Runtime, TurnOutcome
 
-__all__ = ["SessionActor", "check_name", "list_sessions", "open_session", "session_path"]
+__all__ = [
+    "SessionActor", "check_name", "list_sessions", "open_session", "remove_session",
+    "session_path",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -145,3 +151,29 @@ def list_sessions(config: Config) -> list[str]:
     return sorted(
         p.name for p in root.iterdir() if _NAME.fullmatch(p.name) and (p / "log.bin").is_file()
     )
+
+
+def remove_session(config: Config, name: str) -> None:
+    """Delete session ``name``: its saved KV state files, then its log directory.
+
+    Refused (SessionLocked) while the session is open in a process; SessionError when there
+    is no such session.
+    """
+    from actors.inference.slotfiles import remove_session_files, slot_dirs
+
+    path = session_path(config, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SessionError(f"session {name} does not exist ({path})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SessionLocked(
+                f"session {name} is open in another process: end it there first"
+            ) from None
+        remove_session_files(slot_dirs(config), path)
+        shutil.rmtree(path.parent)
+    finally:
+        os.close(fd)

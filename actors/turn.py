@@ -40,7 +40,7 @@ from actors.limits import (
     cap_result,
 )
 from actors.log import SessionLog
-from actors.records import Assistant, ToolCall, ToolResult, Usage, User
+from actors.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
 from actors.render import messages
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
@@ -73,6 +73,7 @@ class TurnOutcome:
     iterations: int  # model responses that asked for tools
     tool_calls: int
     cut: bool  # the answer stopped at loop.max_tokens
+    restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
 
 
 # --- the turn -------------------------------------------------------------------------
@@ -110,6 +111,7 @@ class _Turn:
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
+        self.restored: SlotUse | None = None
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
@@ -122,6 +124,7 @@ class _Turn:
                 return TurnOutcome(
                     content=completion.content or "", usage=usage, iterations=self.iterations,
                     tool_calls=self.tool_calls, cut=completion.finish_reason == "length",
+                    restored=self.restored,
                 )
             self._count_iteration()
             for call in completion.tool_calls:
@@ -131,7 +134,7 @@ class _Turn:
         previous = _last_usage(self.log.records)
         baseline = self.log.baseline
         request = ChatRequest(
-            slot=self.runtime.config.slots.main,
+            session=self.log.name,
             messages=tuple(messages(baseline, self.log.records)),
             tools=baseline.tools,
             thinking=self.thinking_left > 0,
@@ -151,6 +154,8 @@ class _Turn:
         if self.cancel.cancelled:
             raise Cancelled()
         completion = self._bare_json(completion)
+        if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
+            self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
         assistant = Assistant(
             content=completion.content,
@@ -164,11 +169,14 @@ class _Turn:
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             finish_reason=completion.finish_reason,
+            slot=completion.slot,
         )
-        loss = cache_outcome(previous.timings if previous else None, completion.timings)
+        loss = cache_outcome(
+            previous.timings if previous else None, completion.timings, completion.slot
+        )
         self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
         if loss is not None:
-            self.emit(CacheLossEvent(expected=loss.expected, got=loss.got))
+            self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
         return completion, usage
 
     def _pass_on(self, event: Event) -> None:

@@ -27,8 +27,11 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
     timings = outcome.usage.timings
     cached = int(timings.get("cache_n", 0))
     cut = " · answer cut at loop.max_tokens" if outcome.cut else ""
+    slot = outcome.restored
+    restored = (f"; restored {slot.restored:,} tokens in {slot.restore_ms:.0f} ms"
+                if slot is not None else "")
     return (
-        f"{outcome.usage.prompt_tokens} prompt tokens ({cached} from cache) · "
+        f"{outcome.usage.prompt_tokens} prompt tokens ({cached} from cache{restored}) · "
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
         f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
     )
@@ -58,15 +61,29 @@ def describe(record: rec.Record) -> str:
             capped = ", thinking capped" if record.thinking_capped else ""
             return (f"{record.prompt_tokens} prompt ({record.timings.get('cache_n', '?')} cached), "
                     f"{record.completion_tokens} generated, {record.reasoning_tokens} reasoning, "
-                    f"finish {record.finish_reason}{capped}")
+                    f"finish {record.finish_reason}{capped}{_slot(record.slot)}")
         case rec.CacheLoss():
-            return f"prompt cache lost: expected {record.expected} tokens, reused {record.got}"
+            cause = f" ({record.cause})" if record.cause else ""
+            return (f"prompt cache lost: expected {record.expected} tokens, "
+                    f"reused {record.got}{cause}")
         case rec.ToolResult():
             flags = "".join([" untrusted" if record.untrusted else "",
                              " truncated" if record.truncated else ""])
             return (f"call {record.call} (id {record.tool_call_id}) {record.class_.value}{flags}: "
                     f"{_short(record.content)}")
     raise AssertionError(f"no description for {type(record).__name__}")
+
+
+def _slot(use: rec.SlotUse | None) -> str:
+    """What the slot keeper did, for a Usage line; "" for logs written before it."""
+    if use is None:
+        return ""
+    where = f"; {use.server} slot {use.slot}"
+    if use.state is rec.SlotState.RESTORED:
+        return f"{where}: restored {use.restored:,} tokens in {use.restore_ms:.0f} ms"
+    if use.state is rec.SlotState.KEPT:
+        return f"{where}: state kept in the slot"
+    return f"{where}: nothing restored ({use.reason or 'nothing saved'})"
 
 
 class LiveView:
@@ -110,16 +127,18 @@ class LiveView:
                     f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}{dropped}[/]",
                     highlight=False,
                 )
-            case ev.CacheLossEvent(expected=expected, got=got):
+            case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
                 self._switch("")
+                why = f" ({cause})" if cause else ""
                 self.console.print(
-                    f"[yellow]prompt cache lost: {got} of {expected} tokens reused[/]"
+                    f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
+                    highlight=False,
                 )
             case ev.ThinkingCapped(cap=cap):
                 self._switch("")
                 self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
-            case ev.Queued():
-                self.console.print("[dim]queued behind another request[/]")
+            case ev.Queued(ahead=ahead, waiting_for=what):
+                self.console.print(f"[dim]queued: waiting for {what} ({ahead} in line)[/]")
             case _:
                 pass
 

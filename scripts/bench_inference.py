@@ -75,7 +75,7 @@ def _workload(name: str, exchange: int) -> list[dict[str, Any]]:
     body = ex.request.json()
     tokens = _deltas(ex.response.body)
     request = ChatRequest(
-        slot=0, messages=tuple(body["messages"]), tools=tuple(body.get("tools") or ()),
+        session="bench", messages=tuple(body["messages"]), tools=tuple(body.get("tools") or ()),
         max_tokens=body.get("max_tokens"),
     )
     raw = ex.request.body

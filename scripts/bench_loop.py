@@ -102,7 +102,7 @@ def _requests(records: tuple[Record, ...], config: Config) -> list[ChatRequest]:
     assert isinstance(baseline, Baseline)
     return [
         ChatRequest(
-            slot=config.slots.main, messages=tuple(messages(baseline, records[:end])),
+            session="bench", messages=tuple(messages(baseline, records[:end])),
             tools=baseline.tools, thinking=True, max_tokens=config.loop.max_tokens,
             thinking_budget=config.loop.thinking_cap,
         )

@@ -50,7 +50,7 @@ def _sink(_event: Event) -> None:
 
 
 def _level(
-    config: Config, runtimes: list[Runtime], tools: Any, level: int, sessions: int, turns: int
+    config: Config, runtime: Runtime, tools: Any, level: int, sessions: int, turns: int
 ) -> tuple[float, float, int]:
     """(turns/s, p50 turn ms, peak RSS bytes) of ``sessions`` sessions doing ``turns`` each."""
     proxies = []
@@ -65,7 +65,7 @@ def _level(
         try:
             for n in range(turns):
                 start = time.perf_counter()
-                proxies[s].turn(runtimes[s % SLOTS], message(s, n), _sink).get(timeout=120)
+                proxies[s].turn(runtime, message(s, n), _sink).get(timeout=120)
                 with lock:
                     latencies.append(time.perf_counter() - start)
         except BaseException as e:
@@ -91,7 +91,7 @@ def _level(
 def run() -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="loopd-bench-sessions-"))
     try:
-        with serve_in_process() as url:
+        with serve_in_process(slots=SLOTS) as url:
             return _measure(_config(root, url))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -104,17 +104,13 @@ def _measure(config: Config) -> list[dict[str, Any]]:
     try:
         if toolbox.problems:
             raise RuntimeError(f"tool hosts did not start: {toolbox.problems}")
-        runtimes = [
-            Runtime(config=config.replace("slots", main=slot), inference=inference,
-                    registry=toolbox.registry)
-            for slot in range(SLOTS)
-        ]  # fmt: skip
+        runtime = Runtime(config=config, inference=inference, registry=toolbox.registry)
         tools = baseline_tools(toolbox.registry, ())
-        _level(config, runtimes, tools, 0, 2, 5)  # warm-up
+        _level(config, runtime, tools, 0, 2, 5)  # warm-up
         idle = psutil.Process().memory_info().rss
         first = 0.0
         for i, (sessions, turns) in enumerate(LEVELS, start=1):
-            rate, p50, top = _level(config, runtimes, tools, i, sessions, turns)
+            rate, p50, top = _level(config, runtime, tools, i, sessions, turns)
             first = first or rate
             what = f"{sessions} session{'s' if sessions > 1 else ''}"
             rows += [

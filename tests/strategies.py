@@ -13,7 +13,18 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from actors.records import Assistant, Baseline, CacheLoss, Record, ToolCall, ToolResult, Usage, User
+from actors.records import (
+    Assistant,
+    Baseline,
+    CacheLoss,
+    Record,
+    SlotState,
+    SlotUse,
+    ToolCall,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
@@ -77,8 +88,13 @@ assistants = st.builds(
     tool_calls=st.lists(tool_calls, max_size=3).map(tuple),
     time=times,
 )
+slot_uses = st.builds(
+    SlotUse, server=texts, slot=counts, state=st.sampled_from(SlotState), restored=counts,
+    restore_ms=st.floats(allow_nan=False, allow_infinity=False), reason=texts,
+)
 usages = st.builds(
     Usage,
+    slot=st.none() | slot_uses,
     timings=json_objects,
     reasoning_tokens=counts,
     thinking_capped=st.booleans(),
@@ -87,7 +103,7 @@ usages = st.builds(
     finish_reason=texts,
     time=times,
 )
-cache_losses = st.builds(CacheLoss, expected=counts, got=counts, time=times)
+cache_losses = st.builds(CacheLoss, expected=counts, got=counts, cause=texts, time=times)
 tool_results = st.builds(
     ToolResult,
     call=st.integers(min_value=1, max_value=2**31),

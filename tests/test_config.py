@@ -75,12 +75,12 @@ def test_loopd_config_env_and_explicit_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env_file = tmp_path / "env.toml"
-    env_file.write_text("[slots]\nmain = 2\n", encoding="utf-8")
+    env_file.write_text("[slots]\ndisk_mb = 2\n", encoding="utf-8")
     arg_file = tmp_path / "arg.toml"
-    arg_file.write_text("[slots]\nmain = 5\n", encoding="utf-8")
+    arg_file.write_text("[slots]\ndisk_mb = 5\n", encoding="utf-8")
     monkeypatch.setenv("LOOPD_CONFIG", str(env_file))
-    assert load().slots.main == 2
-    assert load(arg_file).slots.main == 5  # an explicit path wins over the environment
+    assert load().slots.disk_mb == 2
+    assert load(arg_file).slots.disk_mb == 5  # an explicit path wins over the environment
     monkeypatch.setenv("LOOPD_CONFIG", "")
     assert load() == Config()
 
@@ -189,3 +189,16 @@ def test_every_annotation_has_a_check() -> None:
         assert annotation.startswith("Literal[") or annotation in {
             "str", "int", "float", "bool", "tuple[str,...]", "tuple[HostConfig,...]"
         }, f"{section}.{key}: {annotation}"
+
+
+def test_slots_main_is_refused_with_what_replaced_it() -> None:
+    match = r"slots\.main was removed: the slot keeper.*embedded\.slots"
+    with pytest.raises(ConfigError, match=match):
+        parse({"slots": {"main": 0}})
+
+
+def test_url_and_servers_together_are_refused() -> None:
+    servers = ["http://127.0.0.1:8080", "http://127.0.0.1:8081"]
+    assert parse({"inference": {"servers": servers}}).inference.servers == tuple(servers)
+    with pytest.raises(ConfigError, match=r"inference\.url and inference\.servers are both set"):
+        parse({"inference": {"url": "http://127.0.0.1:8080", "servers": servers}})

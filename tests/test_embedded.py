@@ -205,8 +205,10 @@ def test_the_command_line() -> None:
     assert cmd[0] == "/bin/llama-server"
     pairs = dict(itertools.pairwise(cmd))
     assert pairs["-m"] == "/m.gguf"
-    assert pairs["-c"] == str(cfg.ctx_size)
-    assert pairs["-np"] == "1"
+    # each of embedded.slots slots keeps embedded.ctx_size tokens (-c is split over -np)
+    assert pairs["-c"] == str(cfg.ctx_size * cfg.slots)
+    assert pairs["-np"] == str(cfg.slots)
+    assert pairs["--slot-save-path"] == str(Path(cfg.data_dir).expanduser() / "slots")
     assert pairs["--host"] == "127.0.0.1"
     assert pairs["--port"] == "4321"
     assert {"--jinja", "--no-webui"} <= set(cmd)
@@ -301,7 +303,7 @@ def test_start_waits_for_health_and_reports_progress(fake: Fake) -> None:
     [run] = fake.runs()
     argv = run["argv"]
     assert argv[argv.index("--port") + 1] == server.url.rsplit(":", 1)[1]
-    assert argv[argv.index("-c") + 1] == "2048"
+    assert argv[argv.index("-c") + 1] == str(2048 * Config().embedded.slots)
     assert argv[argv.index("-t") + 1] == "2"
     assert argv[argv.index("-m") + 1] == str(fake.model)
     assert run["pid"] == server.pid

@@ -17,6 +17,8 @@ from actors.records import (
     Baseline,
     CacheLoss,
     Record,
+    SlotState,
+    SlotUse,
     ToolCall,
     ToolResult,
     Usage,
@@ -41,9 +43,10 @@ SAMPLES: dict[str, Record] = {
     ),
     "usage": Usage(
         timings={"cache_n": 1}, reasoning_tokens=1, thinking_capped=True, prompt_tokens=2,
-        completion_tokens=3, finish_reason="stop", time=T0,
+        completion_tokens=3, finish_reason="stop",
+        slot=SlotUse("http://127.0.0.1:8080", 1, SlotState.RESTORED, 4646, 20.5, ""), time=T0,
     ),
-    "cache_loss": CacheLoss(expected=4, got=1, time=T0),
+    "cache_loss": CacheLoss(expected=4, got=1, cause="no saved state", time=T0),
     "tool_result": ToolResult(
         call=1, tool_call_id="1", content="c", class_=ResultClass.INTERNAL, untrusted=True,
         truncated=False, time=T0,
@@ -64,6 +67,9 @@ WRONG: dict[str, list[Any]] = {
     "expected": ["4"], "got": [False], "call": ["1", True],
     "thinking_capped": [1, "true"], "untrusted": [0], "truncated": [None],
     "class": ["top", 1],
+    "slot": [1, {"server": "x"}, {"server": "x", "slot": 0, "state": "lost", "restored": 0,
+                                  "restore_ms": 0.0, "reason": ""}],
+    "cause": [None, 1],
 }
 
 
@@ -118,6 +124,15 @@ def test_wrong_field_type_is_refused_naming_kind_and_field(
     body = {**wire(SAMPLES[kind]), field: value}
     with pytest.raises(RecordError, match=rf"^{kind}\.{field}: "):
         decode(msgpack.packb(body, datetime=True))
+
+
+def test_a_record_from_before_the_slot_keeper_decodes_with_the_new_fields_defaulted() -> None:
+    usage, loss = wire(SAMPLES["usage"]), wire(SAMPLES["cache_loss"])
+    del usage["slot"], loss["cause"]  # the fields as logs written before issue 14 lack them
+    assert decode(msgpack.packb(usage, datetime=True)) == dataclasses.replace(
+        SAMPLES["usage"], slot=None)
+    assert decode(msgpack.packb(loss, datetime=True)) == dataclasses.replace(
+        SAMPLES["cache_loss"], cause="")
 
 
 @pytest.mark.parametrize("kind", SAMPLES)

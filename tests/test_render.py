@@ -92,7 +92,7 @@ def test_baseline_at_index_zero_or_not_renders_the_same() -> None:
 
 def test_the_baselines_tools_go_out_as_plain_json() -> None:
     function = {"name": "f", "parameters": {"a": [1, 2]}}
-    request = ChatRequest(slot=0, messages=tuple(messages(BASE, [])), tools=BASE.tools)
+    request = ChatRequest(session="s", messages=tuple(messages(BASE, [])), tools=BASE.tools)
     assert json.loads(encode_body(request))["tools"] == [{"type": "function", "function": function}]
 
 

@@ -1,11 +1,15 @@
-"""The inference actors: ``inference.parallel`` pykka actors sharing one LlamaClient.
+"""The inference actors: ``inference.parallel`` pykka actors sharing the servers' clients.
 
 The session asks an inference actor for a completion and blocks on the reply while the
-actor streams in its own thread, sending events straight to the request's sink. An actor
-streams one request at a time, so the handle (:class:`Inference`) lends each request an idle
-actor; when none is idle the request emits ``Queued`` and waits (cancel and the deadline
-apply there too). That is the whole concurrency limit: at most ``inference.parallel``
-requests stream from this process at once.
+actor streams in its own thread, sending events straight to the request's sink. Before
+that, the handle (:class:`Inference`) takes a lease on a slot from the slot keeper
+(:mod:`actors.inference.slots`: the session's own slot, or a slot its state is restored
+into), then lends the request an idle actor, streams on that server and slot, and gives the
+lease back. When no slot or no actor is free the request emits ``Queued`` (saying which it
+waits for) and waits in one loop, where cancel and the deadline apply. At most
+``inference.parallel`` requests stream from this process at once. A request whose server
+stops answering (connect errors after the retries) is asked again on another server when
+there is one; the keeper moves the session there.
 
 One ask is two thread wake-ups per model call, the fewest an actor hand-off allows (a
 dispatcher actor in front of worker threads cost three, issue 7). An actor busy streaming
@@ -26,7 +30,8 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import httpx
 import pykka
@@ -35,7 +40,10 @@ from actors.cancel import CancelToken
 from actors.config import InferenceConfig
 from actors.events import Queued, Sink
 from actors.inference.client import LlamaClient
+from actors.inference.slots import KeeperSettings, Lease, ServerSpec, SlotKeeper
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
+
+T = TypeVar("T")
 
 __all__ = ["Inference", "InferenceActor"]
 
@@ -49,6 +57,8 @@ class _Ask:
     """Stream ``request``; the reply is its Completion or its InferError."""
 
     request: ChatRequest
+    client: LlamaClient  # the leased slot's server
+    slot: int
     sink: Sink
     cancel: CancelToken
     deadline: float
@@ -58,20 +68,17 @@ _STOPPED = "the inference actor has stopped"
 
 
 class InferenceActor(pykka.ThreadingActor):
-    """Streams one ``_Ask`` at a time through the shared client, in this actor's thread."""
+    """Streams one ``_Ask`` at a time through its server's client, in this actor's thread."""
 
     use_daemon_thread = True  # a server that ignores the cancel cannot keep loopd alive
-
-    def __init__(self, client: LlamaClient) -> None:
-        super().__init__()
-        self._client = client
 
     def on_receive(self, message: Any) -> Completion | InferError:
         if not isinstance(message, _Ask):
             raise TypeError(f"InferenceActor does not handle {type(message).__name__}")
         try:
-            return self._client.chat_with_retry(
-                message.request, message.sink, message.cancel, deadline=message.deadline
+            return message.client.chat_with_retry(
+                message.request, message.sink, message.cancel, slot=message.slot,
+                deadline=message.deadline,
             )
         except InferError as e:
             return e
@@ -80,10 +87,13 @@ class InferenceActor(pykka.ThreadingActor):
 class Inference:
     """The session actor's handle: blocking calls, made from the session actor's thread."""
 
-    def __init__(self, config: InferenceConfig, client: LlamaClient) -> None:
+    def __init__(
+        self, config: InferenceConfig, clients: Sequence[LlamaClient], keeper: SlotKeeper
+    ) -> None:
         self._config = config
-        self._client = client
-        self._refs = [InferenceActor.start(client) for _ in range(config.parallel)]
+        self._clients = list(clients)
+        self.keeper = keeper
+        self._refs = [InferenceActor.start() for _ in range(config.parallel)]
         self._idle: queue.SimpleQueue[pykka.ActorRef[InferenceActor]] = queue.SimpleQueue()
         for ref in self._refs:
             self._idle.put(ref)
@@ -94,12 +104,32 @@ class Inference:
 
     @classmethod
     def start(
-        cls, config: InferenceConfig, *, transport: httpx.BaseTransport | None = None
+        cls,
+        config: InferenceConfig,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        servers: Sequence[ServerSpec] = (),
+        keeper: KeeperSettings | None = None,
+        say: Callable[[str], None] = lambda _: None,
     ) -> Inference:
-        return cls(config, LlamaClient(config, transport=transport))
+        """Clients for ``servers`` (default: ``inference.servers``, else ``inference.url``)
+        and the slot keeper over them (default: no KV state kept on disk)."""
+        specs = list(servers) or [ServerSpec(u) for u in (config.servers or (config.url,))]
+        clients = [LlamaClient(config, url=s.url, transport=transport) for s in specs]
+        try:
+            slots = SlotKeeper.start(list(zip(specs, clients, strict=True)),
+                                     keeper or KeeperSettings(), say)
+        except BaseException:
+            for c in clients:
+                c.close()
+            raise
+        return cls(config, clients, slots)
 
     def complete(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
-        """Stream one answer, events to ``sink``; raises InferError (CANCELLED when stopped)."""
+        """Stream one answer, events to ``sink``; raises InferError (CANCELLED when stopped).
+
+        The Completion's ``slot`` says what the slot keeper did for it.
+        """
         deadline = time.monotonic() + self._config.timeout_s
         with cancel.linked() as token:  # stop cancels this request, not the caller's turn
             with self._lock:
@@ -107,48 +137,92 @@ class Inference:
                     raise InferError.cancelled(_STOPPED)
                 self._flying.add(token)
             try:
-                ref = self._lend(sink, token, deadline)
-                try:
-                    outcome = self._ask(ref, _Ask(request, sink, token, deadline))
-                finally:
-                    self._idle.put(ref)
+                while True:
+                    lease = self._lease(request.session, sink, token, deadline)
+                    outcome = self._stream(lease, request, sink, token, deadline)
+                    if isinstance(outcome, Completion):
+                        return dataclasses.replace(outcome, slot=lease.use)
+                    if not self.keeper.server_failed(lease, outcome):
+                        raise outcome
             finally:
                 with self._lock:
                     self._flying.discard(token)
-        if isinstance(outcome, InferError):
-            raise outcome
+
+    def _lease(self, session: str, sink: Sink, cancel: CancelToken, deadline: float) -> Lease:
+        ticket = self.keeper.enter(session)
+        try:
+            return self._wait(
+                lambda timeout: self.keeper.take(ticket, timeout),
+                lambda: self.keeper.ahead(ticket),
+                "a free slot", "all slots of the model servers were leased",
+                sink, cancel, deadline,
+            )
+        finally:
+            self.keeper.leave(ticket)
+
+    def _stream(self, lease: Lease, request: ChatRequest, sink: Sink, cancel: CancelToken,
+                deadline: float) -> Completion | InferError:
+        """On ``lease``'s server and slot, with an idle actor; the lease is given back."""
+        outcome: Completion | InferError = InferError.cancelled(_STOPPED)
+        try:
+            ref = self._lend(sink, cancel, deadline)
+            try:
+                outcome = self._ask(
+                    ref, _Ask(request, lease.client, lease.slot, sink, cancel, deadline)
+                )
+            finally:
+                self._idle.put(ref)
+        except InferError as e:
+            outcome = e
+        finally:
+            self.keeper.give_back(lease, outcome)
         return outcome
 
     def _lend(
         self, sink: Sink, cancel: CancelToken, deadline: float
     ) -> pykka.ActorRef[InferenceActor]:
         """An idle actor; Queued first when there is none (cancel and deadline apply)."""
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
+
+        def take(timeout: float) -> pykka.ActorRef[InferenceActor] | None:
+            try:
+                return self._idle.get(timeout=timeout) if timeout else self._idle.get_nowait()
+            except queue.Empty:
+                return None
+
         with self._lock:
             self._waiting += 1
-            ahead = self._waiting
         try:
-            sink(Queued(ahead=ahead))
-            while True:
-                if cancel.cancelled:
-                    raise InferError.cancelled(_STOPPED if self._stopping else "cancelled")
-                if time.monotonic() >= deadline:
-                    raise InferError(
-                        InferErrorKind.TIMEOUT,
-                        "no complete answer within inference.timeout_s = "
-                        f"{self._config.timeout_s:g} s (queued behind "
-                        f"inference.parallel = {self._config.parallel} requests)",
-                    )
-                try:
-                    return self._idle.get(timeout=_QUEUE_POLL_S)
-                except queue.Empty:
-                    continue
+            return self._wait(
+                take, lambda: self._waiting, "an inference actor",
+                f"queued behind inference.parallel = {self._config.parallel} requests",
+                sink, cancel, deadline,
+            )
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    def _wait(
+        self, take: Callable[[float], T | None], ahead: Callable[[], int], what: str, why: str,
+        sink: Sink, cancel: CancelToken, deadline: float,
+    ) -> T:
+        """What ``take`` gives; Queued (waiting for ``what``) first when it gives nothing at
+        once. Cancel and the deadline end the wait (InferError)."""
+        got = take(0.0)
+        if got is not None:
+            return got
+        sink(Queued(ahead=ahead(), waiting_for=what))
+        while True:
+            if cancel.cancelled:
+                raise InferError.cancelled(_STOPPED if self._stopping else "cancelled")
+            if time.monotonic() >= deadline:
+                raise InferError(
+                    InferErrorKind.TIMEOUT,
+                    "no complete answer within inference.timeout_s = "
+                    f"{self._config.timeout_s:g} s ({why})",
+                )
+            got = take(_QUEUE_POLL_S)
+            if got is not None:
+                return got
 
     def _ask(self, ref: pykka.ActorRef[InferenceActor], ask: _Ask) -> Completion | InferError:
         try:
@@ -166,7 +240,8 @@ class Inference:
         return reply
 
     def stop(self) -> None:
-        """Cancel what is in flight, stop the actors, close the client; safe to call twice."""
+        """Cancel what is in flight, stop the actors, save the sessions' changed KV state,
+        close the clients; safe to call twice."""
         with self._lock:
             if self._stopping:
                 return
@@ -180,5 +255,7 @@ class Inference:
             # A stream that ignores its cancel: its daemon thread ends with the process.
             with contextlib.suppress(pykka.Timeout):
                 stopped.get(timeout=max(0.0, end - time.monotonic()))
-        self._client.close()
+        self.keeper.close()  # saves what changed, before the server stops
+        for client in self._clients:
+            client.close()
 

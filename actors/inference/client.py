@@ -65,23 +65,26 @@ _MAX_BACKOFF_S = 30.0
 _DRAIN_S = 1.0  # how long the end of a response may take after [DONE]
 
 
-def encode_body(request: ChatRequest) -> bytes:
+def encode_body(request: ChatRequest, slot: int = 0) -> bytes:
     """``request_body`` as UTF-8 JSON; orjson, with json for what it refuses (ints > 64 bits)."""
-    body = request_body(request)
+    body = request_body(request, slot)
     try:
         return orjson.dumps(body, default=_plain)
     except TypeError:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
 
 
-def request_body(request: ChatRequest) -> dict[str, Any]:
-    """The JSON body llama-server gets for ``request`` (never ``X-Conversation-Id``)."""
+def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
+    """The JSON body llama-server gets for ``request`` on ``slot`` (never ``X-Conversation-Id``).
+
+    The slot is the one the slot keeper leased to the session (design 9).
+    """
     body: dict[str, Any] = {
         "model": "loopd",  # ignored by a server with one model
         "messages": request.messages,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "id_slot": request.slot,
+        "id_slot": slot,
         "cache_prompt": True,
         "return_progress": True,
     }
@@ -120,6 +123,7 @@ class _Run:
     """What one logical request carries across its exchanges."""
 
     deadline: float
+    slot: int = 0
     capped: bool = False  # ThinkingCapped already emitted
     reasoning: str | None = None  # from an abandoned, capped stream
     reasoning_tokens: int = 0
@@ -129,15 +133,20 @@ class LlamaClient:
     """One llama-server; ``chat`` makes one attempt, ``chat_with_retry`` applies the policy."""
 
     def __init__(
-        self, config: InferenceConfig, *, transport: httpx.BaseTransport | None = None
+        self,
+        config: InferenceConfig,
+        *,
+        url: str = "",
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not config.url:
+        url = url or config.url
+        if not url:
             raise ValueError(
                 "inference.url is empty: set it to the llama-server's URL "
                 "(e.g. http://127.0.0.1:8080) or start the embedded server first"
             )
         self._config = config
-        self._url = config.url.rstrip("/")
+        self._url = url.rstrip("/")
         timeout = httpx.Timeout(
             connect=config.connect_timeout_s,
             read=config.read_timeout_s,
@@ -157,12 +166,17 @@ class LlamaClient:
 
     # --- public ------------------------------------------------------------------------
 
+    @property
+    def url(self) -> str:
+        return self._url
+
     def chat(
         self,
         request: ChatRequest,
         sink: Sink,
         cancel: CancelToken,
         *,
+        slot: int = 0,
         deadline: float | None = None,
     ) -> Completion:
         """One attempt (plus the thinking-off re-ask if the thinking cap needs it).
@@ -170,7 +184,7 @@ class LlamaClient:
         ``deadline`` (a ``time.monotonic()`` value) defaults to ``inference.timeout_s`` from
         now; a caller that queued the request first passes the one it started with.
         """
-        return self._run(request, sink, cancel, retries=0, deadline=deadline)
+        return self._run(request, sink, cancel, retries=0, slot=slot, deadline=deadline)
 
     def chat_with_retry(
         self,
@@ -178,10 +192,56 @@ class LlamaClient:
         sink: Sink,
         cancel: CancelToken,
         *,
+        slot: int = 0,
         deadline: float | None = None,
     ) -> Completion:
         """The design's retry policy around ``chat``; raises the last InferError."""
-        return self._run(request, sink, cancel, retries=self._config.retries, deadline=deadline)
+        return self._run(
+            request, sink, cancel, retries=self._config.retries, slot=slot, deadline=deadline
+        )
+
+    def props(self) -> Mapping[str, Any]:
+        """``GET /props``: the server's slot count, per-slot ``n_ctx``, model and build."""
+        return self._json("GET", "/props")
+
+    def slot_action(self, slot: int, action: str, filename: str = "") -> Mapping[str, Any]:
+        """``POST /slots/{slot}?action=save|restore|erase`` (protocol notes section 9).
+
+        Raises InferError: HTTP 501 ``not_supported_error`` when the server has no
+        ``--slot-save-path``, 400 when it refuses the file, CONNECT when it is gone.
+        """
+        body = {"filename": filename} if filename else {}
+        return self._json("POST", f"/slots/{slot}?action={action}", body)
+
+    def _json(self, method: str, path: str, body: Any = None) -> Mapping[str, Any]:
+        """One small JSON exchange (not streamed, not retried); InferError on any failure."""
+        where = self._url + path
+        try:
+            r = self._http.request(
+                method, where, json=body, headers={"Accept": "application/json"},
+                timeout=httpx.Timeout(self._config.read_timeout_s,
+                                      connect=self._config.connect_timeout_s),
+            )
+        except httpx.ConnectError as e:
+            raise InferError(InferErrorKind.CONNECT, f"could not connect to {where}: {e}") from e
+        except httpx.TimeoutException as e:
+            raise InferError(InferErrorKind.TIMEOUT, f"{where} did not answer: {e}") from e
+        except httpx.HTTPError as e:
+            raise InferError(InferErrorKind.PROTOCOL, f"{where}: {type(e).__name__}: {e}") from e
+        text = r.text[:MAX_ERROR_BODY]
+        if r.status_code != 200:
+            said = error_object(text).get("message")
+            raise InferError(
+                InferErrorKind.HTTP, str(said) if said else (text.strip()[:300] or r.reason_phrase),
+                status=r.status_code, body=text,
+            )
+        try:
+            data = r.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise InferError(InferErrorKind.PROTOCOL, f"{where} answered 200 without a JSON object")
+        return data
 
     def close(self) -> None:
         self._http.close()
@@ -197,11 +257,12 @@ class LlamaClient:
         cancel: CancelToken,
         *,
         retries: int,
+        slot: int,
         deadline: float | None,
     ) -> Completion:
         if deadline is None:
             deadline = time.monotonic() + self._config.timeout_s
-        run = _Run(deadline=deadline)
+        run = _Run(deadline=deadline, slot=slot)
         failures = 0
         while True:
             if cancel.cancelled:
@@ -241,7 +302,7 @@ class LlamaClient:
     def _exchange(
         self, request: ChatRequest, sink: Sink, cancel: CancelToken, run: _Run
     ) -> StreamAssembler | _Abandoned:
-        content = encode_body(request)
+        content = encode_body(request, run.slot)
         if time.monotonic() >= run.deadline:
             raise _Failed(self._timed_out(), retry=False)
         with self._watch(cancel, run.deadline) as watch:

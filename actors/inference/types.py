@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.errors import ServerError
-from actors.records import ToolCall
+from actors.records import SlotUse, ToolCall
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -24,7 +24,7 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatRequest:
-    slot: int
+    session: str  # who asks: the slot keeper leases this session a slot for the request
     messages: tuple[Mapping[str, Any], ...]
     tools: tuple[Mapping[str, Any], ...]
     thinking: bool = True
@@ -46,6 +46,7 @@ class Completion:
     reasoning_tokens: int
     thinking_capped: bool
     finish_reason: str
+    slot: SlotUse | None = None  # what the slot keeper did for this request
 
     @property
     def prompt_tokens(self) -> int:

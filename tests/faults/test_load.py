@@ -1,7 +1,8 @@
 """Load: 32 sessions at once in one process, 4 tool hosts, every log complete, nothing leaked.
 
-One process runs 32 session actors on one inference actor (``inference.parallel = 4``, the
-sessions spread over 4 server slots, so they also evict each other's prompt caches) and a
+One process runs 32 session actors on one inference actor (``inference.parallel = 4``; the slot
+keeper spreads the sessions over the fake server's 4 slots, so they also evict each other's
+prompt caches) and a
 Toolbox of 4 local tool hosts from ``[[tools.hosts]]``, one tool each. The fake
 llama-server runs in its own process (the agent script). Every round, all 32 sessions run
 a turn at once: one tool call on one of the 4 hosts, then an answer.
@@ -99,18 +100,14 @@ def test_32_sessions_at_once_on_4_hosts(
     sessions: list[Any] = []
     counts: list[int] = []
     children_before = _children()
-    with serve_in_process() as url:
+    with serve_in_process(slots=SLOTS) as url:
         config = load_config(tmp_path, url)
         toolbox = Toolbox.start(config)
         inference = Inference.start(config.inference)
         try:
             assert toolbox.problems == {}
             expected = _expected_results(toolbox)
-            runtimes = [
-                Runtime(config=config.replace("slots", main=slot), inference=inference,
-                        registry=toolbox.registry)
-                for slot in range(SLOTS)
-            ]  # fmt: skip
+            runtime = Runtime(config=config, inference=inference, registry=toolbox.registry)
             tools = baseline_tools(toolbox.registry, ())
             for s in range(SESSIONS):
                 base = Baseline(system="You are terse.", tools=tools, model="fake", created=now())
@@ -118,7 +115,7 @@ def test_32_sessions_at_once_on_4_hosts(
             sink: Callable[[Event], None] = lambda _e: None  # noqa: E731
             for n in range(TURNS):
                 futures = [
-                    proxy.turn(runtimes[s % SLOTS], message(s, n), sink)
+                    proxy.turn(runtime, message(s, n), sink)
                     for s, proxy in enumerate(sessions)
                 ]
                 outcomes = pykka.get_all(futures, timeout=120)

@@ -27,7 +27,7 @@ def config(url: str, **changes: Any) -> InferenceConfig:
 
 
 def request(**changes: Any) -> ChatRequest:
-    base: dict[str, Any] = dict(slot=0, messages=USER, tools=())
+    base: dict[str, Any] = dict(session="test", messages=USER, tools=())
     return ChatRequest(**{**base, **changes})
 
 
@@ -41,7 +41,7 @@ class Rig:
         self.cancel = CancelToken()
 
     def chat(self, req: ChatRequest | None = None, *, retry: bool = True,
-             sink: Callable[[Event], None] | None = None) -> Completion:
+             sink: Callable[[Event], None] | None = None, slot: int = 0) -> Completion:
         self.events = []
 
         def record(event: Event) -> None:
@@ -50,7 +50,7 @@ class Rig:
                 sink(event)
 
         call = self.client.chat_with_retry if retry else self.client.chat
-        return call(req or request(), record, self.cancel)
+        return call(req or request(), record, self.cancel, slot=slot)
 
     def kinds(self) -> list[str]:
         return [type(e).__name__ for e in self.events]

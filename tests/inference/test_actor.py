@@ -59,6 +59,8 @@ class GatedServer:
             self.gate.release()
 
     def handler(self, req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/props":  # the slot keeper asks once, at start: four slots
+            return httpx.Response(200, json={"total_slots": 4})
         self.bodies.append(json.loads(req.content))
 
         def stream() -> Iterator[bytes]:

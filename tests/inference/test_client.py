@@ -77,7 +77,7 @@ def test_progress_events_carry_the_servers_numbers(rig: MakeRig) -> None:
 def test_the_body_has_every_field_loopd_needs(rig: MakeRig) -> None:
     tools = (types.MappingProxyType({"type": "function", "function": {"name": "find_tool"}}),)
     r = rig([answer("a"), answer("b"), answer("c")])
-    r.chat(request(slot=2, tools=tools, max_tokens=64))
+    r.chat(request(tools=tools, max_tokens=64), slot=2)
     r.chat(request(thinking=False, thinking_budget=100))
     r.chat(request(thinking_budget=77))
     first, second, third = r.fake.requests

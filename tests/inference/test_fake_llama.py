@@ -32,7 +32,7 @@ def test_a_growing_conversation_hits_the_cache_and_an_edit_loses_it(rig: MakeRig
     edited = ({"role": "system", "content": "Changed."}, *grown[1:])
     third = r.chat(request(messages=edited))
     assert third.timings["cache_n"] < 10
-    other_slot = r.chat(request(slot=1, messages=grown))
+    other_slot = r.chat(request(messages=grown), slot=1)
     assert other_slot.timings["cache_n"] == 0  # slots keep their own cache
 
 

@@ -17,6 +17,14 @@ cut after that many deltas, unless the reply says ``honor_budget=False``) and th
 ``reasoning_end`` control (``control="honor" | "ignore" | "missing"``). A reply that does
 not honour the budget, on a request with ``reasoning_control``, waits (up to 5 s) after
 the first delta past the budget for the client's control call, so the race is settled.
+
+Slots like llama-server's (protocol notes section 9): ``GET /props`` (``total_slots``,
+per-slot ``n_ctx``, ``model_path``, ``build_info``: the ``props`` argument), and with a
+``save_dir`` ``POST /slots/{id}?action=save|restore|erase`` writing and reading real files
+there (a text format of the fake's own: a header line, then the slot's cached text). Without
+a ``save_dir`` the slot actions answer 501 like a server without ``--slot-save-path``. A test
+makes any slot action fail with :meth:`FakeLlama.fail_slots` (an HTTP error, or a restore
+that answers success but loads nothing: ``noop``), deterministically.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 from actors.inference import recording
 
@@ -64,6 +73,10 @@ __all__ = [
 ]
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+SLOT_FILE_HEADER = b"fake-llama slot v1\n"
+DEFAULT_PROPS: dict[str, Any] = {
+    "total_slots": 1, "n_ctx": 8192, "model_path": "/models/fake.gguf", "build_info": "b1-fake",
+}
 CONTROL_PATH = "/v1/chat/completions/control"
 CONTROL_WAIT_S = 5.0
 _POLL_S = 0.02
@@ -176,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         conn = Conn(self, {}, self.server.fake)
         if self.path in ("/health", "/v1/health"):
             conn.json(200, {"status": "ok"})
+        elif self.path == "/props":
+            conn.json(200, self.server.fake._props_body())
         else:
             conn.json(404, _error(404, "File Not Found", "not_found_error"))
 
@@ -196,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._chat(conn, dict(self.headers))
             elif self.path == CONTROL_PATH:
                 fake._control(conn)
+            elif self.path.startswith("/slots/"):
+                fake._slot_action(conn, self.path)
             else:
                 conn.json(404, _error(404, "File Not Found", "not_found_error"))
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
@@ -223,8 +240,13 @@ class FakeLlama:
     """A llama-server stand-in on 127.0.0.1; a context manager. ``url`` once started."""
 
     def __init__(
-        self, script: Sequence[Reply] | Callable[[dict[str, Any]], Reply], *, port: int = 0
+        self, script: Sequence[Reply] | Callable[[dict[str, Any]], Reply], *, port: int = 0,
+        props: dict[str, Any] | None = None, save_dir: Path | None = None,
     ) -> None:
+        self.props = {**DEFAULT_PROPS, **(props or {})}
+        self.save_dir = save_dir
+        self.slot_calls: list[tuple[str, int, str]] = []  # (action, slot, filename) in order
+        self._slot_faults: dict[str, list[tuple[int, str] | None]] = {}
         self._script: Callable[[dict[str, Any]], Reply] | None = None
         self._replies: list[Reply] = []
         if callable(script):
@@ -319,6 +341,88 @@ class FakeLlama:
             conn.json(400, _error(400, "unknown action", "invalid_request_error"))
         else:
             conn.json(200, {"success": True})
+
+    # --- slots -------------------------------------------------------------------------
+
+    def fail_slots(self, action: str, status: int = 500, message: str = "slot action failed",
+                   *, times: int = 1) -> None:
+        """The next ``times`` calls of ``action`` fail with ``status``; status 0 makes a
+        restore answer success while loading nothing (a restore that does not take)."""
+        with self._lock:
+            self._slot_faults.setdefault(action, []).extend([(status, message)] * times)
+
+    def _props_body(self) -> dict[str, Any]:
+        p = self.props
+        return {
+            "default_generation_settings": {"n_ctx": p["n_ctx"], "params": {}},
+            "total_slots": p["total_slots"], "model_path": p["model_path"],
+            "build_info": p["build_info"],
+        }
+
+    def _slot_action(self, conn: Conn, path: str) -> None:
+        parts = urlsplit(path)
+        action = (parse_qs(parts.query).get("action") or [""])[0]
+        try:
+            slot = int(parts.path.rsplit("/", 1)[1])
+        except ValueError:
+            conn.json(400, _error(400, "Invalid id_slot", "invalid_request_error"))
+            return
+        filename = str(conn.body.get("filename", ""))
+        with self._lock:
+            self.slot_calls.append((action, slot, filename))
+            faults = self._slot_faults.get(action) or []
+            fault = faults.pop(0) if faults else None
+        if self.save_dir is None:
+            message = "This server does not support slots action. Start it with `--slot-save-path`"
+            conn.json(501, _error(501, message, "not_supported_error"))
+            return
+        if action not in ("save", "restore", "erase"):
+            conn.json(400, _error(400, "Invalid action", "invalid_request_error"))
+            return
+        if fault is not None and fault[0] != 0:
+            conn.json(fault[0], _error(fault[0], fault[1], "server_error" if fault[0] >= 500
+                                       else "invalid_request_error"))
+            return
+        if action != "erase" and (not filename or "/" in filename or filename.startswith(".")):
+            conn.json(400, _error(400, "Invalid filename", "invalid_request_error"))
+            return
+        target = self.save_dir / filename
+        if action == "save":
+            with self._lock:
+                text = self._slots.get(slot, "")
+            data = SLOT_FILE_HEADER + text.encode()
+            target.write_bytes(data)
+            conn.json(200, {"id_slot": slot, "filename": filename, "n_saved": len(text) // 4,
+                            "n_written": len(data), "timings": {"save_ms": 0.5}})
+        elif action == "restore":
+            try:
+                data = target.read_bytes()
+                if not data.startswith(SLOT_FILE_HEADER):
+                    raise ValueError("not a slot file")
+                text = data[len(SLOT_FILE_HEADER):].decode()
+            except (OSError, ValueError):
+                with self._lock:
+                    self._slots.pop(slot, None)  # a failed restore clears the slot
+                message = ("Unable to restore slot: No available space in KV cache or invalid "
+                           "slot save file")
+                conn.json(400, _error(400, message, "invalid_request_error"))
+                return
+            with self._lock:
+                if fault is None:  # status 0: answers success, loads nothing
+                    self._slots[slot] = text
+                else:
+                    self._slots.pop(slot, None)
+            conn.json(200, {"id_slot": slot, "filename": filename, "n_restored": len(text) // 4,
+                            "n_read": len(data), "timings": {"restore_ms": 0.25}})
+        else:
+            with self._lock:
+                text = self._slots.pop(slot, "")
+            conn.json(200, {"id_slot": slot, "n_erased": len(text) // 4})
+
+    def slot_text(self, slot: int) -> str:
+        """What slot ``slot`` holds now (its cached text)."""
+        with self._lock:
+            return self._slots.get(slot, "")
 
     def _register(self, chat_id: str, reply: Reply) -> _Stream:
         stream = _Stream(reply)

@@ -89,14 +89,15 @@ def agent(answer_chars: int = 0, chunk: int = 4) -> Callable[[dict[str, Any]], R
 
 @contextlib.contextmanager
 def serve_in_process(
-    answer_chars: int = 0, chunk: int = 4, cpus: set[int] | None = None
+    answer_chars: int = 0, chunk: int = 4, cpus: set[int] | None = None, slots: int = 1
 ) -> Iterator[str]:
     """The agent fake in its own process; yields its URL, stops it (SIGTERM) on exit.
 
-    ``cpus``: the CPUs the server may run on (benchmarks give it a core of its own).
+    ``cpus``: the CPUs the server may run on (benchmarks give it a core of its own);
+    ``slots``: the ``total_slots`` its /props says.
     """
     with in_process("tests.support.scripted_llama", "--answer-chars", str(answer_chars),
-                    "--chunk", str(chunk), cpus=cpus) as url:  # fmt: skip
+                    "--chunk", str(chunk), "--slots", str(slots), cpus=cpus) as url:  # fmt: skip
         yield url
 
 
@@ -105,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--answer-chars", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=1)
     args = parser.parse_args(argv)
-    return serve_until_term(FakeLlama(agent(args.answer_chars, args.chunk), port=args.port))
+    fake = FakeLlama(agent(args.answer_chars, args.chunk), port=args.port,
+                     props={"total_slots": args.slots})
+    return serve_until_term(fake)
 
 
 if __name__ == "__main__":

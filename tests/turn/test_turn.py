@@ -323,7 +323,9 @@ def test_cache_loss_is_detected_and_logged(rig: Make) -> None:
     r.turn("second")
     (loss,) = [x for x in r.records if isinstance(x, CacheLoss)]
     assert (loss.expected, loss.got) == (588 + 18, 3)  # the previous prompt: cache_n + prompt_n
-    assert CacheLossEvent(expected=606, got=3) in r.events
+    # the slot still held the session's state as far as the keeper knew: the server lost it
+    assert loss.cause == "the server dropped the slot's cache"
+    assert CacheLossEvent(expected=606, got=3, cause=loss.cause) in r.events
 
 
 def test_no_cache_loss_when_each_request_extends_the_last(rig: Make) -> None:
