@@ -246,6 +246,8 @@ class FakeLlama:
         self.props = {**DEFAULT_PROPS, **(props or {})}
         self.save_dir = save_dir
         self.slot_calls: list[tuple[str, int, str]] = []  # (action, slot, filename) in order
+        self.slot_gate = threading.Event()  # slot actions wait while it is clear
+        self.slot_gate.set()
         self._slot_faults: dict[str, list[tuple[int, str] | None]] = {}
         self._script: Callable[[dict[str, Any]], Reply] | None = None
         self._replies: list[Reply] = []
@@ -369,7 +371,11 @@ class FakeLlama:
             return
         filename = str(conn.body.get("filename", ""))
         with self._lock:
-            self.slot_calls.append((action, slot, filename))
+            self.slot_calls.append((action, slot, filename))  # seen, even while held below
+        while not self.slot_gate.wait(_POLL_S):  # a slow save or restore, held by the test
+            if conn.stopping:
+                return
+        with self._lock:
             faults = self._slot_faults.get(action) or []
             fault = faults.pop(0) if faults else None
         if self.save_dir is None:
