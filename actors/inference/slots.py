@@ -202,10 +202,6 @@ class SlotKeeper:
         return cls([_probe(spec, client, settings, say) for spec, client in servers],
                    settings, say)
 
-    @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self._servers]
-
     # --- leases ------------------------------------------------------------------------
 
     def enter(self, session: str) -> Ticket:
@@ -348,15 +344,17 @@ class SlotKeeper:
     # --- saving and restoring ----------------------------------------------------------
 
     def _session(self, name: str) -> _Session:
-        session = self._sessions.get(name)
-        if session is None:
-            log_dir = self._settings.log_dir
-            key = slot_key(log_dir / name / "log.bin") if log_dir is not None else name
-            session = self._sessions[name] = _Session(name, key)
-        return session
+        with self._cond:
+            session = self._sessions.get(name)
+            if session is None:
+                log_dir = self._settings.log_dir
+                key = slot_key(log_dir / name / "log.bin") if log_dir is not None else name
+                session = self._sessions[name] = _Session(name, key)
+            return session
 
     def _by_key(self, key: str) -> _Session | None:
-        return next((s for s in self._sessions.values() if s.key == key), None)
+        with self._cond:
+            return next((s for s in self._sessions.values() if s.key == key), None)
 
     def _save(self, target: int, index: int, key: str) -> bool:
         """Save slot ``index`` as ``key``'s state; False (and a note) when it failed."""
