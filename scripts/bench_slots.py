@@ -101,7 +101,7 @@ def _turn(app: App, runtime: Runtime, name: str, text: str) -> tuple[float, Usag
 
 def _resume(config: cfg.Config) -> list[dict[str, Any]]:
     with start_app(config) as app:
-        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", 150))
+        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", 170))
     times: dict[str, tuple[float, Usage]] = {}
     for variant in ("restored", "not restored"):
         if variant == "not restored":
