@@ -2,7 +2,8 @@
 
 A clean run and a run killed many times agree on every turn's records except where they
 cannot: record times, the server's cache numbers (``Usage.timings``, ``prompt_tokens``,
-``CacheLoss``: a killed request leaves the server's slot cache in another state) and the
+``CacheLoss``, and what the slot keeper found, ``Usage.slot``: a killed request leaves the
+server's slot cache in another state, and a new process finds its slots empty) and the
 session's call numbers (a call whose result was never written gives its number back).
 :func:`shape` keeps everything else, with the turn number written as ``N``, so turn 7 and
 turn 4 of the same kind compare equal.
@@ -20,7 +21,7 @@ __all__ = ["check_calls", "shape", "split_turns", "turn_number"]
 
 _TURN = re.compile(r"turn[ -]\d+")
 _DROP = {"time": None, "created": None}
-_DROP_USAGE = ("timings", "prompt_tokens")
+_DROP_USAGE = ("timings", "prompt_tokens", "slot")
 
 
 def shape(record: Record) -> str:
