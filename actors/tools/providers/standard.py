@@ -25,6 +25,7 @@ from actors.errors import UsageError
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
+from actors.tools.providers.web import fetch_url
 from actors.tools.providers.workspace import OutsideWorkspace, Workspace
 
 __all__ = ["STANDARD_SPECS", "StandardTools"]
@@ -279,30 +280,10 @@ class StandardTools:
         note = f"\n[output cut: {out.dropped} more bytes not shown]" if out.dropped else ""
         return Result(content=f"exit code: {out.exit_code}\n{text}{note}")
 
-    def _fetch_url(self, a: Mapping[str, Any], timeout_s: float, _c: threading.Event) -> Answer:
-        import httpx  # slow to import: only hosts that fetch pay for it
-
-        url = str(a["url"])
-        if not url.startswith(("http://", "https://")):
-            return Failed(message=f"fetch_url: {url!r} is not an http:// or https:// URL")
-        try:
-            with (
-                httpx.Client(follow_redirects=True, max_redirects=5, timeout=timeout_s) as client,
-                client.stream("GET", url, headers={"user-agent": "loopd-fetch_url"}) as r,
-            ):
-                data = bytearray()
-                dropped = 0
-                for chunk in r.iter_bytes():
-                    keep = max(0, self.max_output - len(data))
-                    data += chunk[:keep]
-                    dropped += len(chunk) - len(chunk[:keep])
-                text = bytes(data).decode(r.encoding or "utf-8", "replace")
-                kind = r.headers.get("content-type", "")
-                head = f"HTTP {r.status_code} {r.reason_phrase}\ncontent-type: {kind}"
-                note = f"\n[cut: {dropped} more bytes not shown]" if dropped else ""
-                return Result(content=f"{head}\n\n{text}{note}", untrusted=True)
-        except httpx.HTTPError as e:
-            return Failed(message=f"fetch_url could not fetch {url}: {type(e).__name__}: {e}")
+    def _fetch_url(self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event) -> Answer:
+        return fetch_url(
+            str(a["url"]), timeout_s=timeout_s, max_output=self.max_output, cancel=cancel
+        )
 
 
 def _printable(name: str) -> str:
