@@ -106,8 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: like Ctrl-C for the turn in flight, but it ends the command too (chat's
+    prompt and a turn's wait re-raise it where a plain Ctrl-C is taken as "cancel this")."""
+
+
 def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 # --- commands --------------------------------------------------------------------------
@@ -188,6 +193,8 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
             except EOFError:
                 out.print()
                 return OK
+            except Terminated:
+                raise
             except KeyboardInterrupt:
                 out.print()
                 continue
@@ -205,17 +212,30 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 
 
 def _turn(session: Any, app: Any, message: str, sink: Any) -> TurnOutcome:
-    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down."""
+    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down.
+    SIGTERM does the same, then ends the command once the turn has wound down."""
     cancel = CancelToken()
     future = session.turn(app.runtime, message, sink, cancel)
+    terminated = False
     while True:
         try:
             result: TurnOutcome = future.get(timeout=0.2)
-            return result
         except pykka.Timeout:
+            continue
+        except Terminated:
+            terminated = True
+            cancel.cancel()
             continue
         except KeyboardInterrupt:
             cancel.cancel()
+            continue
+        except LoopdError:
+            if terminated:
+                raise Terminated from None
+            raise
+        if terminated:
+            raise Terminated
+        return result
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] = {

@@ -183,6 +183,56 @@ def test_chat_runs_turns_from_stdin_and_leaves_on_eof(env: dict[str, Any]) -> No
     assert second[: len(first)] == first
 
 
+def _chat_process(env: dict[str, Any], url: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "chat", "--config", env["config"], "--url", url,
+         "--session", "term"],
+        cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_sigterm_ends_chat_at_its_prompt(env: dict[str, Any]) -> None:
+    with FakeLlama([answer("unused")]) as fake:
+        proc = _chat_process(env, fake.url)
+        try:
+            assert proc.stdout is not None
+            assert "Ctrl-D leaves" in proc.stdout.readline()  # started, at (or near) its prompt
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 130  # not taken as "cancel a turn" and prompted again
+        finally:
+            proc.kill()
+            proc.wait()
+        assert fake.requests == []
+
+
+def test_sigterm_during_a_chat_turn_cancels_it_and_ends_chat(
+    env: dict[str, Any], fake_process: tuple[FakeLlama, threading.Event]
+) -> None:
+    fake, _ = fake_process
+    proc = _chat_process(env, fake.url)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("wait for me\n")
+        proc.stdin.flush()
+        proc.stdout.readline()
+        for _ in range(300):  # the request is out
+            if fake.requests:
+                break
+            threading.Event().wait(0.1)
+        assert fake.requests
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    log = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "log", "show", "term", "--json", "--config",
+         env["config"]], cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    assert [json.loads(r)["kind"] for r in log] == ["baseline", "user"]
+
+
 def test_help_everywhere() -> None:
     for args in (["--help"], ["run", "--help"], ["chat", "--help"], ["sessions", "--help"],
                  ["log", "show", "--help"], ["toolhost", "--help"], ["keys", "--help"]):
