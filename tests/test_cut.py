@@ -105,7 +105,6 @@ def test_given_utf8_bytes_are_cut_like_their_text(text: str) -> None:
         assert cut(text.encode(), limit, "bytes") == cut(text, limit, "bytes")
 
 
-@pytest.mark.xfail(strict=True, reason="bytes cut walks back over every continuation byte")
 def test_bytes_that_are_not_utf8_are_cut_at_most_one_character_short() -> None:
     """A binary file is a run of bytes that are no characters: the cut may leave out at most
     the 3 bytes of an unfinished character, or a reader told "read on with offset=N" never
@@ -116,7 +115,6 @@ def test_bytes_that_are_not_utf8_are_cut_at_most_one_character_short() -> None:
     assert kept == data[:50].decode("utf-8", "replace")
 
 
-@pytest.mark.xfail(strict=True, reason="bytes cut walks back over every continuation byte")
 @given(binaries)
 def test_any_bytes_keep_at_least_limit_less_three_and_say_what_they_kept(data: bytes) -> None:
     for limit in limits_for(len(data)):
@@ -126,7 +124,6 @@ def test_any_bytes_keep_at_least_limit_less_three_and_say_what_they_kept(data: b
         assert kept == data[:size].decode("utf-8", "replace")
 
 
-@pytest.mark.xfail(strict=True, reason="a lone surrogate's bytes come back as three U+FFFD")
 def test_a_lone_surrogate_in_text_is_kept_as_it_is_not_as_stray_bytes() -> None:
     """JSON may carry lone surrogates ("\\ud800"); the cut keeps a prefix of the text and
     leaves the wire to deal with them, instead of three replacement characters."""
