@@ -18,6 +18,7 @@ import msgpack
 
 from actors.checks import Check, exact, member
 from actors.errors import RecordError
+from actors.inference import server_values
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
@@ -159,6 +160,12 @@ def _mapping(v: Any) -> Mapping[str, JSON]:
     return v
 
 
+def _timings(v: Any) -> Mapping[str, JSON]:
+    """A Usage's timings: its well-formed numbers (a bad value an older loopd logged is
+    left out, so the session still runs)."""
+    return server_values.timings(_mapping(v))
+
+
 def _tools(v: Any) -> tuple[Mapping[str, JSON], ...]:
     if not isinstance(v, list):
         raise TypeError(f"expected a list of tool definitions, got {type(v).__name__}")
@@ -210,7 +217,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "tool_calls": ("tool_calls", _tool_calls),
     },
     "usage": {
-        "timings": ("timings", _mapping),
+        "timings": ("timings", _timings),
         "reasoning_tokens": ("reasoning_tokens", _INT),
         "thinking_capped": ("thinking_capped", _BOOL),
         "prompt_tokens": ("prompt_tokens", _INT),
@@ -277,7 +284,7 @@ def encode(record: Record) -> bytes:
         body[wire] = value
     try:
         return msgpack.packb(body, datetime=True, strict_types=False)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise RecordError(f"{kind}: cannot encode: {e}") from None
 
 

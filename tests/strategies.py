@@ -92,10 +92,16 @@ slot_uses = st.builds(
     SlotUse, server=texts, slot=counts, state=st.sampled_from(SlotState), restored=counts,
     restore_ms=st.floats(allow_nan=False, allow_infinity=False), reason=texts,
 )
+# What actors.inference.server_values keeps of a server's timings (and a log's, read back).
+timings = st.dictionaries(
+    st.text(max_size=64),
+    counts | st.floats(min_value=0, allow_nan=False, allow_infinity=False),
+    max_size=8,
+)
 usages = st.builds(
     Usage,
     slot=st.none() | slot_uses,
-    timings=json_objects,
+    timings=timings,
     reasoning_tokens=counts,
     thinking_capped=st.booleans(),
     prompt_tokens=counts,

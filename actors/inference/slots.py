@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from actors.inference import server_values
 from actors.inference.client import LlamaClient
 from actors.inference.slotfiles import SlotFile, SlotStore, restore_problem, slot_key
 from actors.inference.types import Completion, InferError, InferErrorKind
@@ -365,7 +366,7 @@ class SlotKeeper:
             return False
         try:
             answer = server.client.slot_action(index, "save", store.save_name(key))
-            tokens = int(answer.get("n_saved", 0))
+            tokens = server_values.count(answer.get("n_saved")) or 0
             if tokens <= 0:
                 store.discard_save(key)  # nothing in the slot: the older file stays
                 return True
@@ -373,7 +374,7 @@ class SlotKeeper:
             store.commit(key, SlotFile(
                 session=session.name, file=store.file_name(key), tokens=tokens,
                 fingerprint=server.fingerprint, server=server.url, saved=now, used=now,
-                bytes=int(answer.get("n_written", 0)),
+                bytes=server_values.count(answer.get("n_written")) or 0,
             ))
         except (InferError, OSError, ValueError, TypeError) as e:
             with self._cond:
@@ -405,9 +406,8 @@ class SlotKeeper:
             return none(problem)
         try:
             answer = server.client.slot_action(index, "restore", meta.file)
-            tokens = int(answer.get("n_restored", 0))
-            timings = answer.get("timings")
-            ms = float(timings.get("restore_ms", 0.0)) if isinstance(timings, Mapping) else 0.0
+            tokens = server_values.count(answer.get("n_restored")) or 0
+            ms = float(server_values.timings(answer.get("timings")).get("restore_ms", 0.0))
         except InferError as e:
             text = REFUSED if e.status == 400 else RESTORE_FAILED
             return none(text.format(message=_said(e)))

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
+from actors.inference import server_values
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
 from actors.records import ToolCall
 
@@ -206,8 +207,8 @@ class StreamAssembler:
             content="".join(self._content) or None,
             reasoning=(reasoning or "") + (own or "") or None,
             tool_calls=tuple(calls),
-            timings=self.timings,
-            usage=self.usage,
+            timings=server_values.timings(self.timings),
+            usage=server_values.usage(self.usage),
             reasoning_tokens=extra_reasoning + self._reasoning_tokens(),
             thinking_capped=thinking_capped,
             finish_reason=self.finish_reason or "stop",
@@ -217,16 +218,17 @@ class StreamAssembler:
         """The server's own count when it gives one, else the reasoning deltas seen."""
         details = self.usage.get("completion_tokens_details")
         if isinstance(details, Mapping):
-            n = details.get("reasoning_tokens")
-            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            n = server_values.count(details.get("reasoning_tokens"))
+            if n is not None:
                 return n
         return self.reasoning_deltas
 
 
 def _int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
+    n = server_values.count(value)
+    if n is None:
         raise TypeError(value)
-    return value
+    return n
 
 
 def _protocol(what: str, data: str) -> InferError:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.errors import ServerError
+from actors.inference import server_values
 from actors.records import SlotUse, ToolCall
 
 __all__ = [
@@ -50,11 +51,11 @@ class Completion:
 
     @property
     def prompt_tokens(self) -> int:
-        return int(self.usage.get("prompt_tokens", 0))
+        return server_values.count(self.usage.get("prompt_tokens")) or 0
 
     @property
     def completion_tokens(self) -> int:
-        return int(self.usage.get("completion_tokens", 0))
+        return server_values.count(self.usage.get("completion_tokens")) or 0
 
 
 MAX_ERROR_BODY = 64 * 1024  # bytes of a server's error body kept on an InferError
