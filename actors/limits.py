@@ -39,11 +39,17 @@ def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:
-    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut."""
+    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut.
+
+    A cap too small for the note keeps just the text (the record's ``truncated`` says so).
+    """
     if len(text) <= cap:
         return text, False
     note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
-    kept, size, _ = cut(text, cap - len(note.format(kept=cap)), "chars")
+    room = cap - len(note.format(kept=cap))
+    if room < 1:
+        return cut(text, cap, "chars")[0], True
+    kept, size, _ = cut(text, room, "chars")
     return kept + note.format(kept=size), True
 
 
