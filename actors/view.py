@@ -3,6 +3,8 @@
 Reasoning is dimmed, the answer streams as it comes, prompt processing shows as a bar,
 each tool call shows with the class of its result, and every turn ends with one summary
 line (prompt tokens, how many came from the cache, generated tokens, time, tool calls).
+Text from outside loopd (a model's, a tool's, a server's) is escaped before it meets rich
+markup: "[/]" in a tool's arguments would otherwise raise in the sink and end the turn.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from actors import events as ev
@@ -115,21 +118,23 @@ class LiveView:
             case ev.ToolCallStarted(name=name, arguments=args):
                 self._switch("")
                 shown = args if len(args) <= 120 else args[:117] + "..."
-                self.console.print(f"[bold cyan]→ {name}[/] {shown}", highlight=False)
+                self.console.print(f"[bold cyan]→ {escape(name)}[/] {escape(shown)}",
+                                   highlight=False)
             case ev.ToolResultEvent(name=name, class_=cls, truncated=cut, outcome=outcome):
                 note = " (truncated)" if cut else ""
-                self.console.print(f"  [cyan]← {name}[/]: {outcome}, {cls}{note}")
+                self.console.print(f"  [cyan]← {escape(name)}[/]: {escape(outcome)}, "
+                                   f"{escape(cls)}{note}")
             case ev.Retrying(attempt=n, delay=delay, reason=reason):
                 streamed = self._mode in ("reasoning", "content")
                 self._switch("")
                 dropped = " (the partial answer above is dropped)" if streamed else ""
                 self.console.print(
-                    f"[yellow]retrying ({n}) in {delay:.1f} s: {reason}{dropped}[/]",
+                    f"[yellow]retrying ({n}) in {delay:.1f} s: {escape(reason)}{dropped}[/]",
                     highlight=False,
                 )
             case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
                 self._switch("")
-                why = f" ({cause})" if cause else ""
+                why = f" ({escape(cause)})" if cause else ""
                 self.console.print(
                     f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
                     highlight=False,
@@ -138,7 +143,9 @@ class LiveView:
                 self._switch("")
                 self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
             case ev.Queued(ahead=ahead, waiting_for=what):
-                self.console.print(f"[dim]queued: waiting for {what} ({ahead} in line)[/]")
+                self.console.print(
+                    f"[dim]queued: waiting for {escape(what)} ({ahead} in line)[/]"
+                )
             case _:
                 pass
 

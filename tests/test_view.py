@@ -188,7 +188,6 @@ def test_answer_and_reasoning_text_is_shown_as_it_is(text: str) -> None:
     assert _shown(ev.Reasoning(text)) == text + "\n"
 
 
-@pytest.mark.xfail(strict=True, reason="tool names and arguments are read as rich markup")
 @pytest.mark.parametrize("text", MARKUP)
 def test_markup_in_a_tool_call_is_shown_as_it_is(text: str) -> None:
     """A model's arguments (and its tool names) are text: "[/]" must not raise, "[bold]"
@@ -203,7 +202,6 @@ def test_markup_in_a_tool_call_is_shown_as_it_is(text: str) -> None:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="reasons and causes are read as rich markup")
 @pytest.mark.parametrize("text", MARKUP)
 def test_markup_in_a_retry_reason_or_a_cache_loss_cause_is_shown_as_it_is(text: str) -> None:
     """A server's error text and the keeper's reasons come from outside loopd too."""
