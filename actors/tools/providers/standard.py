@@ -1,9 +1,11 @@
 """The standard tools: files in the workspace, a shell command, a web fetch, and echo.
 
 One :class:`StandardTools` provider runs any subset of them inside a tool host. Every path
-goes through :class:`~actors.tools.providers.workspace.Workspace`, so a path that resolves
-outside the workspace (``../``, an absolute path, a symlink pointing out) is ``Denied``
-with the reason.
+is walked by :class:`~actors.tools.providers.workspace.Workspace`, so a path that leads
+outside the workspace (``../``, an absolute path, a symlink pointing out, a directory
+swapped for one mid-call), a FIFO or device, or a write to a file with other hard links is
+``Denied`` with the reason. ``search_files`` uses RE2 (google-re2), whose matching time is
+linear in the text: no pattern can stall a worker.
 Outputs are cut at ``max_output_bytes`` with a note saying how much was cut and how to read
 on. ``write_file`` and ``run_command`` change things, so their specs say
 ``needs_approval``; the host answers ``PendingApproval`` unless ``tools.allow`` names them.
@@ -13,12 +15,12 @@ on. ``write_file`` and ``run_command`` change things, so their specs say
 from __future__ import annotations
 
 import os
-import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import re2
 
 from actors.cut import cut
 from actors.errors import UsageError
@@ -26,7 +28,7 @@ from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.web import fetch_url
-from actors.tools.providers.workspace import OutsideWorkspace, Workspace
+from actors.tools.providers.workspace import Opened, Refused, Workspace, kind_of
 
 __all__ = ["STANDARD_SPECS", "StandardTools"]
 
@@ -70,7 +72,8 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             "search_files",
             "Search the text files under a workspace directory for lines matching a regular "
-            "expression (Python syntax). Answers one match per line as path:line: text.",
+            "expression (RE2 syntax: like Python's, without backreferences or lookaround). "
+            "Answers one match per line as path:line: text.",
             _schema(
                 ["pattern"],
                 pattern={"type": "string", "description": "regular expression"},
@@ -115,7 +118,8 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
 }
 
 _MAX_MATCHES = 200
-_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv"}
+_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv"})
+_MAX_SEARCHED = 8 * 1024 * 1024  # a file larger than this is not searched
 
 
 class StandardTools:
@@ -150,7 +154,7 @@ class StandardTools:
             return Failed(message=f"this host does not run {tool}")
         try:
             return self._run[tool](arguments, timeout_s, cancel)
-        except OutsideWorkspace as e:
+        except Refused as e:
             return Denied(reason=str(e))
         except FileNotFoundError:
             return Failed(
@@ -182,27 +186,37 @@ class StandardTools:
 
     def _read_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         offset = int(a.get("offset", 0))
-        fd = self.workspace.open_read(str(a["path"]))
-        with os.fdopen(fd, "rb") as f:
-            if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
-                raise IsADirectoryError
-            total = os.fstat(f.fileno()).st_size
-            f.seek(offset)
-            data = f.read(self.max_output + 1)
+        opened = self.workspace.open_read(str(a["path"]))
+        try:
+            total = os.fstat(opened.fd).st_size
+            data = os.pread(opened.fd, self.max_output + 1, offset)
+        finally:
+            opened.close()
         return Result(content=self._cut(data, total, offset))
 
     def _list_dir(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
-        real = self.workspace.resolve(str(a.get("path", ".")))
+        opened = self.workspace.open_dir(str(a.get("path", ".")))
         lines = []
-        with os.scandir(real) as it:
-            for entry in sorted(it, key=lambda e: e.name):
+        try:
+            with os.scandir(opened.fd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            for entry in entries:
                 name = _printable(entry.name)
-                if entry.is_symlink():
-                    lines.append(f"{name} -> {_printable(os.readlink(entry.path))}")
-                elif entry.is_dir():
-                    lines.append(f"{name}/")
-                else:
-                    lines.append(f"{name}  {entry.stat().st_size}")
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if entry.is_symlink():
+                        target = os.readlink(entry.name, dir_fd=opened.fd)
+                        lines.append(f"{name} -> {_printable(target)}")
+                    elif entry.is_dir(follow_symlinks=False):
+                        lines.append(f"{name}/")
+                    elif entry.is_file(follow_symlinks=False):
+                        lines.append(f"{name}  {st.st_size}")
+                    else:
+                        lines.append(f"{name}  ({kind_of(st.st_mode)})")
+                except FileNotFoundError:  # removed while listed
+                    continue
+        finally:
+            opened.close()
         text = "\n".join(lines) if lines else "(empty directory)"
         data = text.encode()
         return Result(content=self._cut(data, len(data)))
@@ -210,34 +224,23 @@ class StandardTools:
     def _search_files(
         self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event
     ) -> Answer:
-        try:
-            pattern = re.compile(str(a["pattern"]))
-        except re.error as e:
-            return Failed(
-                message=f"search_files: the pattern is not a valid regular expression: {e}"
-            )
-        root = self.workspace.resolve(str(a.get("path", ".")))
-        if not root.is_dir():
-            raise NotADirectoryError
+        pattern = _compile(str(a["pattern"]))
+        if isinstance(pattern, Failed):
+            return pattern
+        top = self.workspace.open_dir(str(a.get("path", ".")))
         deadline = time.monotonic() + timeout_s * 0.9
         matches: list[str] = []
         size = 0
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-            for fname in sorted(filenames):
+        try:
+            for file in self.workspace.files(top, _SKIP_DIRS):
                 if cancel.is_set() or time.monotonic() > deadline:
                     matches.append(
                         "[stopped: the time limit was reached; search a smaller directory]"
                     )
-                    return Result(content="\n".join(matches))
-                path = os.path.join(dirpath, fname)
-                try:
-                    real = self.workspace.resolve(os.path.relpath(path, self.workspace.root))
-                except OutsideWorkspace:
-                    continue  # a symlink pointing out: not searched
-                for line_no, line in _text_lines(real):
+                    break
+                for line_no, line in _text_lines(file):
                     if pattern.search(line):
-                        entry = f"{self.workspace.relative(real)}:{line_no}: {line[:300]}"
+                        entry = f"{_printable(file.rel)}:{line_no}: {line[:300]}"
                         matches.append(entry)
                         size += len(entry) + 1
                         if len(matches) >= _MAX_MATCHES or size > self.max_output:
@@ -245,15 +248,16 @@ class StandardTools:
                                 f"[stopped at {len(matches)} matches; narrow the pattern or path]"
                             )
                             return Result(content="\n".join(matches))
+        finally:
+            top.close()
         return Result(content="\n".join(matches) if matches else "no matches")
 
     def _write_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         data = str(a["content"]).encode("utf-8", "surrogateescape")
-        fd = self.workspace.open_write(str(a["path"]))
-        with os.fdopen(fd, "wb") as f:
+        opened = self.workspace.open_write(str(a["path"]))
+        with os.fdopen(opened.fd, "wb") as f:
             f.write(data)
-        rel = self.workspace.relative(self.workspace.resolve(str(a["path"])))
-        return Result(content=f"wrote {len(data)} bytes to {rel}")
+        return Result(content=f"wrote {len(data)} bytes to {_printable(opened.rel)}")
 
     def _run_command(
         self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event
@@ -291,13 +295,30 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _text_lines(path: os.PathLike[str] | str) -> list[tuple[int, str]]:
+def _compile(pattern: str) -> re2._Regexp[str] | Failed:
+    """The pattern compiled by RE2 (linear time, so no pattern can stall the host)."""
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as e:
+        why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else e
+        return Failed(
+            message=f"search_files: the pattern is not a valid regular expression: {why} "
+            "(RE2 syntax: like Python's, but without backreferences or lookaround)"
+        )
+
+
+def _text_lines(file: Opened) -> list[tuple[int, str]]:
     """The lines of a text file (skipping files that look binary or are over 8 MiB)."""
     try:
-        if os.path.getsize(path) > 8 * 1024 * 1024:
+        if os.fstat(file.fd).st_size > _MAX_SEARCHED:
             return []
-        with open(path, "rb") as f:
-            data = f.read()
+        data = b""
+        while chunk := os.read(file.fd, _MAX_SEARCHED + 1 - len(data)):
+            data += chunk
+            if len(data) > _MAX_SEARCHED:
+                return []
     except OSError:
         return []
     if b"\0" in data[:8192]:

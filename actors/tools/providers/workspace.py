@@ -1,25 +1,100 @@
+"""The workspace root of the file tools, and a path walk that cannot be led outside it.
 
-"""The workspace root of the file tools, and the rule that nothing resolves outside it.
+Every path is walked one name at a time from a descriptor of the root (``openat``-style:
+``os.open(name, dir_fd=...)`` with ``O_NOFOLLOW``), so the kernel never follows a symlink
+and a directory swapped for a symlink mid-walk is seen, not followed. A symlink met on the
+way is read (``readlinkat``) and its target walked the same way, from where it stands; a
+target that climbs above the root (``..``) or names an absolute path outside it is
+:class:`OutsideWorkspace`. ``..`` steps back along the descriptors actually walked, so it
+can never climb past the root either. Missing directories (``write_file``) are made inside
+the walk, each one opened without following anything right after it is made.
 
-A path the model gives is taken relative to the root (an absolute path is taken as is) and
-fully resolved, symlinks included; if the result is not the root or below it, the call is
-denied. Resolving first and opening later leaves a window in which a directory could be
-swapped for a symlink, so files are opened without following a final symlink, and the
-opened descriptor's real path is checked again (``/proc/self/fd``) before it is used.
+Only regular files are opened, with ``O_NONBLOCK`` and checked again on the descriptor: a
+FIFO, socket or device is :class:`NotRegular` and nothing blocks. A file with more than one
+hard link is not opened for writing (:class:`MultiplyLinked`): its other names may be
+outside the workspace. Reading one is allowed (see the README, "What the tools can and
+cannot do").
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
 import os
+import stat
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeAlias
 
 from actors.errors import UsageError
 
-__all__ = ["OutsideWorkspace", "Workspace"]
+__all__ = [
+    "MultiplyLinked",
+    "NotRegular",
+    "Opened",
+    "OutsideWorkspace",
+    "Refused",
+    "Workspace",
+    "kind_of",
+]
+
+_MAX_LINKS = 40  # symlinks followed in one walk, as the kernel's own limit
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-class OutsideWorkspace(Exception):
-    """A path that resolves outside the workspace; the message says which and what to do."""
+_Leaf: TypeAlias = Callable[[int, str], int]  # opens the last name of a walk in a directory
+
+
+class Refused(Exception):
+    """A path the file tools will not touch; the message says why and what to do."""
+
+
+class OutsideWorkspace(Refused):
+    """A path that leads outside the workspace."""
+
+
+class NotRegular(Refused):
+    """A FIFO, socket, device (anything but a regular file) where a file was wanted."""
+
+
+class MultiplyLinked(Refused):
+    """A file with other hard links, which a write would change too."""
+
+
+class _Symlink(Exception):
+    """The name at the end of the walk is a symlink: read it and walk on."""
+
+
+def kind_of(mode: int) -> str:
+    """What a file is, in words ("FIFO", "socket", ...), for messages and listings."""
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "regular file" if stat.S_ISREG(mode) else "special file"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opened:
+    """A descriptor the walk opened, and the path it names relative to the root."""
+
+    fd: int
+    rel: str
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class Workspace:
@@ -33,52 +108,228 @@ class Workspace:
             )
         self.root = Path(os.path.realpath(path))
 
-    def resolve(self, path: str) -> Path:
-        """The real path of ``path``; OutsideWorkspace if it is not in the workspace."""
+    # --- what the tools call -------------------------------------------------------------
+
+    def open_dir(self, path: str) -> Opened:
+        """A descriptor of a directory in the workspace (the root for "" or ".")."""
+        return self._walk(path, leaf=None)
+
+    def open_read(self, path: str) -> Opened:
+        """A read-only, non-blocking descriptor of a regular file in the workspace."""
+        return self._walk(path, leaf=_open_read)
+
+    def open_write(self, path: str) -> Opened:
+        """A descriptor to write a regular file (created, or emptied once it passed every
+        check), its missing directories made inside the walk."""
+        return self._walk(path, leaf=_open_write, make_dirs=True)
+
+    def files(self, top: Opened, skip: frozenset[str] = frozenset()) -> Iterator[Opened]:
+        """Every regular file under ``top``, opened for reading, in name order; symlinks are
+        not followed and directories named in ``skip`` not entered. Each descriptor is
+        closed when the next one is asked for."""
+        stack: list[tuple[int, str]] = [(os.dup(top.fd), top.rel)]
+        try:
+            while stack:
+                dfd, rel = stack.pop()
+                try:
+                    with os.scandir(dfd) as it:
+                        entries = sorted(it, key=lambda e: e.name)
+                    subdirs = []
+                    for e in entries:
+                        name = _join(rel, e.name)
+                        if e.is_dir(follow_symlinks=False):
+                            if e.name not in skip:
+                                with contextlib.suppress(OSError):  # gone, or swapped
+                                    subdirs.append((os.open(e.name, _DIR, dir_fd=dfd), name))
+                        elif e.is_file(follow_symlinks=False):
+                            try:
+                                fd = _open_read(dfd, e.name)
+                            except (OSError, Refused, _Symlink):
+                                continue  # changed under us: not searched
+                            try:
+                                yield Opened(fd, name)
+                            finally:
+                                os.close(fd)
+                    stack.extend(reversed(subdirs))
+                finally:
+                    os.close(dfd)
+        finally:
+            for dfd, _ in stack:
+                os.close(dfd)
+
+    # --- the walk ------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> list[str]:
         if "\0" in path:
             raise OutsideWorkspace(f"path {path!r} contains a NUL character")
-        real = Path(os.path.realpath(self.root / path))
-        self._check(path, real)
-        return real
-
-    def relative(self, real: Path) -> str:
-        """How to name ``real`` to the model: relative to the root."""
-        rel = os.path.relpath(real, self.root)
-        return "." if rel == "." else rel
-
-    def _check(self, given: str, real: Path) -> None:
-        if real != self.root and not real.is_relative_to(self.root):
+        if not os.path.isabs(path):
+            return [p for p in path.split("/") if p not in ("", ".")]
+        norm = os.path.normpath(path)
+        root = str(self.root)
+        if norm != root and not norm.startswith(root.rstrip("/") + "/"):
             raise OutsideWorkspace(
-                f"{given!r} resolves to {real}, which is outside the workspace {self.root}; "
-                "use a path inside the workspace (relative paths start there)"
+                f"{path!r} is outside the workspace {self.root}; use a path inside the "
+                "workspace (relative paths start there)"
             )
+        return [p for p in norm[len(root) :].split("/") if p not in ("", ".")]
 
-    def _check_fd(self, given: str, fd: int) -> None:
-        link = f"/proc/self/fd/{fd}"
-        if os.path.exists(link):  # no procfs (not Linux): the resolve check stands
-            self._check(given, Path(os.readlink(link)))
-
-    def open_read(self, path: str) -> int:
-        """A read-only descriptor of a file in the workspace."""
-        real = self.resolve(path)
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    def _walk(self, path: str, *, leaf: _Leaf | None, make_dirs: bool = False) -> Opened:
+        parts = deque(self._parts(path))
+        fds = [os.open(self.root, _DIR)]
+        names: list[str] = []
+        links = 0
         try:
-            self._check_fd(path, fd)
-        except OutsideWorkspace:
-            os.close(fd)
-            raise
-        return fd
-
-    def open_write(self, path: str) -> int:
-        """A descriptor to write (create or truncate) a file, its directories made as needed."""
-        real = self.resolve(path)
-        if real == self.root:
-            raise IsADirectoryError(f"{path!r} is the workspace directory itself, not a file")
-        real.parent.mkdir(parents=True, exist_ok=True)
-        dfd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self._check_fd(path, dfd)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(real.name, flags, 0o644, dir_fd=dfd)
+            while parts:
+                name = parts.popleft()
+                if name == "..":
+                    if not names:
+                        raise self._outside(path)
+                    os.close(fds.pop())
+                    names.pop()
+                    continue
+                if leaf is not None and not parts:
+                    try:
+                        fd = leaf(fds[-1], name)
+                    except _Symlink:
+                        pass
+                    else:
+                        return Opened(fd, _join("/".join(names), name))
+                else:
+                    try:
+                        fds.append(_open_dir(fds[-1], name, make=make_dirs))
+                        names.append(name)
+                        continue
+                    except OSError as e:
+                        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                            raise
+                target = _readlink(fds[-1], name)
+                if target is None:
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
+                links += 1
+                if links > _MAX_LINKS:
+                    raise Refused(f"{path!r}: more than {_MAX_LINKS} symlinks on the way")
+                if os.path.isabs(target):
+                    try:
+                        inside = self._parts(target)
+                    except OutsideWorkspace:
+                        raise self._outside(path, target) from None
+                    for fd in fds[1:]:
+                        os.close(fd)
+                    del fds[1:], names[:]
+                    parts.extendleft(reversed(inside))
+                else:
+                    parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+            if leaf is not None:
+                raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+            top = fds.pop()
+            return Opened(top, "/".join(names) or ".")
         finally:
-            os.close(dfd)
+            for fd in fds:
+                os.close(fd)
+
+    def _outside(self, given: str, target: str = "") -> OutsideWorkspace:
+        via = f" (through a symlink to {target})" if target else ""
+        return OutsideWorkspace(
+            f"{given!r} leads outside the workspace {self.root}{via}; use a path inside the "
+            "workspace (relative paths start there)"
+        )
+
+
+def _join(rel: str, name: str) -> str:
+    return name if rel in ("", ".") else f"{rel}/{name}"
+
+
+def _open_dir(dfd: int, name: str, *, make: bool) -> int:
+    try:
+        return os.open(name, _DIR, dir_fd=dfd)
+    except FileNotFoundError:
+        if not make:
+            raise
+    with contextlib.suppress(FileExistsError):  # made meanwhile: opened (and checked) below
+        os.mkdir(name, 0o777, dir_fd=dfd)
+    return os.open(name, _DIR, dir_fd=dfd)
+
+
+def _readlink(dfd: int, name: str) -> str | None:
+    """The target of symlink ``name`` in ``dfd``; None if it is not a symlink."""
+    try:
+        return os.readlink(name, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def _check_regular(st: os.stat_result, name: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _Symlink
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", name)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(
+            f"{name} is a {kind_of(st.st_mode)}, not a regular file; the file tools read and "
+            "write regular files only"
+        )
+
+
+def _reopened(fd: int, before: os.stat_result | None, name: str) -> os.stat_result:
+    """The descriptor's own stat, checked again: it is what will be read or written."""
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, name)
+        if before is not None and (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise Refused(f"{name} changed while it was being opened; try again")
+    except BaseException:
+        os.close(fd)
+        raise
+    return st
+
+
+def _open_read(dfd: int, name: str) -> int:
+    before = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    _check_regular(before, name)  # nothing is opened that is not a regular file
+    try:
+        fd = os.open(name, _READ, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # swapped for a symlink since: walk it
+            raise _Symlink from None
+        raise
+    _reopened(fd, before, name)
+    return fd
+
+
+def _open_write(dfd: int, name: str) -> int:
+    try:
+        before: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        before = None
+    if before is not None:
+        _check_regular(before, name)
+        _check_links(before, name)
+    try:
+        fd = os.open(name, _WRITE, 0o644, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Symlink from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader, or a socket, made since
+            raise NotRegular(
+                f"{name} is not a regular file; the file tools write regular files only"
+            ) from None
+        raise
+    st = _reopened(fd, before, name)
+    try:
+        _check_links(st, name)
+        os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_links(st: os.stat_result, name: str) -> None:
+    if st.st_nlink > 1:
+        raise MultiplyLinked(
+            f"{name} has {st.st_nlink} hard links; writing it would change the file under its "
+            "other names too (which may be outside the workspace), so write_file refuses. "
+            "Write a new file, or remove the other links first"
+        )
