@@ -10,9 +10,11 @@ import enum
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
+import orjson
+
 __all__ = [
     "MAX_DEPTH", "MAX_ID", "SCALARS", "Check", "exact", "json_data", "json_object", "member",
-    "wire_id",
+    "parse_json", "wire_id",
 ]  # fmt: skip
 
 Check: TypeAlias = Callable[[Any], Any]
@@ -89,3 +91,20 @@ def json_object(v: Any) -> dict[str, Any]:
         raise TypeError(f"expected a map, got {type(v).__name__}")
     result: dict[str, Any] = json_data(v)
     return result
+
+
+def parse_json(text: str) -> Any:
+    """The JSON value in ``text`` (a model's tool-call arguments), nested at most MAX_DEPTH
+    deep; ValueError says what is wrong.
+
+    orjson, not json: it has no recursion to exhaust (100,000 nested brackets are its error,
+    not RecursionError) and it refuses NaN and Infinity, which are not JSON.
+    """
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(str(e)) from None
+    try:
+        return json_data(value)
+    except TypeError as e:
+        raise ValueError(str(e)) from None

@@ -65,6 +65,7 @@ class SlotsConfig:
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoopConfig:
     tool_iterations: int = 16
+    max_calls_per_response: int = 32  # tool calls one model response may ask for
     repeat_detection: bool = True
     thinking_cap: int = 4096
     tool_result_cap: int = 16000
@@ -160,6 +161,7 @@ _MINIMUM: dict[str, float] = {
     "inference.seed": -1,
     "slots.disk_mb": 0,
     "loop.tool_iterations": 1,
+    "loop.max_calls_per_response": 1,
     "loop.thinking_cap": 0,
     "loop.tool_result_cap": 1,
     "loop.max_tokens": 1,

@@ -6,19 +6,24 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from actors.checks import parse_json
 from actors.cut import cut
 from actors.records import CacheLoss, SlotState, SlotUse
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
-    "CANNOT_WAIT", "REPEAT_NOTICE", "Repeats", "answer_text", "cache_outcome", "call_key",
-    "cap_result", "loss_cause",
+    "CANNOT_WAIT", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats", "answer_text", "cache_outcome",
+    "call_key", "cap_result", "loss_cause",
 ]
 
 REPEAT_NOTICE = (
     "Not run: this exact call ({name} with these arguments) was already made in this turn. "
     "Use its earlier result, or change the arguments."
+)
+TOO_MANY_CALLS = (
+    "the model asked for {count} tool calls in one response "
+    "(loop.max_calls_per_response = {cap}); none of them ran and the response was not kept"
 )
 CANNOT_WAIT = (
     "This call needs the person's approval ({prompt}), and this version of loopd cannot wait "
@@ -82,7 +87,7 @@ def loss_cause(slot: SlotUse | None) -> str:
 def call_key(name: str, arguments: str) -> tuple[str, str]:
     """What makes two calls the same: the name and the arguments, key order ignored."""
     try:
-        return name, json.dumps(json.loads(arguments), sort_keys=True)
+        return name, json.dumps(parse_json(arguments), sort_keys=True)
     except ValueError:
         return name, arguments.strip()
 

@@ -7,6 +7,8 @@ the tool-port actors); their events go straight to ``on_event`` while this threa
 
 The five limits and where each is decided here:
   tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
+  calls per response -> ``_ask_model``, before the response is logged
+                       (loop.max_calls_per_response)
   repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
   thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
   context full      -> ``_ask_model`` maps the server's 400 to SessionFull
@@ -34,6 +36,7 @@ from actors.inference.types import (
 )
 from actors.limits import (
     REPEAT_NOTICE,
+    TOO_MANY_CALLS,
     Repeats,
     answer_text,
     cache_outcome,
@@ -154,6 +157,9 @@ class _Turn:
         if self.cancel.cancelled:
             raise Cancelled()
         completion = self._bare_json(completion)
+        if len(completion.tool_calls) > self.loop.max_calls_per_response:
+            raise TurnLimit("calls per response", TOO_MANY_CALLS.format(
+                count=len(completion.tool_calls), cap=self.loop.max_calls_per_response))
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens

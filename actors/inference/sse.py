@@ -21,9 +21,13 @@ from actors.inference import server_values
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
 from actors.records import ToolCall
 
-__all__ = ["DONE", "StreamAssembler"]
+__all__ = ["DONE", "MAX_RESPONSE_CHARS", "StreamAssembler"]
 
 DONE = "[DONE]"
+# A response is logged as one record, and a record holds at most MAX_RECORD bytes (64 MiB):
+# at 4 bytes per character at most, this many characters always fit. A stream that sends
+# more is refused as it arrives, so a hostile server cannot fill memory or the log either.
+MAX_RESPONSE_CHARS = 16 * 1024 * 1024
 _SHOWN = 200  # characters of a bad chunk quoted in an error message
 
 
@@ -45,6 +49,7 @@ class StreamAssembler:
         "_calls",
         "_content",
         "_reasoning",
+        "_size",
         "done",
         "finish_reason",
         "id",
@@ -57,6 +62,7 @@ class StreamAssembler:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _Call] = {}
+        self._size = 0  # characters of content, reasoning and tool calls so far
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
         self.finish_reason: str | None = None
@@ -132,18 +138,29 @@ class StreamAssembler:
             raise _protocol("delta is not an object", data)
         return self._delta(delta, data)
 
+    def _grow(self, text: str) -> None:
+        self._size += len(text)
+        if self._size > MAX_RESPONSE_CHARS:
+            raise InferError(
+                InferErrorKind.PROTOCOL,
+                f"the response is longer than {MAX_RESPONSE_CHARS:,} characters, more than "
+                "a session log record holds; it was stopped and nothing of it was kept",
+            )
+
     def _delta(self, delta: dict[str, Any], data: str) -> list[ChatEvent]:
         events: list[ChatEvent] = []
         reasoning = delta.get("reasoning_content")
         if reasoning:
             if type(reasoning) is not str:
                 raise _protocol("reasoning_content is not a string", data)
+            self._grow(reasoning)
             self._reasoning.append(reasoning)
             events.append(Reasoning(reasoning))
         content = delta.get("content")
         if content:
             if type(content) is not str:
                 raise _protocol("content is not a string", data)
+            self._grow(content)
             self._content.append(content)
             events.append(Content(content))
         calls = delta.get("tool_calls")
@@ -167,6 +184,9 @@ class StreamAssembler:
         call_id, name, args = fragment.get("id"), fn.get("name"), fn.get("arguments")
         if not all(v is None or isinstance(v, str) for v in (call_id, name, args)):
             raise _protocol("a tool-call fragment has non-string fields", data)
+        for text in (call_id, name, args):
+            if text:
+                self._grow(text)
         call = self._calls.get(index)
         if call is None:
             call = self._calls[index] = _Call(call_id, name)

@@ -28,6 +28,7 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
+from actors.checks import parse_json
 from actors.tools.client import ToolPort
 from actors.tools.protocol.argcheck import ArgumentCheck
 from actors.tools.protocol.spec import ToolSpec
@@ -176,7 +177,7 @@ def _parse_object(text: str | Mapping[str, Any], what: str) -> dict[str, Any] | 
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError as e:
         return (
             f"The arguments of {what} are not valid JSON ({e}). Send them again as one JSON "

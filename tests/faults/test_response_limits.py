@@ -1,0 +1,99 @@
+"""A hostile model's response: too many calls, too large, arguments nested too deep.
+
+Found by the attack review (issue 13): one response with 10,000 distinct calls ran them
+all; 70 MB of tool-call arguments escaped as RecordError; arguments nested 100,000 deep
+escaped as RecursionError. Now: ``loop.max_calls_per_response`` ends the turn before any
+call runs; a response longer than a log record can hold is stopped as it streams (a clean
+InferError); deep arguments go back to the model as a text error and the turn goes on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actors.errors import TurnLimit
+from actors.inference.sse import MAX_RESPONSE_CHARS
+from actors.inference.types import InferError, InferErrorKind
+from actors.records import ToolResult
+from tests.faults.conftest import MakeRig
+from tests.support.fake_llama import FakeLlama, answer
+
+DEFAULT_CAP = 32  # loop.max_calls_per_response's default
+
+
+def _find_calls(n: int) -> list[tuple[str, str]]:
+    return [("find_tool", json.dumps({"query": f"query number {i}"})) for i in range(n)]
+
+
+def test_one_call_more_than_the_cap_ends_the_turn_before_any_runs(turn_rig: MakeRig) -> None:
+    with FakeLlama([answer(tool_calls=_find_calls(DEFAULT_CAP + 1)), answer("next")]) as fake:
+        rig = turn_rig(fake.url)
+        with pytest.raises(TurnLimit) as caught:
+            rig.turn("Hi?")
+        assert caught.value.limit == "calls per response"
+        assert f"asked for {DEFAULT_CAP + 1} tool calls in one response" in str(caught.value)
+        assert f"loop.max_calls_per_response = {DEFAULT_CAP}" in str(caught.value)
+        assert rig.kinds() == ["User"]  # no call ran, the response was not kept
+        assert not any(isinstance(e, ToolResult) for e in rig.records)
+        assert rig.turn("And now?").content == "next"
+        assert rig.on_disk() == rig.records
+
+
+def test_thousands_of_calls_run_none(turn_rig: MakeRig) -> None:
+    """(The fake stops at loop.max_tokens = 2048 events: 1,024 of the 10,000 calls.)"""
+    with FakeLlama([answer(tool_calls=_find_calls(10_000), chunk=4096)]) as fake:
+        rig = turn_rig(fake.url)
+        with pytest.raises(TurnLimit, match=r"asked for \d{4,} tool calls"):
+            rig.turn("Hi?")
+        assert rig.kinds() == ["User"]
+
+
+def test_calls_up_to_the_cap_all_run(turn_rig: MakeRig) -> None:
+    with FakeLlama([answer(tool_calls=_find_calls(DEFAULT_CAP)), answer("done")]) as fake:
+        rig = turn_rig(fake.url)
+        outcome = rig.turn("Hi?")
+        assert outcome.content == "done" and outcome.tool_calls == DEFAULT_CAP
+
+
+def test_a_response_longer_than_a_record_holds_is_a_clean_infer_error(turn_rig: MakeRig) -> None:
+    huge = json.dumps({"query": "x" * MAX_RESPONSE_CHARS})
+    with FakeLlama([answer(tool_calls=[("find_tool", huge)], chunk=1 << 20),
+                    answer("next")]) as fake:
+        rig = turn_rig(fake.url)
+        with pytest.raises(InferError) as caught:
+            rig.turn("Hi?")
+        assert caught.value.kind is InferErrorKind.PROTOCOL
+        assert "more than a session log record holds" in str(caught.value)
+        assert len(fake.requests) == 1  # not retried: the same request would do it again
+        assert rig.kinds() == ["User"]
+        assert rig.turn("And now?").content == "next"
+        assert rig.on_disk() == rig.records
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        ("find_tool", "[" * DEEP + "]" * DEEP),
+        ("find_tool", '{"query": ' + "[" * DEEP + "]" * DEEP + "}"),
+        ("call_tool", '{"name": "read_file", "arguments": ' + "[" * DEEP + "]" * DEEP + "}"),
+        ("call_tool", json.dumps({"name": "read_file", "arguments": "[" * DEEP + "]" * DEEP})),
+    ],
+    ids=["bare array", "in find_tool's query", "call_tool's arguments", "as a JSON string"],
+)
+def test_arguments_nested_100000_deep_go_back_to_the_model_as_text(
+    turn_rig: MakeRig, call: tuple[str, str]
+) -> None:
+    with FakeLlama([answer(tool_calls=[call], chunk=1 << 20), answer("Sorry.")]) as fake:
+        rig = turn_rig(fake.url)
+        outcome = rig.turn("Hi?")
+        assert outcome.content == "Sorry."
+        results = [r for r in rig.records if isinstance(r, ToolResult)]
+        assert len(results) == 1
+        assert results[0].content.startswith("The arguments of ")
+        assert "not valid JSON" in results[0].content
+        assert rig.on_disk() == rig.records
