@@ -94,6 +94,15 @@ def test_exit_2_on_bad_config_and_bad_usage(tmp_path: Path, capsys: Any) -> None
     assert caught.value.code == 2
 
 
+@pytest.mark.xfail(strict=True, reason="the CLI prints error texts as rich markup")
+def test_an_error_that_quotes_markup_is_printed_as_it_is(tmp_path: Path, capsys: Any) -> None:
+    """An error quotes what the person wrote; "[/]" there must not raise in the printer."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[loop]\ntool_result_cap = "[/] [bold]"\n')
+    assert main(["run", "hi", "--config", str(bad)]) == 2
+    assert "loop.tool_result_cap = '[/] [bold]': must be" in capsys.readouterr().err
+
+
 def test_exit_3_when_a_limit_ends_the_turn(env: dict[str, Any], capsys: Any) -> None:
     script = [answer(tool_calls=[("find_tool", json.dumps({"query": f"q{i}"}))])
               for i in range(20)]
