@@ -19,6 +19,7 @@ from typing import Any
 
 import pykka
 from rich.console import Console
+from rich.markup import escape
 
 from actors import config as cfg
 from actors.cancel import CancelToken
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("[yellow]cancelled[/]")
         return CANCELLED
     except LoopdError as e:
-        err.print(f"[red]loopd: {e}[/]", highlight=False)
+        err.print(f"[red]loopd: {escape(str(e))}[/]", highlight=False)
         return e.exit_code
 
 
@@ -127,7 +128,7 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     for name in names:
         print(name)
     if not names:
-        err.print(f"no sessions in {config.log_dir}")
+        err.print(f"no sessions in {escape(str(config.log_dir))}")
     return OK
 
 
@@ -154,7 +155,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
     sink: Any = json_view or live
     status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
-        lambda s: err.print(f"[dim]{s}[/]")
+        lambda s: err.print(f"[dim]{escape(s)}[/]")
     )
     with start_app(config, status) as app:
         session = app.session(args.session)
@@ -166,7 +167,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
             if json_view:
                 json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
             else:
-                err.print(f"[red]{e}[/]", highlight=False)
+                err.print(f"[red]{escape(str(e))}[/]", highlight=False)
             return e.exit_code
         live.finish()
         line = summary(outcome, time.monotonic() - started)
@@ -184,7 +185,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     from actors.app import start_app
 
     out = Console()
-    with start_app(config, lambda s: err.print(f"[dim]{s}[/]")) as app:
+    with start_app(config, lambda s: err.print(f"[dim]{escape(s)}[/]")) as app:
         session = app.session(args.session)
         out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
         while True:
@@ -208,7 +209,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
             except LoopdError as e:
                 live.finish()
-                out.print(f"[red]{e}[/]", highlight=False)
+                out.print(f"[red]{escape(str(e))}[/]", highlight=False)
 
 
 def _turn(session: Any, app: Any, message: str, sink: Any) -> TurnOutcome:

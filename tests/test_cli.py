@@ -94,7 +94,6 @@ def test_exit_2_on_bad_config_and_bad_usage(tmp_path: Path, capsys: Any) -> None
     assert caught.value.code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the CLI prints error texts as rich markup")
 def test_an_error_that_quotes_markup_is_printed_as_it_is(tmp_path: Path, capsys: Any) -> None:
     """An error quotes what the person wrote; "[/]" there must not raise in the printer."""
     bad = tmp_path / "bad.toml"
