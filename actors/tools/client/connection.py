@@ -71,8 +71,9 @@ class Connection:
         self.ready = threading.Event()
         self.stopped = False
         self.generation = 0  # bumped each time the host is given up on
-        # Called in this thread when a connected host stops answering (set by the supervisor).
-        self.on_unresponsive: Callable[[], None] = lambda: None
+        # Called in this thread, with why, when a connected host stops answering or says it
+        # is unhealthy (set by the supervisor, which kills a local host so it restarts).
+        self.on_unresponsive: Callable[[str], None] = lambda _why: None
         self._ends: dict[int, str] = {}
         self._commands: collections.deque[_HostExited | _Stop] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -82,6 +83,7 @@ class Connection:
             target=self._run, name=f"toolport-{settings.name}", daemon=True
         )
         self._sock: zmq.Socket[Any] | None = None
+        self._poller: zmq.Poller | None = None
         self._last_rx = self._last_ping = self._last_hello = 0.0
         self._hello_sent = False
 
@@ -114,6 +116,7 @@ class Connection:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
+        self._poller = poller
         self._sock = self._new_socket(poller)
         try:
             while self._loop_once(poller):
@@ -189,6 +192,11 @@ class Connection:
     def _on_message(self, msg: wire.Message) -> None:
         if isinstance(msg, wire.Pong):
             return
+        if isinstance(msg, wire.Unhealthy):
+            if self.state is PortState.READY and self._poller is not None:
+                self._down(msg.reason, self._poller)
+                self.on_unresponsive(msg.reason)
+            return
         if isinstance(msg, wire.Tools):
             self.specs = msg.tools
             if self.state is not PortState.READY:
@@ -204,8 +212,9 @@ class Connection:
         hb = self.s.heartbeat_s
         if self.state is PortState.READY:
             if now - self._last_rx >= 3 * hb:
-                self._down(f"stopped answering (nothing for {now - self._last_rx:.1f} s)", poller)
-                self.on_unresponsive()
+                why = f"stopped answering (nothing for {now - self._last_rx:.1f} s)"
+                self._down(why, poller)
+                self.on_unresponsive(why)
             elif now - self._last_ping >= hb:
                 self._send(_PING)
                 self._last_ping = now

@@ -6,7 +6,8 @@ it). A waiter thread tells it when the process exits: the connection gives up at
 in flight fail now, not after the heartbeat), what the host left running is killed, and the
 host is started again with exponential backoff (0.1 s doubling to 5 s; not at all after exit
 code 2, a usage error a restart cannot fix). A local host that is alive but stops answering
-pings is killed, and so restarted.
+pings, or answers that it is unhealthy (a worker that did not come back), is killed, and so
+restarted.
 
 Calls never go through this actor's mailbox: it may be busy restarting a host, and a call
 must never wait on that.
@@ -112,7 +113,7 @@ class _Restart:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Unresponsive:
-    pass
+    why: str
 
 
 class HostSupervisor(pykka.ThreadingActor):
@@ -136,9 +137,9 @@ class HostSupervisor(pykka.ThreadingActor):
     def on_start(self) -> None:
         ref = self.actor_ref
 
-        def unresponsive() -> None:
+        def unresponsive(why: str) -> None:
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(_Unresponsive())
+                ref.tell(_Unresponsive(why))
 
         self._conn.on_unresponsive = unresponsive
         self._conn.start()
@@ -209,8 +210,8 @@ class HostSupervisor(pykka.ThreadingActor):
             self._restarts += 1
             self._spawn()
         elif isinstance(message, _Unresponsive) and self._running() and not self._stopping:
-            # Alive but silent (hung, stopped, or starved): kill it; its exit restarts it.
-            log.warning("tool host %s stopped answering; killing it", self.settings.name)
+            # Alive but silent (hung, stopped, starved) or stuck: kill it; its exit restarts it.
+            log.warning("tool host %s: %s; killing it", self.settings.name, message.why)
             assert self._proc is not None
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()

@@ -8,6 +8,10 @@ rather than queued behind a slow tool). Workers hand their answers back through 
 a wake-up pipe, and the main thread sends them. A call that passes its timeout is answered
 ``Failed`` and told to stop (a tool with a subprocess kills its whole process tree).
 
+A worker still running ``STUCK_S`` after its call was told to stop is stuck for good (a
+Python thread cannot be killed): from then on the host answers ``Ping`` with ``Unhealthy``
+and every call with the reason, and the supervisor restarts it.
+
 A frame that is not a valid message is answered ``Failed`` (or dropped, when libzmq already
 cut off a peer over ``MAXMSGSIZE``) and logged, at a bounded rate; nothing a peer sends
 can end the host.
@@ -49,13 +53,16 @@ from actors.tools.protocol.wire import (
     ToolRequest,
 )
 
-__all__ = ["HOST_GRACE_S", "Complaints", "Host", "home_cpu", "pin"]
+__all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
 
 log = logging.getLogger("loopd.toolhost")
 
 # The host gives a tool this long past its timeout to answer for itself (a tool's own
 # "timed out" answer says more than the host's) before answering Failed in its place.
 HOST_GRACE_S = 0.25
+# A worker still running this long after its call was answered "did not finish" and told to
+# stop is stuck (a tool that ignores cancel, a read that never returns): the host is unhealthy.
+STUCK_S = 5.0
 _PARENT_CHECK_S = 0.25
 _AWAIT_S = 0.0005  # how long the loop waits on a lone call before polling again
 _MAX_BATCH = 256  # frames read per wake-up before timers are looked at again
@@ -134,6 +141,8 @@ class Host:
         self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
         self._active: dict[tuple[bytes, int], _Call] = {}
         self._running = 0  # worker threads busy, including ones past their deadline
+        self._busy: set[_Call] = set()  # their calls (to see the stuck ones)
+        self._unhealthy = ""  # why, once a worker is stuck (logged once)
         self._done: queue.SimpleQueue[tuple[_Call, bytes]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -248,7 +257,8 @@ class Host:
 
     def _handle(self, sock: zmq.Socket[Any], peer: bytes, msg: wire.Message) -> None:
         if isinstance(msg, Ping):
-            self._send_frame(sock, peer, _PONG)
+            why = self._stuck()
+            self._send_frame(sock, peer, _PONG if not why else wire.encode(wire.Unhealthy(why)))
         elif isinstance(msg, ToolRequest):
             self._start(sock, peer, msg)
         elif isinstance(msg, Hello):
@@ -303,6 +313,9 @@ class Host:
                 sock, peer, Failed(req.id, f"call id {req.id} is already running on this host")
             )
             return
+        if self._unhealthy:
+            self._send(sock, peer, Failed(req.id, self._unhealthy))
+            return
         if self._running >= self.max_calls:
             self._send(
                 sock,
@@ -317,6 +330,7 @@ class Host:
             return
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S)
         self._active[key] = call
+        self._busy.add(call)
         self._running += 1
         if self._threads < self._running:  # every thread may be busy: add one (<= max_calls)
             self._threads += 1
@@ -389,7 +403,27 @@ class Host:
         while not self._done.empty():
             self._send_one(sock, *self._done.get())
 
+    def _stuck(self) -> str:
+        """Why this host is unhealthy ("" while every worker comes back in time)."""
+        if self._unhealthy:
+            return self._unhealthy  # a stuck worker is stuck for good: only a restart helps
+        now = time.monotonic()
+        stuck = sorted(
+            (c for c in self._busy if now > c.deadline + STUCK_S), key=lambda c: c.deadline
+        )
+        if not stuck:
+            return ""
+        calls = "1 call" if len(stuck) == 1 else f"{len(stuck)} calls"
+        tools = ", ".join(dict.fromkeys(c.tool for c in stuck))
+        self._unhealthy = (
+            f"tool host {self.name} is unhealthy: {calls} did not come back ({tools}, more "
+            f"than {STUCK_S:g} s after being told to stop); it needs a restart"
+        )
+        log.error("%s", self._unhealthy)
+        return self._unhealthy
+
     def _send_one(self, sock: zmq.Socket[Any], call: _Call, frame: bytes) -> None:
+        self._busy.discard(call)
         self._running -= 1
         if self._active.get((call.peer, call.id)) is call:
             del self._active[(call.peer, call.id)]

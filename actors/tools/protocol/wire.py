@@ -38,6 +38,7 @@ __all__ = [
     "Result",
     "ToolRequest",
     "Tools",
+    "Unhealthy",
     "WireError",
     "decode",
     "encode",
@@ -103,6 +104,17 @@ class Pong:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Unhealthy:
+    """Host -> port, in place of ``Pong``: a worker did not come back; restart this host.
+
+    A port that does not know this kind reads it as a bad frame and so sees no pong: after
+    three heartbeats it gives the host up, the same ending, only later.
+    """
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Cancel:
     """Port -> host: the caller gave up on call ``id``; stop it (its answer is not wanted)."""
 
@@ -110,7 +122,17 @@ class Cancel:
 
 
 Message: TypeAlias = (
-    Hello | Tools | ToolRequest | Result | Failed | Denied | PendingApproval | Ping | Pong | Cancel
+    Hello
+    | Tools
+    | ToolRequest
+    | Result
+    | Failed
+    | Denied
+    | PendingApproval
+    | Ping
+    | Pong
+    | Unhealthy
+    | Cancel
 )
 Answer: TypeAlias = Result | Failed | Denied | PendingApproval
 
@@ -124,6 +146,7 @@ _KIND: dict[type[Any], str] = {
     PendingApproval: "pending_approval",
     Ping: "ping",
     Pong: "pong",
+    Unhealthy: "unhealthy",
     Cancel: "cancel",
 }
 
@@ -179,6 +202,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
     "pending_approval": {"id": ("id", wire_id), "prompt": ("prompt", _STR)},
     "ping": {},
     "pong": {},
+    "unhealthy": {"reason": ("reason", _STR)},
     "cancel": {"id": ("id", wire_id)},
 }
 

@@ -42,6 +42,7 @@ messages = st.one_of(
     st.just(wire.Hello()),
     st.just(wire.Ping()),
     st.just(wire.Pong()),
+    st.builds(wire.Unhealthy, reason=texts),
     st.builds(wire.Tools, tools=st.lists(specs, max_size=3).map(tuple)),
     st.builds(wire.ToolRequest, id=ids, session=texts, call=ids, tool=texts, arguments=objects),
     st.builds(wire.Result, id=ids, content=texts, class_=classes, untrusted=st.booleans()),
