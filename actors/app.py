@@ -23,6 +23,8 @@ from actors.inference.actor import Inference
 from actors.inference.slotfiles import meta_dir
 from actors.inference.slots import KeeperSettings, ServerSpec
 from actors.records import Baseline, now
+from actors.rules import RuleBook
+from actors.rulesfile import RuleStore
 from actors.session import open_session
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
@@ -64,8 +66,16 @@ class App:
 
 
 @contextlib.contextmanager
-def start_app(config: Config, status: Callable[[str], None] = lambda _: None) -> Iterator[App]:
-    """Everything a session needs, stopped again (no process left) when the block ends."""
+def start_app(
+    config: Config, status: Callable[[str], None] = lambda _: None,
+    approve: RuleBook | None = None,
+) -> Iterator[App]:
+    """Everything a session needs, stopped again (no process left) when the block ends.
+
+    ``approve``: allow rules of this command only (``loopd run --approve``), besides the
+    config's and the rules file's (read here: a malformed file stops the start).
+    """
+    rules = RuleStore(config.rules_path, approve)
     with contextlib.ExitStack() as stack:
         urls = config.inference.servers or (config.inference.url,)
         save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None
@@ -89,7 +99,9 @@ def start_app(config: Config, status: Callable[[str], None] = lambda _: None) ->
             save_after_turn=embedded if save == "auto" else save == "on",
         )
         status("starting tool hosts")
-        toolbox = Toolbox.start(config)
+        # The rules file's deny rules keep its tools asking the session (actors.rules.host_allow).
+        denied = tuple(str(r) for r in rules.book().deny)
+        toolbox = Toolbox.start(config.replace("tools", deny=config.tools.deny + denied))
         stack.callback(toolbox.close)
         for host, problem in toolbox.problems.items():
             status(f"tool host {host} is not available: {problem}")
@@ -97,7 +109,7 @@ def start_app(config: Config, status: Callable[[str], None] = lambda _: None) ->
         stack.callback(inference.stop)
         runtime = Runtime(
             config=config, inference=inference, registry=toolbox.registry,
-            bare_json_tool_calls=bare_json,
+            bare_json_tool_calls=bare_json, rules=rules,
         )
         app = App(runtime=runtime, model=model)
         stack.callback(app.close_sessions)

@@ -104,7 +104,10 @@ class ToolsConfig:
     workspace: str = "."
     timeout_s: float = 60.0
     heartbeat_s: float = 2.0
-    allow: tuple[str, ...] = ()  # tools that may run without approval
+    allow: tuple[str, ...] = ()  # rules: TOOL or "TOOL: PREFIX" that run without asking
+    deny: tuple[str, ...] = ()  # rules that never run (deny beats allow)
+    approval_timeout_s: float = 300.0  # no answer by then is a denial; 0: wait as long as it takes
+    rules_file: str = "~/.config/loopd/rules.toml"  # the "always" answers (and rules by hand)
     max_concurrent_calls: int = 8  # per host
     max_frame_bytes: int = 4 * 1024 * 1024  # largest ZeroMQ frame accepted
     max_output_bytes: int = 1024 * 1024  # a tool's output is cut here, at the host
@@ -136,6 +139,10 @@ class Config:
     @property
     def log_dir(self) -> Path:
         return Path(self.log.dir).expanduser()
+
+    @property
+    def rules_path(self) -> Path:
+        return Path(self.tools.rules_file).expanduser()
 
     @property
     def workspace(self) -> Path:
@@ -171,6 +178,7 @@ _MINIMUM: dict[str, float] = {
     "tools.max_frame_bytes": 1024,
     "tools.max_output_bytes": 1,
     "tools.start_timeout_s": 0.001,
+    "tools.approval_timeout_s": 0,
     "embedded.ctx_size": 512,
     "embedded.port": 0,
     "embedded.startup_timeout_s": 1,
@@ -276,7 +284,20 @@ def _build(cls: Any, table: Any, prefix: str) -> Any:
             "inference.url and inference.servers are both set: use url for one server or "
             "servers = [...] for several, not both"
         )
+    if cls is ToolsConfig:
+        _check_rules(prefix, values)
     return cls(**values)
+
+
+def _check_rules(prefix: str, values: Mapping[str, Any]) -> None:
+    from actors.rules import parse_rule
+
+    for key in ("allow", "deny"):
+        for text in values.get(key, ()):
+            try:
+                parse_rule(text)
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.{key}: {e}") from None
 
 
 def parse(data: Mapping[str, Any]) -> Config:

@@ -9,7 +9,8 @@ the thing that failed and what to do about it.
     LoopdError                      exit 1: a failure that fits no group below
     ├── UsageError                  exit 2: bad usage, config or set-up; fix it and run again
     │   ├── ConfigError               a config value (the key is named)
-    │   └── KeyFileError              a CURVE key file or key text
+    │   ├── KeyFileError              a CURVE key file or key text
+    │   └── RulesError                the approval rules file (the line is named)
     ├── LimitError                  exit 3: a limit ended the turn; the log is whole
     │   ├── TurnLimit                 tool iterations, repeated call, calls per response
     │   └── SessionFull               the conversation no longer fits the context
@@ -46,6 +47,7 @@ __all__ = [
     "ProtocolError",
     "RecordError",
     "RecordingError",
+    "RulesError",
     "ServerError",
     "SessionError",
     "SessionFull",
@@ -72,6 +74,10 @@ class ConfigError(UsageError):
 
 class KeyFileError(UsageError):
     """A key file or key text that cannot be used; the message says which and the fix."""
+
+
+class RulesError(UsageError):
+    """The approval rules file cannot be read or written; the message names the file and line."""
 
 
 class LimitError(LoopdError):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 __all__ = [
+    "ApprovalDecided",
+    "ApprovalRequested",
     "CacheLossEvent",
     "ChatEvent",
     "Content",
@@ -105,10 +107,42 @@ class CacheLossEvent:
     cause: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """Call ``call`` waits for the person: whoever drives the turn answers (actors.approval).
+
+    ``arguments`` is the tool's arguments as JSON text; ``rule`` what an "allow for this
+    session" or "always" answer would grant ("" when only once or deny can be chosen, e.g. a
+    command with shell operators); ``timeout_s`` how long the turn waits (0: no limit).
+    """
+
+    call: int
+    tool: str
+    arguments: str
+    prompt: str
+    rule: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApprovalDecided:
+    """What was decided for a call that needed approval (as its Approval record says)."""
+
+    call: int
+    tool: str
+    decision: str  # allow | deny
+    scope: str  # once | session | always
+    by: str  # person | rule | session | timeout | cancel | what the approver said
+    reason: str = ""
+    rule: str = ""
+
+
 ChatEvent: TypeAlias = (
     Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
 )
-TurnEvent: TypeAlias = ToolCallStarted | ToolResultEvent | CacheLossEvent
+TurnEvent: TypeAlias = (
+    ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
+)
 Event: TypeAlias = ChatEvent | TurnEvent
 Sink: TypeAlias = Callable[[Event], None]
 
@@ -118,6 +152,8 @@ _NAMES = {
     ToolCallStarted: "tool_call_started",
     ToolCallDelta: "tool_call_delta",
     ThinkingCapped: "thinking_capped",
+    ApprovalRequested: "approval_requested",
+    ApprovalDecided: "approval_decided",
 }
 
 

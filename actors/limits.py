@@ -13,8 +13,8 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
-    "CANNOT_WAIT", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats", "answer_text", "cache_outcome",
-    "call_key", "cap_result", "loss_cause",
+    "ASKED_AGAIN", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats", "answer_text",
+    "cache_outcome", "call_key", "cap_result", "loss_cause",
 ]
 
 REPEAT_NOTICE = (
@@ -25,9 +25,9 @@ TOO_MANY_CALLS = (
     "the model asked for {count} tool calls in one response "
     "(loop.max_calls_per_response = {cap}); none of them ran and the response was not kept"
 )
-CANNOT_WAIT = (
-    "This call needs the person's approval ({prompt}), and this version of loopd cannot wait "
-    "for approval. Tell the person what you wanted to do instead."
+ASKED_AGAIN = (
+    "The tool failed: its host asked for approval again ({prompt}) after the call was "
+    "approved, so it did not run."
 )
 
 
@@ -38,8 +38,8 @@ def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
     if isinstance(answer, wire.Denied):
         return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
     if isinstance(answer, wire.PendingApproval):
-        text = CANNOT_WAIT.format(prompt=answer.prompt)
-        return text, ResultClass.PUBLIC, False, "pending_approval"
+        # Only after approval (actors.approval answers the first PendingApproval): a host bug.
+        return ASKED_AGAIN.format(prompt=answer.prompt), ResultClass.PUBLIC, False, "failed"
     return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
 
 

@@ -42,7 +42,7 @@ from typing import NoReturn
 
 from actors.errors import LogCorrupt, RecordError, SessionError, SessionLocked
 from actors.files import fsync_dir, write_all
-from actors.records import Baseline, Record, ToolResult, decode, encode
+from actors.records import Approval, Baseline, Record, ToolResult, decode, encode
 
 __all__ = [
     "FSYNC_POLICIES",
@@ -98,7 +98,7 @@ class SessionLog:
         self._records = records
         self._snapshot: tuple[Record, ...] | None = None
         self._broken: str | None = None
-        calls = [r.call for r in records if isinstance(r, ToolResult)]
+        calls = [r.call for r in records if isinstance(r, ToolResult | Approval)]
         self._next_call = max(calls, default=0) + 1
 
     # --- opening ----------------------------------------------------------------------
@@ -169,7 +169,7 @@ class SessionLog:
         self._records.extend(records)
         self._snapshot = None
         for record in records:
-            if isinstance(record, ToolResult) and record.call >= self._next_call:
+            if isinstance(record, ToolResult | Approval) and record.call >= self._next_call:
                 self._next_call = record.call + 1
 
     def sync(self) -> None:

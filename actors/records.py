@@ -22,6 +22,9 @@ from actors.inference import server_values
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
+    "Approval",
+    "ApprovalDecision",
+    "ApprovalScope",
     "Assistant",
     "Baseline",
     "CacheLoss",
@@ -128,7 +131,40 @@ class ToolResult:
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
-Record: TypeAlias = Baseline | User | Assistant | Usage | CacheLoss | ToolResult
+class ApprovalDecision(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+class ApprovalScope(enum.StrEnum):
+    """How far an allow reaches: this call, the rest of the session, or every session."""
+
+    ONCE = "once"
+    SESSION = "session"
+    ALWAYS = "always"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approval:
+    """The decision on a call that needed approval, written before the call's ToolResult.
+
+    ``by``: ``person``, ``rule`` (``rule`` names it), ``session`` (an earlier "for this
+    session" answer, named in ``rule``), ``timeout``, ``cancel``, or what the approver said
+    (e.g. ``no terminal``). ``rule``: for a person's "session" or "always" answer, the rule
+    it granted. Renders to nothing: the model reads only the ToolResult.
+    """
+
+    call: int
+    tool: str
+    decision: ApprovalDecision
+    scope: ApprovalScope
+    by: str
+    reason: str = ""
+    rule: str = ""
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+Record: TypeAlias = Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval
 
 _KINDS: dict[type[Any], str] = {
     Baseline: "baseline",
@@ -137,6 +173,7 @@ _KINDS: dict[type[Any], str] = {
     Usage: "usage",
     CacheLoss: "cache_loss",
     ToolResult: "tool_result",
+    Approval: "approval",
 }
 _BY_KIND = {kind: cls for cls, kind in _KINDS.items()}
 
@@ -188,6 +225,8 @@ def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
 _STR, _INT, _BOOL = exact(str), exact(int), exact(bool)
 _result_class = member(ResultClass)
 _slot_state = member(SlotState)
+_decision = member(ApprovalDecision)
+_scope = member(ApprovalScope)
 _NUMBER = exact(float, int)
 _SLOT_USE: dict[str, Check] = {
     "server": _STR, "slot": _INT, "state": _slot_state, "restored": _INT,
@@ -233,6 +272,15 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "class": ("class_", _result_class),
         "untrusted": ("untrusted", _BOOL),
         "truncated": ("truncated", _BOOL),
+    },
+    "approval": {
+        "call": ("call", _INT),
+        "tool": ("tool", _STR),
+        "decision": ("decision", _decision),
+        "scope": ("scope", _scope),
+        "by": ("by", _STR),
+        "reason": ("reason", _STR),
+        "rule": ("rule", _STR),
     },
 }
 for _fields in _FIELDS.values():

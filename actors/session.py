@@ -24,6 +24,7 @@ from actors.log import OpenReport, SessionLog
 from actors.records import Baseline, Record
 
 if TYPE_CHECKING:
+    from actors.approval import Approver
     from actors.cancel import CancelToken
     from actors.events import Sink
     from actors.turn import Runtime, TurnOutcome
@@ -117,12 +118,17 @@ class SessionActor(pykka.ThreadingActor):
         return self._open_log().next_call()
 
     def turn(
-        self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None
+        self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None,
+        approver: Approver | None = None,
     ) -> TurnOutcome:
-        """Run one turn (actors.turn.run_turn) in this actor: only it writes the log."""
+        """Run one turn (actors.turn.run_turn) in this actor: only it writes the log.
+
+        A call waiting for approval blocks this actor in ``approver`` (actors.approval);
+        the approval and the call's result are written here like every other record.
+        """
         from actors.turn import run_turn
 
-        return run_turn(self._open_log(), runtime, content, sink, cancel)
+        return run_turn(self._open_log(), runtime, content, sink, cancel, approver)
 
 
 def open_session(

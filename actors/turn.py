@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from actors.approval import Approver, Gate
 from actors.cancel import CancelToken
 from actors.config import Config
 from actors.errors import Cancelled, SessionError, SessionFull, TurnLimit
@@ -45,6 +46,7 @@ from actors.limits import (
 from actors.log import SessionLog
 from actors.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
 from actors.render import messages
+from actors.rulesfile import RuleStore
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
 
@@ -58,12 +60,14 @@ class Model(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Runtime:
-    """What a turn needs besides its session: config, the model, the tools."""
+    """What a turn needs besides its session: config, the model, the tools, the rules."""
 
     config: Config
     inference: Model
     registry: Registry
     bare_json_tool_calls: bool = False
+    # The rules file and the command's --approve rules (tools.allow/deny come from config).
+    rules: RuleStore = dataclasses.field(default_factory=RuleStore)
 
 
 # --- outcomes and errors --------------------------------------------------------------
@@ -88,16 +92,20 @@ def run_turn(
     content: str,
     on_event: Callable[[Event], None],
     cancel: CancelToken | None = None,
+    approver: Approver | None = None,
 ) -> TurnOutcome:
     """Run one turn to its answer; every record is appended here.
 
+    ``approver`` answers the calls that wait for the person (its contract is in
+    :mod:`actors.approval`); without one they are denied unless a rule allows them.
     A turn that ends without an answer raises a :class:`~actors.errors.LoopdError`:
     TurnLimit or SessionFull (a limit), InferError (the server), SessionError (the log),
-    Cancelled. The log stays valid and the next turn works.
+    Cancelled (also while waiting for approval: the call does not run). The log stays valid
+    and the next turn works.
     """
     log, cancel = session, cancel or CancelToken()
     try:
-        return _Turn(log, runtime, on_event, cancel).run(content)
+        return _Turn(log, runtime, on_event, cancel, approver).run(content)
     finally:
         if runtime.config.log.fsync == "turn":
             with contextlib.suppress(SessionError):  # the failed append already said so
@@ -107,9 +115,13 @@ def run_turn(
 class _Turn:
     def __init__(
         self, log: SessionLog, runtime: Runtime, on_event: Callable[[Event], None],
-        cancel: CancelToken,
+        cancel: CancelToken, approver: Approver | None,
     ) -> None:
         self.log, self.runtime, self.emit, self.cancel = log, runtime, on_event, cancel
+        self.gate = Gate(
+            tools=runtime.config.tools, store=runtime.rules, records=lambda: log.records,
+            append=log.append, emit=on_event, approver=approver, cancel=cancel,
+        )
         self.loop = runtime.config.loop
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
@@ -250,10 +262,11 @@ class _Turn:
         target = dispatch(self.runtime.registry, call.name, call.arguments)
         if isinstance(target, Local):
             return target.text, ResultClass.PUBLIC, False, "local"
-        return answer_text(target.port.call(
-            session=self.log.name, call=number, tool=target.tool,
-            arguments=target.arguments, cancel=self.cancel,
-        ))
+        port, tool, arguments = target.port, target.tool, target.arguments
+        return answer_text(self.gate.run(number, tool, arguments, lambda approved: port.call(
+            session=self.log.name, call=number, tool=tool, arguments=arguments,
+            cancel=self.cancel, approved=approved,
+        )))
 
 
 def _last_usage(records: tuple[Any, ...]) -> Usage | None:

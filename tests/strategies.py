@@ -2,18 +2,23 @@
 
 ``records()`` draws any single record with every field varied; ``conversations()`` draws a
 Baseline plus a record sequence in which tool results mostly answer earlier tool calls
-(some calls stay unanswered, some results are orphans), the shapes a real session and a
-broken one produce.
+(some calls stay unanswered, some results are orphans) and Approval records come before a
+call's result or stand for a call that never ran (denied, cancelled, a crash while
+waiting), the shapes a real session and a broken one produce.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 from hypothesis import strategies as st
 
 from actors.records import (
+    Approval,
+    ApprovalDecision,
+    ApprovalScope,
     Assistant,
     Baseline,
     CacheLoss,
@@ -28,6 +33,7 @@ from actors.records import (
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
+    "approvals",
     "assistants",
     "baselines",
     "cache_losses",
@@ -120,8 +126,19 @@ tool_results = st.builds(
     truncated=st.booleans(),
     time=times,
 )
+approvals = st.builds(
+    Approval,
+    call=st.integers(min_value=1, max_value=2**31),
+    tool=texts,
+    decision=st.sampled_from(ApprovalDecision),
+    scope=st.sampled_from(ApprovalScope),
+    by=st.sampled_from(["person", "rule", "session", "timeout", "cancel"]) | texts,
+    reason=texts,
+    rule=texts,
+    time=times,
+)
 records: st.SearchStrategy[Record] = st.one_of(
-    baselines, users, assistants, usages, cache_losses, tool_results
+    baselines, users, assistants, usages, cache_losses, tool_results, approvals
 )
 
 
@@ -146,13 +163,17 @@ def conversations(draw: st.DrawFn, max_steps: int = 25) -> tuple[Baseline, list[
     seen: list[str] = []
     number = 0
     for _ in range(draw(st.integers(min_value=0, max_value=max_steps))):
-        choice = draw(st.sampled_from(["user", "assistant", "result", "result", "other"]))
+        choice = draw(st.sampled_from(
+            ["user", "assistant", "result", "result", "approval", "other"]))
         if choice == "user":
             out.append(draw(users))
         elif choice == "assistant":
             a = draw(assistant)
             seen.extend(c.id for c in a.tool_calls)
             out.append(a)
+        elif choice == "approval":  # before the call's result, or its call never ran
+            approval = draw(approvals)
+            out.append(dataclasses.replace(approval, call=number + 1))
         elif choice == "result":
             number += 1
             target = draw(st.sampled_from(seen) if seen else ids)

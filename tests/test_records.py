@@ -13,6 +13,9 @@ from hypothesis import given
 
 from actors.errors import RecordError
 from actors.records import (
+    Approval,
+    ApprovalDecision,
+    ApprovalScope,
     Assistant,
     Baseline,
     CacheLoss,
@@ -51,6 +54,10 @@ SAMPLES: dict[str, Record] = {
         call=1, tool_call_id="1", content="c", class_=ResultClass.INTERNAL, untrusted=True,
         truncated=False, time=T0,
     ),
+    "approval": Approval(
+        call=2, tool="run_command", decision=ApprovalDecision.ALLOW, scope=ApprovalScope.SESSION,
+        by="person", reason="", rule="run_command: git status", time=T0,
+    ),
 }
 
 # A value of the wrong type for every field, by wire name (several where a near miss matters).
@@ -70,6 +77,8 @@ WRONG: dict[str, list[Any]] = {
     "slot": [1, {"server": "x"}, {"server": "x", "slot": 0, "state": "lost", "restored": 0,
                                   "restore_ms": 0.0, "reason": ""}],
     "cause": [None, 1],
+    "tool": [None, 1], "decision": ["maybe", True], "scope": ["forever", None], "by": [0],
+    "rule": [None], "reason": [None, 5],
 }
 
 

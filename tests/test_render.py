@@ -6,12 +6,24 @@ import dataclasses
 import datetime as dt
 import json
 
-from hypothesis import given
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from actors.inference.client import encode_body
 from actors.inference.types import ChatRequest
-from actors.records import Assistant, Baseline, CacheLoss, Record, ToolCall, ToolResult, Usage, User
+from actors.records import (
+    Approval,
+    ApprovalDecision,
+    ApprovalScope,
+    Assistant,
+    Baseline,
+    CacheLoss,
+    Record,
+    ToolCall,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.render import MISSING_RESULT, messages
 from actors.tools.protocol.spec import ResultClass
 from tests.strategies import conversations, records
@@ -150,11 +162,15 @@ def answering(pending: list[str]) -> st.SearchStrategy[Record]:
     return st.sampled_from(answers) | records if answers else records
 
 
+@settings(max_examples=200)
 @given(conversations(), st.data())
 def test_extension_property(conv: tuple[Baseline, list[Record]], data: st.DataObject) -> None:
     """Rendering after one more record starts with the rendering before it: for every
-    prefix of a generated conversation, and for one more drawn record at the end."""
+    prefix of a generated conversation, and for one more drawn record at the end. The
+    conversations hold Approval records (before results, and for calls that never ran):
+    200 of them, the seed in pytest's header (replay with --hypothesis-seed)."""
     baseline, recs = conv
+    note(f"approvals: {sum(isinstance(r, Approval) for r in recs)}")
     ids = [c.id for r in recs if isinstance(r, Assistant) for c in r.tool_calls]
     extra = data.draw(answering(ids), label="extra")
     full = [*recs, extra]
@@ -187,14 +203,17 @@ def test_every_call_of_a_closed_block_gets_one_tool_message(
             block.remove(c["id"])
 
 
-@given(conversations(), st.lists(st.sampled_from(["usage", "loss", "baseline"]), max_size=3))
-def test_time_usage_cache_loss_and_later_baselines_render_to_nothing(
+@given(conversations(),
+       st.lists(st.sampled_from(["usage", "loss", "baseline", "approval"]), max_size=3))
+def test_time_usage_cache_loss_approvals_and_later_baselines_render_to_nothing(
     conv: tuple[Baseline, list[Record]], noise: list[str]
 ) -> None:
     baseline, recs = conv
-    plain = [r for r in recs if not isinstance(r, Usage | CacheLoss | Baseline)]
+    plain = [r for r in recs if not isinstance(r, Usage | CacheLoss | Baseline | Approval)]
     extras: dict[str, Record] = {
-        "usage": usage(), "loss": CacheLoss(expected=1, got=0), "baseline": BASE
+        "usage": usage(), "loss": CacheLoss(expected=1, got=0), "baseline": BASE,
+        "approval": Approval(call=1, tool="f", decision=ApprovalDecision.DENY,
+                             scope=ApprovalScope.ONCE, by="timeout"),
     }
     noisy = [*(extras[n] for n in noise), *recs]
     retimed = [dataclasses.replace(r, time=T0) for r in noisy]

@@ -38,6 +38,7 @@ import psutil
 import actors
 from actors.config import Config, HostConfig, ToolsConfig
 from actors.errors import ConfigError, KeyFileError
+from actors.rules import host_allow
 from actors.tools.client import (
     CurveClient,
     HostLauncher,
@@ -83,8 +84,9 @@ def host_argv(
     ]  # fmt: skip
     if standard:
         argv += ["--tools", *standard]
-    if tools.allow:
-        argv += ["--allow", *tools.allow]
+    allow = host_allow(tools.allow, tools.deny)  # the rest is decided by the session's rules
+    if allow:
+        argv += ["--allow", *allow]
     if mcp_command:
         argv += ["--mcp", shlex.join(mcp_command)]
     if mcp_url:

@@ -15,6 +15,7 @@ from typing import Any
 import pykka
 import pytest
 
+from actors.approval import NO_APPROVER
 from actors.cancel import CancelToken
 from actors.config import parse
 from actors.errors import Cancelled, SessionFull, TurnLimit
@@ -29,7 +30,7 @@ from actors.events import (
     Waiting,
 )
 from actors.inference.types import InferError
-from actors.limits import CANNOT_WAIT, REPEAT_NOTICE
+from actors.limits import REPEAT_NOTICE
 from actors.log import read_records
 from actors.records import Assistant, CacheLoss, ToolResult, Usage
 from actors.render import MISSING_RESULT
@@ -144,7 +145,7 @@ def test_tool_calls_run_in_the_models_order_with_session_call_numbers(rig: Make)
         (wire.Denied(id=0, reason="outside the workspace"),
          "The call was denied: outside the workspace"),
         (wire.PendingApproval(id=0, prompt="write notes.txt"),
-         CANNOT_WAIT.format(prompt="write notes.txt")),
+         f"The call was denied: {NO_APPROVER}"),
     ],
 )
 def test_failed_denied_and_pending_calls_become_results_the_model_reads(

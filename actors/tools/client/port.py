@@ -60,13 +60,17 @@ class ToolPort:
         tool: str,
         arguments: Mapping[str, Any],
         cancel: CancelToken | None = None,
+        approved: bool = False,
     ) -> Answer:
-        """Run ``tool`` on the host; the answer, or Failed on timeout, cancel, or a dead host."""
+        """Run ``tool`` on the host; the answer, or Failed on timeout, cancel, or a dead host.
+
+        ``approved``: the call was approved after the host answered PendingApproval.
+        """
         cid = next(self._ids)
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
         try:
-            frame = wire.encode(ToolRequest(cid, session, call, tool, arguments))
+            frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:

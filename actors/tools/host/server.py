@@ -299,7 +299,7 @@ class Host:
                 ),
             )
             return
-        if tool.spec.needs_approval:
+        if tool.spec.needs_approval and not req.approved:
             args = json.dumps(req.arguments, ensure_ascii=False)
             prompt = (
                 f"Allow {req.tool} to run with {args[:500]}? (To let it run without asking, "

@@ -65,6 +65,9 @@ class ToolRequest:
     call: int
     tool: str
     arguments: Mapping[str, Any]
+    # The person (or a rule) approved this call after the host answered PendingApproval:
+    # the host runs it. It never loosens anything else the host checks.
+    approved: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,6 +193,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "call": ("call", wire_id),
         "tool": ("tool", _STR),
         "arguments": ("arguments", json_object),
+        "approved": ("approved", _BOOL),
     },
     "result": {
         "id": ("id", wire_id),
@@ -247,6 +251,7 @@ def _encode_request(msg: ToolRequest) -> bytes:
         _STR(msg.session)
         _STR(msg.tool)
         json_object(msg.arguments)
+        _BOOL(msg.approved)
     except TypeError:  # the general path says which field is wrong, or converts Mappings
         return CODEC.encode(msg)
     body = {
@@ -257,6 +262,7 @@ def _encode_request(msg: ToolRequest) -> bytes:
         "call": msg.call,
         "tool": msg.tool,
         "arguments": msg.arguments,
+        "approved": msg.approved,
     }
     return CODEC.pack("request", body)
 

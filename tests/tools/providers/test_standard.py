@@ -222,7 +222,7 @@ def test_fetch_url_results_are_untrusted(world: World) -> None:
     assert "is not an http:// or https:// URL" in refused.message
 
 
-def test_tools_that_change_things_need_approval_unless_allowed() -> None:
+def test_tools_that_change_things_need_approval_unless_allowed_or_approved() -> None:
     with short_dir() as d:
         endpoint = f"ipc://{d}/ap.sock"
         with spawn_host(endpoint, "--tools", "write_file", "run_command", "--workspace", str(d)):
@@ -238,7 +238,18 @@ def test_tools_that_change_things_need_approval_unless_allowed() -> None:
                 assert isinstance(
                     _call(port, "run_command", command="touch ran"), wire.PendingApproval
                 )
+                assert not (d / "x.txt").exists()
+                assert not (d / "ran").exists()
+                # the same calls again, approved (the session's gate did its work): they run
+                approved = port.call(session="s", call=3, tool="run_command",
+                                     arguments={"command": "touch ran"}, approved=True)
+                assert isinstance(approved, wire.Result), approved
+                assert (d / "ran").exists()
+                # approval never loosens what the host refuses itself
+                outside = port.call(session="s", call=4, tool="write_file",
+                                    arguments={"path": "../out.txt", "content": "y"},
+                                    approved=True)
+                assert isinstance(outside, wire.Denied | wire.Failed), outside
+                assert not (d.parent / "out.txt").exists()
             finally:
                 port.stop()
-        assert not (d / "x.txt").exists()
-        assert not (d / "ran").exists()
