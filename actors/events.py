@@ -97,7 +97,7 @@ class ToolResultEvent:
     call: int
     class_: str
     truncated: bool
-    outcome: str  # result | failed | denied | pending_approval | local | repeat | invalid
+    outcome: str  # result | failed | denied | local | repeat | invalid
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.limits import (
-    CANNOT_WAIT,
+    ASKED_AGAIN,
     Repeats,
     answer_text,
     cache_outcome,
@@ -38,8 +38,8 @@ def test_a_result_keeps_its_text_class_and_trust() -> None:
         (wire.Denied(1, "outside the workspace"), "The call was denied: outside the workspace",
          "denied"),
         (wire.Failed(1, "no such file"), "The tool failed: no such file", "failed"),
-        (wire.PendingApproval(1, "run rm -rf?"), CANNOT_WAIT.format(prompt="run rm -rf?"),
-         "pending_approval"),
+        (wire.PendingApproval(1, "run rm -rf?"), ASKED_AGAIN.format(prompt="run rm -rf?"),
+         "failed"),
     ],
 )  # fmt: skip
 def test_every_other_answer_is_a_public_trusted_text_that_says_what_happened(
@@ -48,10 +48,12 @@ def test_every_other_answer_is_a_public_trusted_text_that_says_what_happened(
     assert answer_text(answer) == (text, ResultClass.PUBLIC, False, outcome)
 
 
-def test_an_approval_the_runtime_cannot_wait_for_names_its_prompt() -> None:
+def test_a_host_asking_again_after_approval_names_its_prompt_and_says_nothing_ran() -> None:
+    # the first PendingApproval is answered by actors.approval's gate; answer_text only ever
+    # sees one from a host that asks again for a call sent approved
     text, *_ = answer_text(wire.PendingApproval(1, "delete build/"))
     assert "(delete build/)" in text
-    assert "cannot wait" in text
+    assert "did not run" in text
 
 
 # --- cap_result ----------------------------------------------------------------------------

@@ -294,7 +294,7 @@ def host() -> Iterator[tuple[zmq.Socket[Any], subprocess.Popen[bytes]]]:
 _KINDS = ["hello", "tools", "request", "result", "failed", "denied", "pending_approval",
           "ping", "pong", "cancel"]  # fmt: skip
 _WIRE_FIELDS = ["id", "session", "call", "tool", "arguments", "content", "class", "untrusted",
-                "message", "reason", "prompt", "tools"]  # fmt: skip
+                "message", "reason", "prompt", "tools", "approved"]  # fmt: skip
 
 
 @st.composite
@@ -306,7 +306,8 @@ def near_messages(draw: st.DrawFn) -> dict[str, Any]:
     }
     if draw(st.booleans()):  # a real-looking call of the host's tool
         msg.update(id=draw(st.integers(0, 2**63)), session="s", call=1, tool="echo",
-                   arguments={"text": draw(st.text(max_size=10))})  # fmt: skip
+                   arguments={"text": draw(st.text(max_size=10))},
+                   approved=draw(st.booleans()))  # fmt: skip
     for key in draw(st.lists(st.sampled_from(_WIRE_FIELDS), max_size=4)):
         msg[key] = draw(values)
     return msg
