@@ -249,6 +249,27 @@ def test_a_closed_port_answers_failed(ctx: zmq.Context[Any], endpoint: str, port
         answer = _call(port)
     assert isinstance(answer, wire.Failed)
     assert "the tool port is closed" in answer.message
+    status = port.status()
+    assert (status.state, status.reason) == (PortState.STOPPED, "the port was closed")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "why"),
+    [({"text": "\ud800"}, "surrogates not allowed"),  # JSON may carry a lone surrogate
+     ({"n": 2**70}, "Integer value out of range")],
+)  # fmt: skip
+def test_arguments_that_cannot_be_encoded_fail_without_being_sent(
+    ctx: zmq.Context[Any], endpoint: str, ports: Ports, arguments: dict[str, Any], why: str
+) -> None:
+    with FakeHost(ctx, endpoint) as host:
+        port = ports(endpoint)
+        assert port.wait_ready(5)
+        answer = port.call(session="s1", call=1, tool="echo", arguments=arguments)
+        assert isinstance(answer, wire.Failed)
+        assert answer.message.startswith("the arguments of echo cannot be sent to its host: ")
+        assert why in answer.message
+        assert _call(port, "next") == wire.Result(answer.id + 1, "next")  # the port goes on
+        assert [r.arguments["text"] for r in host.requests()] == ["next"]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
