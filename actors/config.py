@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -185,6 +186,25 @@ _MINIMUM: dict[str, float] = {
     "embedded.threads": 0,
     "embedded.slots": 1,
 }
+# The largest value of a key where more cannot work: seconds beyond a week (1e308 overflowed
+# the clock), threads or slots by the thousand (100,000 inference actors never started).
+_WEEK = 7 * 24 * 3600
+_MAXIMUM: dict[str, float] = {
+    **{f"{section}.{f.name}": _WEEK
+       for section, cls in (("inference", InferenceConfig), ("tools", ToolsConfig),
+                            ("embedded", EmbeddedConfig))
+       for f in dataclasses.fields(cls) if f.name.endswith("_s")},
+    "inference.retries": 100,
+    "inference.parallel": 64,
+    "tools.max_concurrent_calls": 256,
+    "tools.max_frame_bytes": 1024**3,
+    "tools.max_output_bytes": 1024**3,
+    "embedded.threads": 1024,
+    "embedded.slots": 64,
+    "embedded.ctx_size": 1 << 24,
+}
+# A host's name becomes part of its socket's and its log's file names.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Keys that existed once: a config naming one is told what replaced it.
 _REMOVED = {
     "slots.main": "slots.main was removed: the slot keeper now gives each session a slot of "
@@ -219,6 +239,9 @@ def _check(key: str, annotation: str, value: Any) -> Any:
             raise ConfigError(f"{key} = {value!r}: must be at least {low:g}")
         if key == "embedded.port" and value > 65535:
             raise ConfigError(f"{key} = {value!r}: must be a port number, 0 to 65535")
+        high = _MAXIMUM.get(key)
+        if high is not None and value > high:
+            raise ConfigError(f"{key} = {value!r}: must be at most {high:g}")
         return float(value) if ann == "float" else value
     if ann == "str":
         if not isinstance(value, str):
@@ -253,6 +276,11 @@ def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:
     if dupes:
         raise ConfigError(f"{key}: host names must be unique, repeated: {', '.join(sorted(dupes))}")
     for i, h in enumerate(hosts):
+        if not _HOST_NAME.fullmatch(h.name):
+            raise ConfigError(
+                f"{key}[{i}].name = {h.name!r}: use 1 to 64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit (it becomes part of file names)"
+            )
         where = f"{key}[{i}] ({h.name})"
         if h.kind == "remote" and not (h.endpoint and h.server_key):
             raise ConfigError(f"{where}: a remote host needs endpoint and server_key")
@@ -331,6 +359,13 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {p} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {p} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+            f"{e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     try:

@@ -1,0 +1,78 @@
+"""Crafted config files: each is refused at start with a clear message and exit 2.
+
+Found by the attack review (issue 13): ``inference.timeout_s = 1e308`` (OverflowError
+traceback), a file that is not UTF-8 (UnicodeDecodeError traceback), ``inference.parallel =
+100000`` (accepted: thousands of threads, never started), a host named ``"../../x"`` (its
+socket and log written outside the run directory), and an unknown key whose message lost
+the section name (``[loop]`` was read as rich markup).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import config as cfg
+from actors.cli import main
+from actors.errors import ConfigError
+
+CRAFTED: dict[str, tuple[bytes, str]] = {
+    "a timeout of 1e308 s": (
+        b"[inference]\ntimeout_s = 1e308\n", "inference.timeout_s = 1e+308: must be at most"
+    ),
+    "a tool timeout of 1e308 s": (
+        b"[tools]\ntimeout_s = 1e308\n", "tools.timeout_s = 1e+308: must be at most"
+    ),
+    "100,000 inference actors": (
+        b"[inference]\nparallel = 100000\n", "inference.parallel = 100000: must be at most 64"
+    ),
+    "100,000 calls at once per host": (
+        b"[tools]\nmax_concurrent_calls = 100000\n", "tools.max_concurrent_calls = 100000"
+    ),
+    "a host named ../../x": (
+        b'[[tools.hosts]]\nname = "../../x"\ntools = ["echo"]\n',
+        "tools.hosts[0].name = '../../x': use 1 to 64 letters",
+    ),
+    "a host named .": (b'[[tools.hosts]]\nname = "."\ntools = ["echo"]\n', "name = '.'"),
+    "a host named with a slash": (
+        b'[[tools.hosts]]\nname = "a/b"\ntools = ["echo"]\n', "name = 'a/b'"
+    ),
+    "a file that is not UTF-8": (
+        b'[inference]\nurl = "\xff\xfe"\n', "is not UTF-8 text (byte 0xff at offset 19)"
+    ),
+    "an unknown key": (b"[loop]\nbogus = 1\n", "unknown key(s) in [loop]: bogus"),
+    "an unknown key of a host": (
+        b'[[tools.hosts]]\nname = "h"\ntools = ["echo"]\nbogus = 2\n',
+        "unknown key(s) in [tools.hosts[0]]: bogus",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_crafted_config_is_refused_with_exit_2(tmp_path: Path, capsys: Any, case: str) -> None:
+    data, says = CRAFTED[case]
+    path = tmp_path / "loopd.toml"
+    path.write_bytes(data)
+    code = main(["run", "Hi", "--config", str(path), "--url", "http://127.0.0.1:9"])
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert code == 2, err
+    assert says in err
+    assert err.startswith(f"loopd: {path}: " if "UTF-8" not in case else "loopd: config file")
+    assert "Traceback" not in err
+
+
+def test_a_config_directory_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        cfg.load(tmp_path)
+
+
+@pytest.mark.parametrize(("key", "high"), sorted(cfg._MAXIMUM.items()))
+def test_every_maximum_is_refused_above_and_accepted_at(key: str, high: float) -> None:
+    section, name = key.split(".")
+    annotation = str(type(getattr(cfg.Config(), section)).__dataclass_fields__[name].type)
+    at = int(high) if annotation == "int" else high
+    assert getattr(getattr(cfg.parse({section: {name: at}}), section), name) == high
+    with pytest.raises(ConfigError, match=rf"^{key} = .*: must be at most"):
+        cfg.parse({section: {name: at * 2}})
