@@ -24,6 +24,7 @@ from actors.tools.protocol import wire
 __all__ = [
     "FAKE",
     "ROOT",
+    "HandHost",
     "ask",
     "descendants",
     "host_processes",
@@ -74,6 +75,35 @@ def spawn_host(
         kill_session(proc.pid)
         if not isinstance(out, int):
             out.close()
+
+
+class HandHost:
+    """A host's ROUTER that the test plays by hand (answers, silence, nonsense when it
+    wants); each message with the routing id of the socket it came from."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+        self.sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+
+    def receive(self, timeout: float = 10.0) -> tuple[bytes, wire.Message]:
+        assert self.sock.poll(int(timeout * 1000)), "the port sent nothing"
+        peer, frame = self.sock.recv_multipart()
+        return peer, wire.decode(frame)
+
+    def expect(self, kind: type[wire.Message], not_from: bytes = b"") -> bytes:
+        """Skip to the next message of ``kind`` (Hello is retried, pings keep coming), from
+        a peer other than ``not_from`` (what an old socket sent may still be queued)."""
+        while True:
+            peer, msg = self.receive()
+            if isinstance(msg, kind) and peer != not_from:
+                return peer
+
+    def send(self, peer: bytes, msg: wire.Message | bytes) -> None:
+        self.sock.send_multipart([peer, msg if isinstance(msg, bytes) else wire.encode(msg)])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from actors.tools.client.calls import CallSockets, classify
 from actors.tools.client.connection import Connection, PortState
 from actors.tools.client.settings import PortSettings
 from actors.tools.protocol import wire
-from tests.tools.hostkit import wait_until
+from tests.tools.hostkit import HandHost, wait_until
 
 MAX = wire.DEFAULT_MAX_FRAME
 _names = itertools.count()
@@ -145,30 +145,12 @@ class StandInConnection:
         self.generation += 1
 
 
-class Host:
-    """A ROUTER the test answers by hand."""
-
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
-        self.sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-
-    def receive(self, timeout: float = 10.0) -> tuple[bytes, wire.Message]:
-        assert self.sock.poll(int(timeout * 1000)), "the call never reached the host"
-        peer, frame = self.sock.recv_multipart()
-        return peer, wire.decode(frame)
-
-    def answer(self, peer: bytes, msg: wire.Message | bytes) -> None:
-        frame = msg if isinstance(msg, bytes) else wire.encode(msg)
-        self.sock.send_multipart([peer, frame])
-
-
 class World:
     def __init__(self, ctx: zmq.Context[Any], heartbeat_s: float) -> None:
         endpoint = f"inproc://calls-{next(_names)}"
         self.settings = PortSettings("fake", endpoint, timeout_s=5.0, heartbeat_s=heartbeat_s)
         self.conn = StandInConnection()
-        self.host = Host(ctx, endpoint)
+        self.host = HandHost(ctx, endpoint)
         self.sockets = CallSockets(self.settings, ctx, cast(Connection, self.conn))
         self.pool = concurrent.futures.ThreadPoolExecutor(2)
 
@@ -193,7 +175,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         made.conn.stopped = True  # any call still waiting ends within a pulse
         made.pool.shutdown(wait=True)
         made.sockets.close()
-        made.host.sock.close(linger=0)
+        made.host.close()
         ctx.destroy(linger=0)
 
 
@@ -202,9 +184,9 @@ def test_a_call_is_sent_and_its_answer_returned_past_answers_to_others(world: Wo
     future = world.call_later(5)
     peer, request = world.host.receive()
     assert isinstance(request, wire.ToolRequest) and request.id == 5
-    world.host.answer(peer, wire.Result(4, "an earlier call's"))
-    world.host.answer(peer, b"\xc1 garbage")
-    world.host.answer(peer, wire.Result(5, "mine"))
+    world.host.send(peer, wire.Result(4, "an earlier call's"))
+    world.host.send(peer, b"\xc1 garbage")
+    world.host.send(peer, wire.Result(5, "mine"))
     assert future.result(timeout=10) == wire.Result(5, "mine")
 
 
@@ -214,7 +196,7 @@ def test_a_call_waits_for_a_host_that_is_connecting_then_is_sent(world: World) -
     assert not future.done()
     world.conn.up()
     peer, _ = world.host.receive()
-    world.host.answer(peer, wire.Result(1, "ok"))
+    world.host.send(peer, wire.Result(1, "ok"))
     assert future.result(timeout=10) == wire.Result(1, "ok")
 
 
@@ -278,7 +260,7 @@ def _answered(world: World, cid: int) -> tuple[wire.Answer, bytes]:
     def answer() -> None:
         peer, _ = world.host.receive()
         peers.append(peer)
-        world.host.answer(peer, wire.Result(cid, "ok"))
+        world.host.send(peer, wire.Result(cid, "ok"))
 
     helper = threading.Thread(target=answer)
     helper.start()
@@ -308,7 +290,7 @@ def test_close_shuts_idle_sockets_now_and_a_busy_one_when_its_call_ends(world: W
     peer, _ = world.host.receive()  # busy: waiting for its answer
     world.sockets.close()
     assert world.sockets.open_count() == 1
-    world.host.answer(peer, wire.Result(8, "after close"))
+    world.host.send(peer, wire.Result(8, "after close"))
     assert future.result(timeout=10) == wire.Result(8, "after close")
     wait_until(lambda: world.sockets.open_count() == 0, what="the busy socket to close")
     assert world.call(9) == wire.Failed(9, calls.closed("fake"))

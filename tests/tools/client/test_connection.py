@@ -18,40 +18,15 @@ from actors.tools.client.connection import Connection, PortState
 from actors.tools.client.settings import PortSettings
 from actors.tools.protocol import wire
 from tests.tools.fake_host import ECHO
-from tests.tools.hostkit import wait_until
+from tests.tools.hostkit import HandHost, wait_until
 
 _names = itertools.count()
-
-
-class Host:
-    """A ROUTER the test answers by hand; each message with the routing id it came from."""
-
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
-        self.sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-
-    def receive(self, timeout: float = 10.0) -> tuple[bytes, wire.Message]:
-        assert self.sock.poll(int(timeout * 1000)), "the port sent nothing"
-        peer, frame = self.sock.recv_multipart()
-        return peer, wire.decode(frame)
-
-    def expect(self, kind: type[wire.Message], not_from: bytes = b"") -> bytes:
-        """Skip to the next message of ``kind`` (Hello is retried, pings keep coming), from
-        a peer other than ``not_from`` (what an old socket sent may still be queued)."""
-        while True:
-            peer, msg = self.receive()
-            if isinstance(msg, kind) and peer != not_from:
-                return peer
-
-    def send(self, peer: bytes, msg: wire.Message | bytes) -> None:
-        self.sock.send_multipart([peer, msg if isinstance(msg, bytes) else wire.encode(msg)])
 
 
 class World:
     def __init__(self, ctx: zmq.Context[Any], heartbeat_s: float) -> None:
         endpoint = f"inproc://connection-{next(_names)}"
-        self.host = Host(ctx, endpoint)
+        self.host = HandHost(ctx, endpoint)
         self.conn = Connection(PortSettings("fake", endpoint, heartbeat_s=heartbeat_s), ctx)
         self.unresponsive: list[str] = []  # what the supervisor was told, in order
         self.conn.on_unresponsive = self.unresponsive.append
@@ -75,7 +50,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         yield made
     finally:
         made.conn.stop()
-        made.host.sock.close(linger=0)
+        made.host.close()
         ctx.destroy(linger=0)
 
 
