@@ -9,12 +9,14 @@ Only LoopdError is caught here: anything else is a bug, and shows its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pykka
@@ -23,16 +25,17 @@ from rich.markup import escape
 
 from actors import config as cfg
 from actors.cancel import CancelToken
-from actors.errors import LoopdError
+from actors.errors import DaemonError, LoopdError, UsageError
 from actors.log import read_records
+from actors.outcome import TurnOutcome
 from actors.records import kind_of, to_json
 from actors.session import list_sessions, remove_session, session_path
-from actors.turn import TurnOutcome
 from actors.view import JsonView, LiveView, describe, summary
 
 __all__ = ["main"]
 
 OK, CANCELLED = 0, 130
+_STOP_WAIT_S = 120  # `loopd stop`: turns wind down, KV state is saved, hosts stop
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,12 +47,19 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
     sub = p.add_subparsers(dest="command", required=True)
+    local = "run in this process even when a daemon (loopd serve) answers"
     chat = sub.add_parser("chat", parents=[common], help="talk with the model, turn by turn")
     chat.add_argument("--session", default="default", help="session name (default: default)")
+    chat.add_argument("--local", action="store_true", help=local)
     run = sub.add_parser("run", parents=[common], help="one turn: the answer on stdout")
     run.add_argument("message")
     run.add_argument("--session", default="default", help="session name (default: default)")
     run.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    run.add_argument("--local", action="store_true", help=local)
+    serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
+    serve.add_argument("--detach", action="store_true", help="run it in the background")
+    sub.add_parser("status", parents=[common], help="what the daemon is doing")
+    sub.add_parser("stop", parents=[common], help="stop the daemon")
     sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
     sessions_sub = sessions.add_subparsers(dest="sessions_command")
     rm = sessions_sub.add_parser(
@@ -88,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return keys(argv[1:])
     args = _parser().parse_args(argv)
+    args.argv = argv
     err = Console(stderr=True)
     # SIGTERM ends the command like Ctrl-C does: the turn is cancelled, the embedded
     # server and the tool hosts are stopped on the way out.
@@ -147,9 +158,29 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     return OK
 
 
-def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+@contextlib.contextmanager
+def _session(
+    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None]
+) -> Iterator[Callable[[str, Any], TurnOutcome]]:
+    """``turn(message, sink)`` on session ``args.session``: through the daemon when one
+    answers (and not ``--local``), else in this process. Both show the same events, the
+    same outcome and the same errors; Ctrl-C cancels the turn either way."""
+    from actors.client import find_daemon
+
+    client = None if args.local else find_daemon(config)
+    if client is not None:
+        with client:
+            client.open(args.session)
+            yield lambda message, sink: client.turn(args.session, message).run(sink)
+        return
     from actors.app import start_app
 
+    with start_app(config, status) as app:
+        session = app.session(args.session)
+        yield lambda message, sink: _turn(session, app, message, sink)
+
+
+def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = Console()
     json_view = JsonView(sys.stdout) if args.json else None
     live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
@@ -157,11 +188,10 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
         lambda s: err.print(f"[dim]{escape(s)}[/]")
     )
-    with start_app(config, status) as app:
-        session = app.session(args.session)
+    with _session(args, config, status) as turn:
         started = time.monotonic()
         try:
-            outcome = _turn(session, app, args.message, sink)
+            outcome = turn(args.message, sink)
         except LoopdError as e:
             live.finish()
             if json_view:
@@ -182,11 +212,8 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 
 
 def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    from actors.app import start_app
-
     out = Console()
-    with start_app(config, lambda s: err.print(f"[dim]{escape(s)}[/]")) as app:
-        session = app.session(args.session)
+    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]")) as turn:
         out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
         while True:
             try:
@@ -204,7 +231,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
             live = LiveView(out)
             started = time.monotonic()
             try:
-                outcome = _turn(session, app, message, live)
+                outcome = turn(message, live)
                 live.finish()
                 out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
             except LoopdError as e:
@@ -239,11 +266,86 @@ def _turn(session: Any, app: Any, message: str, sink: Any) -> TurnOutcome:
         return result
 
 
+# --- the daemon ------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    from actors.client import find_daemon
+    from actors.daemon.main import detach, serve
+
+    if not args.detach:
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+        )
+        return serve(config, lambda s: err.print(f"[dim]{escape(s)}[/]", highlight=False))
+    running = find_daemon(config)
+    if running is not None:
+        with running:
+            pid = running.status().pid
+        raise UsageError(f"a loopd daemon is already running (pid {pid}); `loopd stop` ends it")
+
+    def answers() -> bool:
+        client = find_daemon(config)
+        if client is not None:
+            client.close()
+        return client is not None
+
+    pid = detach([a for a in args.argv[1:] if a != "--detach"], config, answers)
+    err.print(f"loopd daemon started (pid {pid})", highlight=False)
+    return OK
+
+
+def _daemon(config: cfg.Config) -> Any:
+    from actors.client import find_daemon
+    from actors.daemon.place import endpoint
+
+    client = find_daemon(config)
+    if client is None:
+        raise DaemonError(
+            f"no loopd daemon answers at {endpoint(config)}; start one with `loopd serve`"
+        )
+    return client
+
+
+def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    with _daemon(config) as client:
+        s = client.status()
+    print(f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
+          f"{s.clients} client{'s' if s.clients != 1 else ''}")  # fmt: skip
+    for row in s.sessions:
+        print(f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}")
+    return OK
+
+
+def _stop(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    import psutil
+
+    from actors.tools.procs import is_alive
+
+    with _daemon(config) as client:
+        pid = client.status().pid
+        try:
+            process = psutil.Process(pid)
+        except psutil.Error:
+            process = None
+        client.stop()
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while process is not None and is_alive(process):  # a zombie has stopped too
+        if time.monotonic() > deadline:
+            raise DaemonError(f"the loopd daemon (pid {pid}) did not stop within {_STOP_WAIT_S} s")
+        time.sleep(0.05)
+    err.print(f"loopd daemon (pid {pid}) stopped", highlight=False)
+    return OK
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] = {
     "sessions": _sessions,
     "log_show": _log_show,
     "run": _run,
     "chat": _chat,
+    "serve": _serve,
+    "status": _status,
+    "stop": _stop,
 }
 
 

@@ -21,6 +21,7 @@ from actors.errors import ConfigError
 
 __all__ = [
     "Config",
+    "DaemonConfig",
     "EmbeddedConfig",
     "HostConfig",
     "InferenceConfig",
@@ -128,6 +129,20 @@ class EmbeddedConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    # `loopd serve` and the clients that find it (see actors/daemon/protocol.py).
+    runtime_dir: str = ""  # pid file and socket; "": $XDG_RUNTIME_DIR/loopd or /tmp/loopd-UID
+    endpoint: str = ""  # "": ipc://RUNTIME_DIR/loopd.sock; tcp://... needs the CURVE keys
+    curve_secret: str = ""  # the daemon: its .key_secret file (tcp:// only)
+    allow_keys: str = ""  # the daemon: directory of the .key files of the clients it lets in
+    server_key: str = ""  # a client: the daemon's public key (Z85 text or .key file)
+    client_key: str = ""  # a client: its own .key_secret file
+    heartbeat_s: float = 1.0  # a peer silent for 3 heartbeats is gone (its turn cancelled)
+    connect_timeout_s: float = 1.0  # how long the CLI waits for an answer, else runs in-process
+    max_frame_bytes: int = 4 * 1024 * 1024  # largest message either side accepts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     inference: InferenceConfig = InferenceConfig()
     slots: SlotsConfig = SlotsConfig()
@@ -136,6 +151,7 @@ class Config:
     session: SessionConfig = SessionConfig()
     tools: ToolsConfig = ToolsConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
+    daemon: DaemonConfig = DaemonConfig()
 
     @property
     def log_dir(self) -> Path:
@@ -185,6 +201,9 @@ _MINIMUM: dict[str, float] = {
     "embedded.startup_timeout_s": 1,
     "embedded.threads": 0,
     "embedded.slots": 1,
+    "daemon.heartbeat_s": 0.01,
+    "daemon.connect_timeout_s": 0.01,
+    "daemon.max_frame_bytes": 1024,
 }
 # The largest value of a key where more cannot work: seconds beyond a week (1e308 overflowed
 # the clock), threads or slots by the thousand (100,000 inference actors never started).

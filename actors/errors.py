@@ -18,9 +18,11 @@ the thing that failed and what to do about it.
     │   ├── InferError                one request (kinds: http, connect, timeout, protocol,
     │   │                             cancelled); in actors.inference.types
     │   ├── EmbeddedError             the embedded server or model cannot be used
+    │   ├── DaemonError               no daemon answers, or it went away (``loopd serve``)
     │   └── McpError                  an MCP server could not be started or listed
     ├── SessionError                exit 5: the session cannot be used
     │   ├── SessionLocked             open in another process
+    │   ├── SessionInUse              attached to another client of the daemon
     │   ├── LogCorrupt                corruption before the tail (``offset`` says where)
     │   └── RecordError               a record that cannot be encoded or decoded
     ├── ProtocolError               a peer sent something that is not the protocol
@@ -38,6 +40,7 @@ from __future__ import annotations
 __all__ = [
     "Cancelled",
     "ConfigError",
+    "DaemonError",
     "EmbeddedError",
     "KeyFileError",
     "LimitError",
@@ -51,6 +54,7 @@ __all__ = [
     "ServerError",
     "SessionError",
     "SessionFull",
+    "SessionInUse",
     "SessionLocked",
     "TurnLimit",
     "UsageError",
@@ -110,6 +114,10 @@ class EmbeddedError(ServerError):
     """The embedded server or model cannot be used; the message says why and what to do."""
 
 
+class DaemonError(ServerError):
+    """No daemon answers at its socket, or it stopped answering; the message says where."""
+
+
 class McpError(ServerError):
     """The MCP server could not be started or listed; the message names it and the fix."""
 
@@ -122,6 +130,14 @@ class SessionError(LoopdError):
 
 class SessionLocked(SessionError):
     """Another writer holds the session's log."""
+
+
+class SessionInUse(SessionError):
+    """The daemon has the session attached to another client (one client per session)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"session {name} is in use by another client")
+        self.name = name
 
 
 class LogCorrupt(SessionError):

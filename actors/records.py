@@ -35,6 +35,7 @@ __all__ = [
     "ToolResult",
     "Usage",
     "User",
+    "check_slot_use",
     "decode",
     "encode",
     "kind_of",
@@ -234,7 +235,8 @@ _SLOT_USE: dict[str, Check] = {
 }
 
 
-def _slot_use(v: Any) -> SlotUse:
+def check_slot_use(v: Any) -> SlotUse:
+    """A SlotUse from its map (the field check of ``Usage.slot``; the daemon protocol's too)."""
     m = _mapping(v)
     try:
         return SlotUse(**{k: check(m[k]) for k, check in _SLOT_USE.items()})
@@ -262,7 +264,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "prompt_tokens": ("prompt_tokens", _INT),
         "completion_tokens": ("completion_tokens", _INT),
         "finish_reason": ("finish_reason", _STR),
-        "slot": ("slot", _optional(_slot_use)),
+        "slot": ("slot", _optional(check_slot_use)),
     },
     "cache_loss": {"expected": ("expected", _INT), "got": ("got", _INT), "cause": ("cause", _STR)},
     "tool_result": {

@@ -44,6 +44,7 @@ from actors.limits import (
     cap_result,
 )
 from actors.log import SessionLog
+from actors.outcome import TurnOutcome
 from actors.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
 from actors.render import messages
 from actors.rulesfile import RuleStore
@@ -68,19 +69,6 @@ class Runtime:
     bare_json_tool_calls: bool = False
     # The rules file and the command's --approve rules (tools.allow/deny come from config).
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
-
-
-# --- outcomes and errors --------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TurnOutcome:
-    content: str
-    usage: Usage
-    iterations: int  # model responses that asked for tools
-    tool_calls: int
-    cut: bool  # the answer stopped at loop.max_tokens
-    restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
 
 
 # --- the turn -------------------------------------------------------------------------

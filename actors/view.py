@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from actors import events as ev
 from actors import records as rec
-from actors.turn import TurnOutcome
+from actors.outcome import TurnOutcome
 
 __all__ = ["JsonView", "LiveView", "describe", "summary"]
 

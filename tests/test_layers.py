@@ -5,6 +5,10 @@
   what runs tools must not be able to touch a session.
 - ``actors.tools.protocol`` imports nothing of the daemon side either (it is the contract).
 - Nothing below the CLI imports ``actors.cli`` or ``actors.view`` (the terminal is the top).
+- The daemon's client side (``actors.client`` and the protocol and places it shares with
+  ``actors.daemon``) reaches the daemon only through the protocol: never the daemon's
+  server, sessions, the App, a session, the turn, inference, the tool client or pykka. A
+  ``loopd run`` that finds a daemon loads none of the world it would otherwise build.
 
 Every ``import`` counts, including ones inside functions and under TYPE_CHECKING: a lazy
 import still runs in the process that calls it.
@@ -35,6 +39,21 @@ FORBIDDEN_IN_HOST = (
     "pykka",
 )
 TOP = ("actors.cli", "actors.view")
+CLIENT_SIDE = ("actors.client", "actors.daemon.protocol", "actors.daemon.place")
+FORBIDDEN_IN_CLIENT = (
+    "actors.daemon.server",
+    "actors.daemon.sessions",
+    "actors.daemon.main",
+    "actors.app",
+    "actors.session",
+    "actors.log",
+    "actors.turn",
+    "actors.inference",
+    "actors.tools.client",
+    "actors.tools.registry",
+    "actors.tools.toolbox",
+    "pykka",
+)
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -101,6 +120,10 @@ def violations(imports: dict[str, set[str]]) -> list[str]:
             for target, via in reach(imports, module).items():
                 if _within(target, FORBIDDEN_IN_HOST):
                     bad.append(f"{module} reaches {target} (imported by {via})")
+        if _within(module, CLIENT_SIDE):
+            for target, via in reach(imports, module).items():
+                if _within(target, FORBIDDEN_IN_CLIENT):
+                    bad.append(f"{module} reaches {target} (imported by {via})")
         if not _within(module, TOP):
             for target in imports[module]:
                 if _within(target, TOP):
@@ -118,6 +141,8 @@ def test_the_walk_sees_the_hosts_real_imports() -> None:
     assert "actors.tools.protocol.wire" in reached
     assert "actors.tools.host.server" in reached
     assert "zmq" in reached
+    client = reach(graph(ROOT), "actors.client")
+    assert "actors.daemon.protocol" in client and "actors.codec" in client
 
 
 _MINI = (
@@ -126,6 +151,8 @@ _MINI = (
     "actors/inference/__init__.py", "actors/tools/host/__init__.py",
     "actors/tools/providers/__init__.py", "actors/tools/protocol/__init__.py",
     "actors/tools/protocol/wire.py", "actors/tools/protocol/relay.py",
+    "actors/client.py", "actors/daemon/__init__.py", "actors/daemon/protocol.py",
+    "actors/daemon/server.py",
 )
 
 
@@ -142,6 +169,11 @@ _MINI = (
          "actors.tools.host reaches actors.inference"),
         ("actors/log.py", "from actors import view", "only the CLI may use"),
         ("actors/turn.py", "from actors.cli import main", "only the CLI may use"),
+        ("actors/client.py", "from actors.daemon import server", "reaches actors.daemon.server"),
+        # indirect: the protocol the client shares imports the session
+        ("actors/daemon/protocol.py", "from actors.session import x",
+         "actors.client reaches actors.session"),
+        ("actors/daemon/protocol.py", "def f():\n    import pykka", "reaches pykka"),
     ],
 )
 def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: str) -> None:
@@ -152,6 +184,7 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     (tmp_path / "actors/tools/host/__init__.py").write_text(
         "from actors.tools.protocol import relay, wire\n"
     )
+    (tmp_path / "actors/client.py").write_text("from actors.daemon import protocol\n")
     assert violations(graph(tmp_path)) == []
     target = tmp_path / module
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""CURVE key pairs for remote tool hosts: ``loopd keys`` and the loaders the two ends use.
+"""CURVE keys: ``loopd keys``, the loaders both ends use, and the server side's allow-list.
 
 A key pair is two files in pyzmq's certificate format (so ``zmq.auth`` reads them):
 ``NAME.key`` (the public key: give it to the other side) and ``NAME.key_secret`` (both
@@ -10,24 +10,36 @@ refuses a loose private key.
   directory holding the ``.key`` files of the clients it lets in.
 - The **daemon** names the host's public key (``server_key``: the 40-character Z85 text or
   the ``.key`` file) and its own secret file (``client_key``) in ``[[tools.hosts]]``.
+- The daemon's own client socket on ``tcp://`` is a CURVE server the same way
+  (``daemon.curve_secret``, ``daemon.allow_keys``), and its clients name its public key.
+
+:func:`curve_server` makes a ROUTER a CURVE server whose clients are the ``.key`` files of a
+directory (ZAP through ``zmq.auth``): an unknown key is refused in the handshake, so it gets
+no answer at all. The directory is read again when an unknown key knocks (at most once a
+second), so adding a client's ``.key`` file needs no restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import logging
 import os
 import stat
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.auth
 import zmq.utils.z85
 
-from actors.errors import KeyFileError
+from actors.errors import KeyFileError, UsageError
 
-__all__ = ["load_public", "load_secret", "main", "write_keypair"]
+__all__ = ["KeyDirectory", "curve_server", "load_public", "load_secret", "main", "write_keypair"]
+
+log = logging.getLogger("loopd.keys")
 
 
 _BANNER = (
@@ -103,6 +115,71 @@ def load_public(text_or_path: str) -> bytes:
             f"{text!r} is neither a 40-character Z85 public key nor a readable .key file: {e}"
         ) from None
     return public
+
+
+class KeyDirectory:
+    """ZAP credentials callback: lets in a client whose public key has a .key file in ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys: set[bytes] = set()
+        self.loaded = 0.0
+        from actors.tools.host.server import Complaints  # the host's rate-limited warnings
+
+        self._complain = Complaints(logger=log)
+        self.reload()
+
+    def reload(self) -> None:
+        keys = set()
+        for f in sorted(self.path.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(f)
+                keys.add(public)
+            except (OSError, ValueError) as e:
+                log.warning("allow-keys: skipping %s: %s", f, e)
+        if not keys:
+            log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
+        self.keys, self.loaded = keys, time.monotonic()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        if time.monotonic() - self.loaded > 1.0:
+            self.reload()
+            if key in self.keys:
+                return True
+        self._complain(
+            "refused a client with unknown key %s (not in %s)",
+            key.decode(errors="replace"),
+            self.path,
+        )
+        return False
+
+
+def curve_server(
+    ctx: zmq.Context[Any], sock: zmq.Socket[Any], secret_file: str, allow_dir: str
+) -> Any:
+    """Make ``sock`` (not yet bound) a CURVE server admitting the keys in ``allow_dir``.
+
+    Returns the started ``ThreadAuthenticator``: the caller stops it after closing ``sock``.
+    KeyFileError / UsageError for a bad key file or directory.
+    """
+    directory = Path(allow_dir).expanduser()
+    if not directory.is_dir():
+        raise UsageError(
+            f"allowed client keys: {directory} is not a directory; put the clients' .key "
+            "files in one"
+        )
+    public, secret = load_secret(secret_file)
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=KeyDirectory(directory))
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+    return auth
 
 
 def main(argv: list[str]) -> int:

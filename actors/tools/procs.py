@@ -20,7 +20,9 @@ import time
 
 import psutil
 
-__all__ = ["is_alive", "kill_group", "kill_session", "kill_tree"]
+import actors
+
+__all__ = ["is_alive", "kill_group", "kill_session", "kill_tree", "loopd_env"]
 
 
 def _kill_all(procs: list[psutil.Process], wait_s: float) -> None:
@@ -77,3 +79,12 @@ def kill_session(sid: int, *, wait_s: float = 1.0) -> int:
             continue
     _kill_all(found, wait_s)
     return len(found)
+
+
+def loopd_env() -> dict[str, str]:
+    """This process's environment for a loopd child (a tool host, a detached daemon), with
+    this loopd importable even when it is not installed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env

@@ -35,7 +35,6 @@ from types import TracebackType
 
 import psutil
 
-import actors
 from actors.config import Config, HostConfig, ToolsConfig
 from actors.errors import ConfigError, KeyFileError
 from actors.rules import host_allow
@@ -49,7 +48,7 @@ from actors.tools.client import (
     stop_ports,
 )
 from actors.tools.keys import load_public, load_secret
-from actors.tools.procs import kill_session, kill_tree
+from actors.tools.procs import kill_session, kill_tree, loopd_env
 from actors.tools.registry import Registry
 
 __all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
@@ -92,14 +91,6 @@ def host_argv(
     if mcp_url:
         argv += ["--mcp-url", mcp_url]
     return tuple(argv)
-
-
-def _host_env() -> dict[str, str]:
-    """The daemon's environment, with this loopd importable even when not installed."""
-    root = str(Path(actors.__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def _run_dir(given: Path | None) -> tuple[Path, bool]:
@@ -172,7 +163,7 @@ class Toolbox:
     def _start_local(
         self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...]
     ) -> None:
-        launcher = HostLauncher(argv, env=_host_env(), log_path=self.run_dir / f"{name}.log")
+        launcher = HostLauncher(argv, env=loopd_env(), log_path=self.run_dir / f"{name}.log")
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
 

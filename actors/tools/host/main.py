@@ -22,17 +22,15 @@ import os
 import shlex
 import signal
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
 import zmq
 
 from actors.errors import KeyFileError, McpError, UsageError
-from actors.tools.host.server import Complaints, Host, home_cpu, pin
-from actors.tools.keys import load_secret
+from actors.tools.host.server import Host, home_cpu, pin
+from actors.tools.keys import curve_server
 from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ToolProvider
@@ -133,45 +131,6 @@ def _parent_watch(pid: int) -> Callable[[], bool]:
     return lambda: is_alive(parent)  # a zombie parent is a dead one
 
 
-class _KeyDirectory:
-    """ZAP credentials callback: lets in a client whose public key has a .key file in ``path``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.keys: set[bytes] = set()
-        self.loaded = 0.0
-        self._complain = Complaints()
-        self.reload()
-
-    def reload(self) -> None:
-        import zmq.auth
-
-        keys = set()
-        for f in sorted(self.path.glob("*.key")):
-            try:
-                public, _ = zmq.auth.load_certificate(f)
-                keys.add(public)
-            except (OSError, ValueError) as e:
-                log.warning("allow-keys: skipping %s: %s", f, e)
-        if not keys:
-            log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
-        self.keys, self.loaded = keys, time.monotonic()
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        if key in self.keys:
-            return True
-        if time.monotonic() - self.loaded > 1.0:
-            self.reload()
-            if key in self.keys:
-                return True
-        self._complain(
-            "refused a client with unknown key %s (not in %s)",
-            key.decode(errors="replace"),
-            self.path,
-        )
-        return False
-
-
 def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket[Any], Any]:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -184,25 +143,11 @@ def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket
             raise UsageError(
                 "--curve-secret and --allow-keys go together (the host's key and its clients' keys)"
             )
-        allow_dir = Path(args.allow_keys).expanduser()
-        if not allow_dir.is_dir():
-            sock.close()
-            raise UsageError(
-                f"--allow-keys {allow_dir}: not a directory; put the clients' .key files in one"
-            )
         try:
-            public, secret = load_secret(args.curve_secret)
-        except KeyFileError as e:
+            auth = curve_server(ctx, sock, args.curve_secret, args.allow_keys)
+        except (KeyFileError, UsageError) as e:
             sock.close()
             raise UsageError(str(e)) from None
-        from zmq.auth.thread import ThreadAuthenticator
-
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve_callback(domain="*", credentials_provider=_KeyDirectory(allow_dir))
-        sock.curve_secretkey = secret
-        sock.curve_publickey = public
-        sock.curve_server = True
     elif args.bind.startswith("tcp://"):
         log.warning("%s has no CURVE keys: anyone who can reach it can run its tools", args.bind)
     try:

@@ -1,0 +1,142 @@
+"""A real ``loopd serve`` process for the daemon tests, and the config its clients share.
+
+:func:`daemon_config` writes a config file: the fake llama-server's URL, a log directory,
+one local tool host with the file tools and ``run_command`` (allowed), and a short runtime
+directory (ipc:// paths are short). :class:`Daemon` runs ``python -m actors.cli serve`` on
+it and waits until its socket answers; leaving the block stops it (SIGTERM, then SIGKILL
+as a last resort) and fails the test if it or anything it started is still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from actors import config as cfg
+from actors.client import Client, find_daemon
+from actors.tools.procs import is_alive, kill_tree
+from tests.support.watch import wait_until
+
+__all__ = ["ROOT", "Daemon", "cli", "daemon_config", "env"]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ["read_file", "list_dir", "write_file", "run_command"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), e.get("PYTHONPATH", "")) if p)
+    return e
+
+
+def daemon_config(root: Path, run_dir: Path, url: str, **daemon: Any) -> Path:
+    """Write ``root/loopd.toml`` for the daemon and its clients; its path."""
+    workspace = root / "ws"
+    workspace.mkdir(exist_ok=True)
+    (workspace / "notes.txt").write_text("hello from the workspace\n")
+    keys = {"runtime_dir": str(run_dir), "heartbeat_s": 0.2, **daemon}
+    lines = [
+        "[inference]", f'url = "{url}"', "retries = 1", "backoff_s = 0.01", "timeout_s = 30",
+        "[log]", f'dir = "{root / "sessions"}"', 'fsync = "always"',
+        "[tools]", "standard = false", f'workspace = "{workspace}"', "timeout_s = 30",
+        "heartbeat_s = 0.5", 'allow = ["run_command", "write_file"]',
+        "[[tools.hosts]]", 'name = "tools"', f"tools = {TOOLS!r}".replace("'", '"'),
+        "[daemon]", *(f"{k} = {_toml(v)}" for k, v in keys.items()),
+    ]  # fmt: skip
+    path = root / "loopd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def cli(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``loopd ARGS --config CONFIG`` in its own process; its result (text)."""
+    command, *rest = args
+    return subprocess.run(
+        [sys.executable, "-m", "actors.cli", command, "--config", str(config), *rest],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+class Daemon:
+    """``loopd serve`` on ``config`` in its own process, up once its socket answers."""
+
+    def __init__(self, config: Path, *, wait: bool = True) -> None:
+        self.config_path = config
+        self.config = cfg.load(config)
+        self.log = config.parent / "daemon.log"
+        self._out = open(self.log, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "serve", "--config", str(config)],
+            cwd=ROOT, env=env(), stdin=subprocess.DEVNULL, stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+        if wait:
+            wait_until(self.answers, timeout=60, what=f"the daemon to answer ({self.text()})")
+
+    def answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"loopd serve exited with {self.proc.returncode}: {self.text()}")
+        client = find_daemon(self.config)
+        if client is None:
+            return False
+        client.close()
+        return True
+
+    def client(self) -> Client:
+        return Client.from_config(self.config)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return [c for c in psutil.Process(self.pid).children(recursive=True) if is_alive(c)]
+        except psutil.Error:
+            return []
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM, and its exit code (fails past ``timeout``)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        started = self.children()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                kill_tree(self.pid)
+                self.proc.wait(10)
+                raise AssertionError(f"the daemon did not stop on SIGTERM: {self.text()}") from None
+        self._out.close()
+        wait_until(lambda: not any(is_alive(p) for p in started), timeout=30,
+                   what="what the daemon started to exit")  # fmt: skip
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.close()
+        finally:
+            for p in self.children():
+                kill_tree(p.pid)

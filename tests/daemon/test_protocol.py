@@ -1,0 +1,114 @@
+"""The client protocol's codec: every kind round-trips, and every kind of bad input is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import msgpack
+import pytest
+
+from actors import errors
+from actors import events as ev
+from actors.client import remote_error
+from actors.daemon import protocol as p
+from actors.errors import WireError
+from actors.records import SlotState, SlotUse, Usage
+from actors.records import encode as encode_record
+
+LIMIT = 1 << 20
+USAGE = encode_record(Usage(
+    timings={"cache_n": 3}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=10,
+    completion_tokens=2, finish_reason="stop",
+))  # fmt: skip
+SAMPLES: list[Any] = [
+    p.Ping(), p.Pong(), p.Bye(), p.Open(1, "s", True), p.Opened(2, "s", False, 7),
+    p.Close(3, "s"), p.Ok(4), p.Turn(5, "s", "hi"), p.Cancel(5),
+    p.Approve(5, 2, "once", "", "fine"), p.Sessions(6), p.SessionList(6, ("a", "b")),
+    p.ReadLog(7, "s", 3), p.Log(7, (b"\x81\xa1a\x01",), 4, True), p.Status(8),
+    p.StatusReply(8, 123, "ipc:///x", 1.5, 2, ({"name": "s", "busy": True},)), p.Stop(9),
+    p.EventMessage(5, "content", {"text": "x"}),
+    p.Done(5, "answer", 1, 1, False, USAGE, SlotUse("u", 0, SlotState.RESTORED, 10, 2.0, "")),
+    p.Done(5, "answer", 0, 0, True, USAGE, None),
+    p.Error(5, "Cancelled", "Cancelled.", 130), p.Approval(5, 2, "run_command", "{}", "ok?"),
+]  # fmt: skip
+
+
+def test_every_kind_has_a_sample() -> None:
+    assert {type(m) for m in SAMPLES} == set(p.CODEC.kinds)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg: Any) -> None:
+    assert p.decode(p.encode(msg), LIMIT) == msg
+
+
+def _body(msg: Any) -> dict[str, Any]:
+    body: dict[str, Any] = msgpack.unpackb(p.encode(msg))
+    return body
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        ({"v": 2}, "version 2 is not supported"),
+        ({"kind": "nope"}, "unknown message kind 'nope'"),
+        ({"extra": 1}, "turn: unknown field(s) extra"),
+        ({"id": -1}, "turn.id: expected a non-negative integer id"),
+        ({"id": True}, "turn.id"),
+        ({"text": b"bytes"}, "turn.text: expected str, got bytes"),
+    ],
+)
+def test_bad_fields_are_refused_with_what_is_wrong(change: dict[str, Any], text: str) -> None:
+    body = {**_body(p.Turn(5, "s", "hi")), **change}
+    with pytest.raises(WireError, match=text.replace("(", r"\(").replace(")", r"\)")) as caught:
+        p.decode(msgpack.packb(body), LIMIT)
+    if "id" not in change:
+        assert caught.value.id == 5  # the peer can be told which request failed
+
+
+def test_a_missing_field_and_an_oversized_frame_are_refused() -> None:
+    body = _body(p.Turn(5, "s", "hi"))
+    del body["text"]
+    with pytest.raises(WireError, match=r"turn\.text: missing"):
+        p.decode(msgpack.packb(body), LIMIT)
+    with pytest.raises(WireError, match="over the limit of 10 bytes"):
+        p.decode(p.encode(p.Turn(5, "s", "hi")), 10)
+
+
+def _event_samples() -> list[ev.Event]:
+    values = {"str": "x", "int": 3, "bool": True, "float": 0.5, "str | None": None}
+    out = []
+    for cls in typing.get_args(ev.Event):
+        out.append(cls(**{f.name: values[str(f.type)] for f in dataclasses.fields(cls)}))
+    return out
+
+
+@pytest.mark.parametrize("event", _event_samples(), ids=lambda e: type(e).__name__)
+def test_every_event_crosses_the_wire_as_its_json(event: ev.Event) -> None:
+    msg = p.encode_event(9, event)
+    assert msg.event == ev.event_name(event)
+    again = p.decode(p.encode(msg), LIMIT)
+    assert p.decode_event(again) == event
+
+
+def test_a_bad_event_is_refused() -> None:
+    with pytest.raises(WireError, match="unknown event 'boom'"):
+        p.decode_event(p.EventMessage(1, "boom", {}))
+    with pytest.raises(WireError, match="event content: fields must be exactly text"):
+        p.decode_event(p.EventMessage(1, "content", {"text": "a", "more": 1}))
+    with pytest.raises(WireError, match="event content: expected str, got int"):
+        p.decode_event(p.EventMessage(1, "content", {"text": 1}))
+
+
+@pytest.mark.parametrize(
+    ("name", "code"), [("SessionInUse", 5), ("Cancelled", 130), ("TurnLimit", 3),
+                       ("InferError", 4), ("SomethingNew", 2)],
+)  # fmt: skip
+def test_an_error_answer_becomes_the_loopd_error_of_its_name(name: str, code: int) -> None:
+    error = remote_error(p.Error(1, name, "what happened", code))
+    assert type(error).__name__ == name and str(error) == "what happened"
+    assert error.exit_code == code and isinstance(error, errors.LoopdError)
+    if hasattr(errors, name):
+        assert type(error) is getattr(errors, name)
