@@ -54,6 +54,9 @@ FORBIDDEN_IN_CLIENT = (
     "actors.tools.toolbox",
     "pykka",
 )
+# The records check the server's numbers with these (pure functions), so a client reading a
+# log reaches them; the package's __init__ is empty.
+ALLOWED_IN_CLIENT = ("actors.inference", "actors.inference.server_values")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -122,7 +125,7 @@ def violations(imports: dict[str, set[str]]) -> list[str]:
                     bad.append(f"{module} reaches {target} (imported by {via})")
         if _within(module, CLIENT_SIDE):
             for target, via in reach(imports, module).items():
-                if _within(target, FORBIDDEN_IN_CLIENT):
+                if _within(target, FORBIDDEN_IN_CLIENT) and target not in ALLOWED_IN_CLIENT:
                     bad.append(f"{module} reaches {target} (imported by {via})")
         if not _within(module, TOP):
             for target in imports[module]:
