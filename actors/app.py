@@ -105,6 +105,8 @@ def start_app(
         stack.callback(toolbox.close)
         for host, problem in toolbox.problems.items():
             status(f"tool host {host} is not available: {problem}")
+        for warning in toolbox.warnings:
+            status(f"warning: {warning}")
         inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
         stack.callback(inference.stop)
         runtime = Runtime(

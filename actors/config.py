@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from actors.errors import ConfigError
+from actors.tools.providers.sandbox import DEFAULT_ENV
 
 __all__ = [
     "Config",
@@ -28,6 +29,7 @@ __all__ = [
     "LogConfig",
     "LoopConfig",
     "SessionConfig",
+    "ShellConfig",
     "SlotsConfig",
     "ToolsConfig",
     "load",
@@ -102,6 +104,15 @@ class HostConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ShellConfig:
+    """[tools.shell]: where run_command runs (see actors/tools/providers/sandbox.py)."""
+
+    sandbox: Literal["bwrap", "none"] = "bwrap"  # none: no sandbox (warned at start)
+    network: bool = False  # the sandbox keeps the network
+    env: tuple[str, ...] = DEFAULT_ENV  # variables (fnmatch patterns) a command gets
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolsConfig:
     workspace: str = "."
     timeout_s: float = 60.0
@@ -116,6 +127,7 @@ class ToolsConfig:
     standard: bool = True  # start the standard tool hosts
     start_timeout_s: float = 15.0  # how long start-up waits for each host's tool list
     hosts: tuple[HostConfig, ...] = ()
+    shell: ShellConfig = ShellConfig()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -277,6 +289,9 @@ def _check(key: str, annotation: str, value: Any) -> Any:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{key} = {value!r}: must be a list of strings")
         return tuple(value)
+    if ann in _TABLES:  # a sub-table such as [tools.shell]
+        cls = _TABLES[ann]
+        return value if isinstance(value, cls) else _build(cls, value, key)
     if ann == "tuple[HostConfig,...]":
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}: must be an array of tables ([[tools.hosts]])")
@@ -287,6 +302,9 @@ def _check(key: str, annotation: str, value: Any) -> Any:
         _check_hosts(key, hosts)
         return hosts
     raise AssertionError(f"no check for {key}: {annotation}")  # a new field needs a check
+
+
+_TABLES: dict[str, type[Any]] = {"ShellConfig": ShellConfig}
 
 
 def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:

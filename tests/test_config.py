@@ -14,7 +14,17 @@ from actors.config import Config, HostConfig, load, parse
 from actors.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+TOP = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+# every section, sub-tables such as [tools.shell] included, by its dotted name
+SECTIONS = {
+    **TOP,
+    **{
+        f"{name}.{f.name}": cfg._TABLES[str(f.type)]
+        for name, cls in TOP.items()
+        for f in dataclasses.fields(cls)
+        if str(f.type) in cfg._TABLES
+    },
+}
 
 
 def keys() -> list[tuple[str, str, str]]:
@@ -22,8 +32,22 @@ def keys() -> list[tuple[str, str, str]]:
     out = []
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
-            out.append((section, f.name, str(f.type).replace(" ", "")))
+            if str(f.type) not in cfg._TABLES:  # a sub-table: its keys are listed as its own
+                out.append((section, f.name, str(f.type).replace(" ", "")))
     return out
+
+
+def nest(section: str, table: dict[str, Any]) -> dict[str, Any]:
+    """``{"tools": {"shell": table}}`` for section "tools.shell"."""
+    for name in reversed(section.split(".")):
+        table = {name: table}
+    return table
+
+
+def documented(data: dict[str, Any], section: str) -> dict[str, Any]:
+    for name in section.split("."):
+        data = data.get(name, {})
+    return data
 
 
 def bad_values(annotation: str) -> list[Any]:
@@ -56,7 +80,7 @@ def test_the_documented_file_holds_every_key_with_its_default() -> None:
     missing = [
         f"{section}.{key}"
         for section, key, _ in keys()
-        if key != "hosts" and key not in data.get(section, {})
+        if key != "hosts" and key not in documented(data, section)
     ]
     assert missing == [], f"keys not documented in config/loopd.toml: {missing}"
 
@@ -104,7 +128,7 @@ def test_missing_and_invalid_files_name_the_file(tmp_path: Path) -> None:
 )
 def test_every_bad_value_is_refused_with_its_key(section: str, key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as info:
-        parse({section: {key: value}})
+        parse(nest(section, {key: value}))
     assert f"{section}.{key}" in str(info.value)
 
 
@@ -202,3 +226,18 @@ def test_url_and_servers_together_are_refused() -> None:
     assert parse({"inference": {"servers": servers}}).inference.servers == tuple(servers)
     with pytest.raises(ConfigError, match=r"inference\.url and inference\.servers are both set"):
         parse({"inference": {"url": "http://127.0.0.1:8080", "servers": servers}})
+
+
+def test_the_shell_table() -> None:
+    config = parse({"tools": {"shell": {"sandbox": "none", "network": True, "env": ["PATH"]}}})
+    assert config.tools.shell == cfg.ShellConfig(sandbox="none", network=True, env=("PATH",))
+    assert Config().tools.shell.sandbox == "bwrap"
+    assert Config().tools.shell.network is False
+    with pytest.raises(ConfigError, match=r"tools\.shell\.sandbox = 'docker': allowed values"):
+        parse({"tools": {"shell": {"sandbox": "docker"}}})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[tools\.shell\]: nope"):
+        parse({"tools": {"shell": {"nope": 1}}})
+    with pytest.raises(ConfigError, match=r"\[tools\.shell\] must be a table"):
+        parse({"tools": {"shell": 3}})
+    shell = cfg.ShellConfig(network=True)
+    assert Config().replace("tools", shell=shell).tools.shell is shell

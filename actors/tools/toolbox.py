@@ -49,6 +49,7 @@ from actors.tools.client import (
 )
 from actors.tools.keys import load_public, load_secret
 from actors.tools.procs import kill_session, kill_tree, loopd_env
+from actors.tools.providers.sandbox import Sandbox
 from actors.tools.registry import Registry
 
 __all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
@@ -83,6 +84,11 @@ def host_argv(
     ]  # fmt: skip
     if standard:
         argv += ["--tools", *standard]
+    if "run_command" in standard:
+        shell = tools.shell
+        argv += ["--sandbox", shell.sandbox, "--env", *shell.env]
+        if shell.network:
+            argv.append("--network")
     allow = host_allow(tools.allow, tools.deny)  # the rest is decided by the session's rules
     if allow:
         argv += ["--allow", *allow]
@@ -91,6 +97,24 @@ def host_argv(
     if mcp_url:
         argv += ["--mcp-url", mcp_url]
     return tuple(argv)
+
+
+def _shell_warnings(config: Config, workspace: Path) -> list[str]:
+    """What to say at start about run_command's sandbox, when a local host runs it."""
+    tools = config.tools
+    names = [n for _, ns in STANDARD_HOSTS for n in ns] if tools.standard else []
+    names += [n for h in tools.hosts if h.kind == "local" for n in h.tools]
+    if "run_command" not in names:
+        return []
+    shell = tools.shell
+    if shell.sandbox == "none":
+        return [
+            'run_command runs commands without a sandbox (tools.shell.sandbox = "none"): '
+            "they can write anywhere you can, use the network, and outlive loopd if they "
+            "detach (setsid)"
+        ]
+    why = Sandbox(shell.sandbox, shell.network, shell.env).check(os.environ, workspace)
+    return [why] if why else []
 
 
 def _run_dir(given: Path | None) -> tuple[Path, bool]:
@@ -120,6 +144,7 @@ class Toolbox:
         self.ports = ports
         self.registry = Registry(ports)
         self.problems: dict[str, str] = {}
+        self.warnings: list[str] = []  # said at start (e.g. run_command without a sandbox)
         self.run_dir = run_dir
         self._owns_run_dir = owns_run_dir
         self._closed = False
@@ -146,6 +171,7 @@ class Toolbox:
         os.chmod(directory, 0o700)
         box = cls([], directory, owned)
         try:
+            box.warnings += _shell_warnings(config, workspace)
             box._start_hosts(config, workspace)
             box.registry = Registry(box.ports)
             box._wait(tools.start_timeout_s)

@@ -57,14 +57,16 @@ def host_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def spawn_host(
-    endpoint: str, *args: str, log: Path | None = None
+    endpoint: str, *args: str, log: Path | None = None, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A tool host process (its own session); killed with everything it started on exit."""
+    """A tool host process (its own session); killed with everything it started on exit.
+    ``env`` is added to (or, for a key already there, replaces) the host's environment."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "actors.tools.host", "--bind", endpoint,
          "--parent-pid", str(os.getpid()), *args],
-        cwd=ROOT, env=host_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        cwd=ROOT, env={**host_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+        stdout=out, stderr=out,
         start_new_session=True,
     )  # fmt: skip
     try:

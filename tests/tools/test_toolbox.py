@@ -15,13 +15,13 @@ from typing import Any
 import psutil
 import pytest
 
-from actors.config import Config, HostConfig
+from actors.config import Config, HostConfig, ShellConfig
 from actors.errors import ConfigError
 from actors.tools.client import PortState, ToolPort
 from actors.tools.keys import write_keypair
 from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
-from actors.tools.toolbox import Toolbox
+from actors.tools.toolbox import Toolbox, host_argv
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
 
 Make = Callable[..., Toolbox]
@@ -157,7 +157,7 @@ def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
 _DAEMON = """
 import json, sys, time
 from actors.config import Config
-from actors.tools.toolbox import Toolbox
+from actors.tools.toolbox import Toolbox, host_argv
 box = Toolbox.start(Config().replace("tools", workspace=sys.argv[1]))
 print(json.dumps([s.pid for s in box.status().values()]), flush=True)
 time.sleep(300)
@@ -231,3 +231,36 @@ def test_an_mcp_host_runs_an_mcp_server_behind_a_tool_host(make: Make) -> None:
     assert box.problems == {}
     answer = _run(box, "echo", text="through MCP")
     assert answer == wire.Result(answer.id, "through MCP")
+
+
+def test_the_shell_settings_reach_the_host_that_runs_run_command(workspace: Path) -> None:
+    tools = Config().replace("tools", shell=ShellConfig("none", True, ("PATH", "LC_*"))).tools
+    argv = host_argv("shell", "ipc:///x", tools, workspace, standard=("run_command",))
+    at = argv.index("--sandbox")
+    assert argv[at : at + 6] == ("--sandbox", "none", "--env", "PATH", "LC_*", "--network")
+    files = host_argv("files", "ipc:///y", tools, workspace, standard=("read_file",))
+    assert "--sandbox" not in files
+
+
+def test_run_command_without_a_sandbox_is_warned_at_start(make: Make) -> None:
+    box = make(
+        standard=False,
+        hosts=(HostConfig(name="sh", tools=("run_command",)),),
+        shell=ShellConfig(sandbox="none"),
+    )
+    assert len(box.warnings) == 1
+    assert 'run_command runs commands without a sandbox (tools.shell.sandbox = "none")' in (
+        box.warnings[0]
+    )
+    files_only = make(standard=False, hosts=(HostConfig(name="f", tools=("read_file",)),))
+    assert files_only.warnings == []
+
+
+def test_a_missing_bwrap_is_said_at_start(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    with short_dir() as empty:
+        monkeypatch.setenv("PATH", str(empty))
+        box = make(standard=False, hosts=(HostConfig(name="sh", tools=("run_command",)),))
+    assert len(box.warnings) == 1
+    assert "bwrap is not on the PATH" in box.warnings[0]
+    assert "apt-get install bubblewrap" in box.warnings[0]
+

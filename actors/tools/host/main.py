@@ -76,6 +76,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allow-keys", metavar="DIR", help="directory of the .key files of allowed clients"
     )
+    p.add_argument(
+        "--sandbox",
+        choices=["bwrap", "none"],
+        default="bwrap",
+        help="where run_command runs: in bubblewrap (default) or without a sandbox",
+    )
+    p.add_argument(
+        "--network", action="store_true", help="run_command's sandbox keeps the network"
+    )
+    p.add_argument(
+        "--env",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="variables (fnmatch patterns) run_command gets from this host's environment",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -83,13 +99,24 @@ def _parser() -> argparse.ArgumentParser:
 def _providers(args: argparse.Namespace) -> list[ToolProvider]:
     providers: list[ToolProvider] = []
     if args.tools:
+        from actors.tools.providers.sandbox import DEFAULT_ENV, Sandbox
         from actors.tools.providers.standard import StandardTools
         from actors.tools.providers.workspace import Workspace
 
         workspace = Workspace(args.workspace)
+        env = DEFAULT_ENV if args.env is None else tuple(args.env)
+        sandbox = Sandbox(args.sandbox, network=args.network, env=env)
+        if "run_command" in args.tools:
+            if args.sandbox == "none":
+                log.warning("run_command runs commands WITHOUT a sandbox (--sandbox none)")
+            elif why := sandbox.check(os.environ, workspace.root):
+                log.warning("%s", why)
         providers.append(
             StandardTools(
-                args.tools, workspace=workspace, max_output_bytes=args.max_output_bytes
+                args.tools,
+                workspace=workspace,
+                max_output_bytes=args.max_output_bytes,
+                sandbox=sandbox,
             )
         )
     for ref in args.provider:

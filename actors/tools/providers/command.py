@@ -1,11 +1,13 @@
-"""Running one shell command for ``run_command``: captured, capped, and killed with its tree.
+"""Running one command for ``run_command``: captured, capped, and killed with its tree.
 
-The command runs under ``/bin/sh -c`` in a process group of its own (inside the tool host's
-session, see :mod:`actors.tools.procs`). Its output (stdout and stderr together) is read as
-it comes; past ``max_output`` bytes it is still read, so the command never blocks on a full
-pipe, but only counted. On a timeout or a cancel the whole group and every descendant is
-killed. When the shell itself exits, whatever it left running in the background is killed
-too: a command must not leave processes behind in the tool host.
+The command line (``/bin/sh -c``, in bubblewrap or not: see
+:mod:`actors.tools.providers.sandbox`) runs with the environment it is given, in a process
+group of its own (inside the tool host's session, see :mod:`actors.tools.procs`). Its
+output (stdout and stderr together) is read as it comes; past ``max_output`` bytes it is
+still read, so the command never blocks on a full pipe, but only counted. On a timeout or
+a cancel the whole group and every descendant is killed. When the command itself exits,
+whatever it left running in the background is killed too: a command must not leave
+processes behind in the tool host.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import select
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from actors.tools.procs import kill_group
@@ -34,17 +37,19 @@ class CommandOutcome:
 
 
 def run_shell(
-    command: str,
+    argv: Sequence[str],
     *,
     cwd: Path,
+    env: Mapping[str, str],
     timeout_s: float,
     max_output: int,
     cancel: threading.Event | None = None,
 ) -> CommandOutcome:
-    """Run ``command`` to its end, its timeout, or ``cancel``; never leaves a process."""
+    """Run ``argv`` to its end, its timeout, or ``cancel``; never leaves a process."""
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
+        list(argv),
         cwd=cwd,
+        env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

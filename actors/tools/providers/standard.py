@@ -14,6 +14,7 @@ on. ``write_file`` and ``run_command`` change things, so their specs say
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from actors.errors import UsageError
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
+from actors.tools.providers.sandbox import Sandbox
 from actors.tools.providers.web import fetch_url
 from actors.tools.providers.workspace import Opened, Refused, Workspace, kind_of
 
@@ -125,7 +127,14 @@ _MAX_SEARCHED = 8 * 1024 * 1024  # a file larger than this is not searched
 class StandardTools:
     """A ToolProvider running some of the standard tools (see :data:`STANDARD_SPECS`)."""
 
-    def __init__(self, names: list[str], *, workspace: Workspace, max_output_bytes: int) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        *,
+        workspace: Workspace,
+        max_output_bytes: int,
+        sandbox: Sandbox | None = None,
+    ) -> None:
         unknown = [n for n in names if n not in STANDARD_SPECS]
         if unknown:
             raise UsageError(
@@ -134,6 +143,9 @@ class StandardTools:
         self.names = list(dict.fromkeys(names))
         self.workspace = workspace
         self.max_output = max_output_bytes
+        self.sandbox = sandbox if sandbox is not None else Sandbox()
+        self._env = self.sandbox.environment(os.environ)
+        self._bwrap = ""  # the bwrap that passed Sandbox.check (checked again until one does)
         self._run: dict[str, Callable[[Mapping[str, Any], float, threading.Event], Answer]] = {
             "read_file": self._read_file,
             "list_dir": self._list_dir,
@@ -145,7 +157,19 @@ class StandardTools:
         }
 
     def specs(self) -> list[ToolSpec]:
-        return [STANDARD_SPECS[n] for n in self.names]
+        specs = [STANDARD_SPECS[n] for n in self.names]
+        return [self._sandboxed(s) if s.name == "run_command" else s for s in specs]
+
+    def _sandboxed(self, spec: ToolSpec) -> ToolSpec:
+        """run_command's description says what its sandbox allows (so the model knows)."""
+        if self.sandbox.mode == "none":
+            return spec
+        net = "it has the network" if self.sandbox.network else "it has no network"
+        return dataclasses.replace(
+            spec,
+            description=f"{spec.description} It runs in a sandbox: only the workspace and a "
+            f"private /tmp can be written, {net}, and what it starts ends with it.",
+        )
 
     def run(
         self, tool: str, arguments: Mapping[str, Any], timeout_s: float, cancel: threading.Event
@@ -262,10 +286,16 @@ class StandardTools:
     def _run_command(
         self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event
     ) -> Answer:
+        if self.sandbox.mode == "bwrap" and not self._bwrap:
+            why = self.sandbox.check(os.environ, self.workspace.root)
+            if why:
+                return Failed(message=why)
+            self._bwrap = self.sandbox.bwrap(os.environ) or ""
         limit = min(float(a.get("timeout_s", timeout_s)), timeout_s)
         out = run_shell(
-            str(a["command"]),
+            self.sandbox.argv(self._bwrap, str(a["command"]), self.workspace.root),
             cwd=self.workspace.root,
+            env=self._env,
             timeout_s=limit,
             max_output=self.max_output,
             cancel=cancel,

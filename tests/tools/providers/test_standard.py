@@ -8,13 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import psutil
 import pytest
 import zmq
 
 from actors.tools.client import PortSettings, ToolPort, start_port
-from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
+from tests.support.watch import living, wait_until
 from tests.tools.hostkit import short_dir, spawn_host
 
 OUTSIDE_TEXT = "secret outside the workspace"
@@ -160,11 +159,10 @@ def test_run_command_runs_in_the_workspace_and_captures_output(world: World) -> 
     assert cut.endswith("[output cut: 5904 more bytes not shown]")  # 4096 of 10000 shown
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return not is_alive(psutil.Process(pid))
-    except psutil.NoSuchProcess:
-        return True
+def _none_left(*argvs: list[str]) -> bool:
+    """No process runs any of ``argvs`` (found by command line: in the sandbox's own pid
+    namespace the pids a command prints are not the host's)."""
+    return not any(living(argv) for argv in argvs)
 
 
 def test_a_hanging_command_is_killed_with_all_its_children(world: World) -> None:
@@ -177,16 +175,16 @@ def test_a_hanging_command_is_killed_with_all_its_children(world: World) -> None
         in answer.message
     )
     pids = [int(line) for line in answer.message.splitlines() if line.isdigit()]
-    assert len(pids) == 2  # a child, and a grandchild in a subshell
-    assert all(_gone(pid) for pid in pids)
+    assert len(pids) == 2  # a child, and a grandchild in a subshell: both had started
+    wait_until(lambda: _none_left(["sleep", "300.7"], ["sleep", "300.8"]), what="no sleep left")
 
 
 def test_what_a_finished_command_left_running_is_killed(world: World) -> None:
     port, _, _, _ = world
     text = _content(_call(port, "run_command", command="(sleep 302.3 & echo $!); echo done"))
-    code, pid, done = text.splitlines()
+    code, _pid, done = text.splitlines()
     assert (code, done) == ("exit code: 0", "done")
-    assert _gone(int(pid))  # orphaned in the background, and still killed
+    wait_until(lambda: _none_left(["sleep", "302.3"]), what="the orphan to be killed")
 
 
 class _Page(http.server.BaseHTTPRequestHandler):
