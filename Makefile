@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: venv run test lint bench gate clean embedded
+.PHONY: venv run test lint bench eval gate clean embedded
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.bench
 	$(BIN)/python -m scripts.bench
+
+# The embedded model on the fixed tasks of examples/eval/tasks.toml, with a new user's
+# defaults: a table, the pass rate, bench/eval.json. Slow (minutes): not part of `make test`.
+eval: $(VENV)/.embedded
+	$(BIN)/python -m scripts.eval $(TASKS)
 
 gate: lint test
 
