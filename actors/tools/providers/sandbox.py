@@ -3,6 +3,7 @@
 The sandbox (design section 12) is bubblewrap's command line, built here and nowhere else:
 
 - the root file system read-only (``--ro-bind / /``), the workspace read-write on top;
+  ``/proc/sys`` (and the other kernel knobs under ``/proc``) read-only in its own ``/proc``;
 - a private ``/tmp`` and ``/run`` (empty tmpfs: the tool hosts' sockets, the D-Bus and
   Docker sockets and the like are not there to connect to), a minimal ``/dev``, a ``/proc``
   of its own;
@@ -64,6 +65,11 @@ class Sandbox:
         ws = str(workspace)
         argv = [
             bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            # its own /proc is writable: not the kernel's settings in it (a root user's
+            # command could change the machine's sysctls through /proc/sys otherwise)
+            "--ro-bind", "/proc/sys", "/proc/sys",
+            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
+            "--ro-bind-try", "/proc/irq", "/proc/irq", "--ro-bind-try", "/proc/bus", "/proc/bus",
             "--tmpfs", "/tmp", "--tmpfs", "/run",
         ]  # fmt: skip
         if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
