@@ -26,11 +26,12 @@ from rich.markup import escape
 from actors import config as cfg
 from actors.cancel import CancelToken
 from actors.errors import DaemonError, LoopdError, UsageError
-from actors.log import read_records
+from actors.events import TornTail
+from actors.log import read_log
 from actors.outcome import TurnOutcome
 from actors.records import kind_of, to_json
 from actors.session import list_sessions, remove_session, session_path
-from actors.view import JsonView, LiveView, describe, summary
+from actors.view import JsonView, LiveView, describe, summary, torn_tail_left
 
 __all__ = ["main"]
 
@@ -144,7 +145,9 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
 
 
 def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    records = read_records(session_path(config, args.session), name=args.session)
+    records, torn = read_log(session_path(config, args.session), name=args.session)
+    if torn:
+        err.print(f"[yellow]{escape(torn_tail_left(args.session, torn))}[/]", highlight=False)
     if args.json:
         for r in records:
             print(json.dumps(to_json(r), ensure_ascii=False))
@@ -160,7 +163,7 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
 
 @contextlib.contextmanager
 def _session(
-    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None]
+    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None], notice: Any
 ) -> Iterator[Callable[[str, Any], TurnOutcome]]:
     """``turn(message, sink)`` on session ``args.session``: through the daemon when one
     answers (and not ``--local``), else in this process. Both show the same events, the
@@ -177,6 +180,9 @@ def _session(
 
     with start_app(config, status) as app:
         session = app.session(args.session)
+        cut = session.ready().get().cut_bytes
+        if cut:
+            notice(TornTail(session=args.session, cut_bytes=cut))
         yield lambda message, sink: _turn(session, app, message, sink)
 
 
@@ -188,7 +194,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
         lambda s: err.print(f"[dim]{escape(s)}[/]")
     )
-    with _session(args, config, status) as turn:
+    with _session(args, config, status, sink) as turn:
         started = time.monotonic()
         try:
             outcome = turn(args.message, sink)
@@ -213,7 +219,8 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 
 def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = Console()
-    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]")) as turn:
+    notices = LiveView(out)
+    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices) as turn:
         out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
         while True:
             try:

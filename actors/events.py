@@ -27,6 +27,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallStarted",
     "ToolResultEvent",
+    "TornTail",
     "TurnEvent",
     "Waiting",
     "event_name",
@@ -137,13 +138,21 @@ class ApprovalDecided:
     rule: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TornTail:
+    """Opening the session cut a torn last record (a write a crash interrupted)."""
+
+    session: str
+    cut_bytes: int
+
+
 ChatEvent: TypeAlias = (
     Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
 )
-Event: TypeAlias = ChatEvent | TurnEvent
+Event: TypeAlias = ChatEvent | TurnEvent | TornTail
 Sink: TypeAlias = Callable[[Event], None]
 
 _NAMES = {
@@ -154,6 +163,7 @@ _NAMES = {
     ThinkingCapped: "thinking_capped",
     ApprovalRequested: "approval_requested",
     ApprovalDecided: "approval_decided",
+    TornTail: "torn_tail",
 }
 
 

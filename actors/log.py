@@ -43,6 +43,7 @@ from typing import NoReturn
 from actors.errors import LogCorrupt, RecordError, SessionError, SessionLocked
 from actors.files import fsync_dir, write_all
 from actors.records import Approval, Baseline, Record, ToolResult, decode, encode
+from actors.tailscan import next_valid_frame
 
 __all__ = [
     "FSYNC_POLICIES",
@@ -53,6 +54,7 @@ __all__ = [
     "OpenReport",
     "SessionLog",
     "frame",
+    "read_log",
     "read_records",
 ]
 
@@ -64,7 +66,6 @@ FSYNC_POLICIES = ("always", "turn", "never")
 
 _FRAME = struct.Struct("<II")
 _fdatasync = getattr(os, "fdatasync", os.fsync)
-_MAP_STARTS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # msgpack fixmap, map16, map32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,6 +223,11 @@ def read_records(path: Path, *, name: str = "") -> tuple[Record, ...]:
     For readers (``loopd log show``) that may run while the session is open elsewhere:
     a torn tail (or a record being appended right now) is left out, not cut.
     """
+    return read_log(path, name=name)[0]
+
+
+def read_log(path: Path, *, name: str = "") -> tuple[tuple[Record, ...], int]:
+    """:func:`read_records`, and how many bytes follow the last whole record (a torn tail)."""
     path = Path(path)
     name = name or path.parent.name
     where = f"session {name} ({path})"
@@ -230,11 +236,11 @@ def read_records(path: Path, *, name: str = "") -> tuple[Record, ...]:
     except FileNotFoundError:
         raise SessionError(f"session {name} does not exist ({path})") from None
     _check_header(data, where)
-    records, _ = _replay(data, where)
+    records, end = _replay(data, where)
     if not records:
         raise SessionError(f"{where} has no baseline record (its creation was interrupted)")
     _check_first(records[0], where)
-    return tuple(records)
+    return tuple(records), len(data) - end
 
 
 # --- open helpers ---------------------------------------------------------------------
@@ -412,19 +418,6 @@ def _replay(data: bytes, where: str) -> tuple[list[Record], int]:
 
 
 def _next_valid_frame(data: bytes, start: int) -> int | None:
-    """The first offset >= start where a plausible frame with a matching CRC begins."""
-    n = len(data)
-    view = memoryview(data)
-    unpack = _FRAME.unpack_from
-    for q in range(start, n - 8):
-        length, crc = unpack(data, q)
-        # Every record is a msgpack map: checking its first byte before the CRC keeps this
-        # scan cheap over a large torn record whose bytes look like small lengths.
-        if (
-            0 < length <= n - q - 8
-            and (data[q + 8] in _MAP_STARTS)
-            and zlib.crc32(view[q + 8 : q + 8 + length]) == crc
-        ):
-            return q
-    return None
-
+    """The first offset >= start where a plausible frame with a matching CRC begins
+    (in linear time, whatever the bytes: :mod:`actors.tailscan`)."""
+    return next_valid_frame(data, start, MAX_RECORD)

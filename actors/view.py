@@ -22,7 +22,7 @@ from actors import events as ev
 from actors import records as rec
 from actors.outcome import TurnOutcome
 
-__all__ = ["JsonView", "LiveView", "describe", "summary"]
+__all__ = ["JsonView", "LiveView", "describe", "summary", "torn_tail", "torn_tail_left"]
 
 
 def summary(outcome: TurnOutcome, seconds: float) -> str:
@@ -38,6 +38,19 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
         f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
     )
+
+
+def torn_tail(session: str, cut_bytes: int) -> str:
+    """What opening a session says when it cut a torn last record."""
+    return (f"session {session}: the log ended in a torn record (a write cut short by a crash); "
+            f"cut {cut_bytes:,} bytes, every whole record kept")
+
+
+def torn_tail_left(session: str, torn_bytes: int) -> str:
+    """What ``loopd log show`` says of bytes after the last whole record (it cuts nothing)."""
+    return (f"session {session}: the log ends in {torn_bytes:,} bytes that are not a whole "
+            "record (a write cut short by a crash, or one being written now); not shown: the "
+            "session's next run or chat cuts them")
 
 
 def _short(text: str | None, limit: int = 160) -> str:
@@ -139,6 +152,9 @@ class LiveView:
                     f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
                     highlight=False,
                 )
+            case ev.TornTail(session=session, cut_bytes=cut):
+                self._switch("")
+                self.console.print(f"[yellow]{escape(torn_tail(session, cut))}[/]")
             case ev.ThinkingCapped(cap=cap):
                 self._switch("")
                 self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
