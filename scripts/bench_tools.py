@@ -103,7 +103,7 @@ class _Floor:
     def call(self) -> None:
         self.id += 1
         req = {"v": 1, "kind": "request", "id": self.id, "session": "bench", "call": self.id,
-               "tool": "echo", "arguments": {"text": "hello"}}  # fmt: skip
+               "tool": "echo", "arguments": {"text": "hello"}, "approved": False}  # fmt: skip
         self.sock.send(msgpack.packb(req))  # the same frame loopd's wire format makes
         reply = msgpack.unpackb(self.sock.recv())
         assert reply["content"] == "hello"
