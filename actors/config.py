@@ -223,13 +223,14 @@ _WEEK = 7 * 24 * 3600
 _MAXIMUM: dict[str, float] = {
     **{f"{section}.{f.name}": _WEEK
        for section, cls in (("inference", InferenceConfig), ("tools", ToolsConfig),
-                            ("embedded", EmbeddedConfig))
+                            ("embedded", EmbeddedConfig), ("daemon", DaemonConfig))
        for f in dataclasses.fields(cls) if f.name.endswith("_s")},
     "inference.retries": 100,
     "inference.parallel": 64,
     "tools.max_concurrent_calls": 256,
     "tools.max_frame_bytes": 1024**3,
     "tools.max_output_bytes": 1024**3,
+    "daemon.max_frame_bytes": 1024**3,
     "embedded.threads": 1024,
     "embedded.slots": 64,
     "embedded.ctx_size": 1 << 24,

@@ -31,7 +31,7 @@ from typing import Any, cast
 import zmq
 
 from actors.cancel import CancelToken
-from actors.errors import LoopdError, SessionError, WireError
+from actors.errors import DaemonError, LoopdError, SessionError, WireError
 from actors.events import Event
 from actors.log import read_records
 from actors.outcome import TurnOutcome
@@ -199,6 +199,9 @@ class Server:
                     token = client.turns.get(rid)
                 if token is not None:
                     token.cancel()
+            case p.Turn() | p.Open() if self._stop:
+                stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
+                self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
                 self._start_turn(peer, client, msg)
             case p.Open() | p.Close() | p.Sessions() | p.ReadLog():

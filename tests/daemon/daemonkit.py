@@ -37,19 +37,26 @@ def env() -> dict[str, str]:
     return e
 
 
-def daemon_config(root: Path, run_dir: Path, url: str, **daemon: Any) -> Path:
-    """Write ``root/loopd.toml`` for the daemon and its clients; its path."""
-    workspace = root / "ws"
+def daemon_config(
+    root: Path, run_dir: Path, url: str, *, workspace: Path | None = None,
+    sections: dict[str, dict[str, Any]] | None = None, **daemon: Any,
+) -> Path:  # fmt: skip
+    """Write ``root/loopd.toml`` for the daemon and its clients; its path. ``workspace``:
+    another config's (default ``root/ws``); ``sections``: more keys, by section."""
+    workspace = workspace or root / "ws"
+    root.mkdir(parents=True, exist_ok=True)
     workspace.mkdir(exist_ok=True)
     (workspace / "notes.txt").write_text("hello from the workspace\n")
     keys = {"runtime_dir": str(run_dir), "heartbeat_s": 0.2, **daemon}
+    more = [f"[{name}]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in table.items())
+            for name, table in (sections or {}).items()]  # fmt: skip
     lines = [
         "[inference]", f'url = "{url}"', "retries = 1", "backoff_s = 0.01", "timeout_s = 30",
         "[log]", f'dir = "{root / "sessions"}"', 'fsync = "always"',
         "[tools]", "standard = false", f'workspace = "{workspace}"', "timeout_s = 30",
         "heartbeat_s = 0.5", 'allow = ["run_command", "write_file"]',
         "[[tools.hosts]]", 'name = "tools"', f"tools = {TOOLS!r}".replace("'", '"'),
-        "[daemon]", *(f"{k} = {_toml(v)}" for k, v in keys.items()),
+        "[daemon]", *(f"{k} = {_toml(v)}" for k, v in keys.items()), *more,
     ]  # fmt: skip
     path = root / "loopd.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -107,6 +114,11 @@ class Daemon:
             return [c for c in psutil.Process(self.pid).children(recursive=True) if is_alive(c)]
         except psutil.Error:
             return []
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(30)
 
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM, and its exit code (fails past ``timeout``)."""

@@ -11,13 +11,23 @@ turn 4 of the same kind compare equal.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+import time
+from pathlib import Path
 from typing import Any
 
-from actors.records import CacheLoss, Record, ToolResult, Usage, User, to_json
+import psutil
 
-__all__ = ["check_calls", "shape", "split_turns", "turn_number"]
+from actors.log import SessionLog, read_records
+from actors.records import CacheLoss, Record, ToolResult, Usage, User, to_json
+from actors.tools.procs import is_alive, kill_tree
+
+__all__ = ["FULL_TURN", "Checker", "check_calls", "shape", "split_turns", "turn_number",
+           "wait_gone"]
+
+FULL_TURN = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 
 _TURN = re.compile(r"turn[ -]\d+")
 _DROP = {"time": None, "created": None}
@@ -62,3 +72,61 @@ def check_calls(records: tuple[Record, ...]) -> None:
     """Call numbers in the log only grow: each tool result has a number of its own."""
     calls = [r.call for r in records if isinstance(r, ToolResult)]
     assert calls == sorted(set(calls)), f"tool call numbers repeat or go back: {calls}"
+
+
+def wait_gone(procs: list[psutil.Process], bound: float) -> float:
+    """Seconds until every process in ``procs`` is gone; fails past ``bound`` (killing them)."""
+    start = time.monotonic()
+    while True:
+        alive = [p for p in procs if is_alive(p)]
+        if not alive:
+            return time.monotonic() - start
+        if time.monotonic() - start > bound:
+            for p in alive:
+                kill_tree(p.pid)
+            raise AssertionError(f"processes outlived the killed daemon: {alive}")
+        time.sleep(0.01)
+
+
+class Checker:
+    """Checks the session after each kill against the clean run, and counts what it saw."""
+
+    def __init__(self, path: Path, reference: list[list[str]], name: str) -> None:
+        self.path = path
+        self.name = name
+        self.reference = reference
+        self.previous: tuple[Record, ...] = ()
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def check(self, kills: int) -> list[tuple[int, list[Record]]]:
+        seen = read_records(self.path, name=self.name)  # a reader, while nobody holds it
+        log, report = SessionLog.open(self.path, fsync="never")
+        with log:
+            records = log.records
+        if report.cut_bytes:
+            self.stats["torn tails cut"] += 1
+        assert records == seen, "the reader and the reopened session disagree"
+        assert records[: len(self.previous)] == self.previous, "a durable record changed"
+        check_calls(records)
+        turns = split_turns(records)
+        assert [n for n, _ in turns] == list(range(1, len(turns) + 1)), "turns skipped"
+        unfinished = 0
+        for n, rs in turns:
+            want = self.reference[(n - 1) % len(self.reference)]
+            got = [shape(r) for r in rs]
+            assert got == want[: len(got)], f"turn {n} is not a prefix of a clean run's"
+            unfinished += len(got) < len(want)
+        assert unfinished <= kills, "a turn was left unfinished by a life that was not killed"
+        self.previous = records
+        return turns
+
+    def landed(self, before: int, turns: list[tuple[int, list[Record]]]) -> None:
+        """Where the last kill landed: mid-turn after which record, or between turns."""
+        last = turns[-1][1]
+        if len(last) == len(FULL_TURN):
+            self.stats["between turns"] += 1
+        else:
+            self.stats[f"mid-turn after {type(last[-1]).__name__}"] += 1
+        self.stats["turns written"] = len(turns)
+        self.stats["records written"] = len(self.previous)
+        del before

@@ -21,7 +21,6 @@ After every kill:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import queue
@@ -37,10 +36,10 @@ from types import TracebackType
 
 import psutil
 
-from actors.log import SessionLog, read_records
-from actors.records import Assistant, Record, ToolResult, Usage, User
+from actors.log import read_records
+from actors.records import Assistant, ToolResult, Usage, User
 from actors.tools.procs import is_alive, kill_tree
-from tests.faults.crash import check_calls, shape, split_turns
+from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
@@ -50,7 +49,6 @@ SEED = int(os.environ.get("LOOPD_CRASH_SEED", "20261202"))
 KILLS = int(os.environ.get("LOOPD_CRASH_KILLS", "25"))
 EARLY = 0.2  # share of lives killed during start-up
 HOST_EXIT_BOUND_S = 10.0  # a hang guard, not a timing: hosts check their parent every 0.25 s
-FULL_TURN = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 
 
 class Child:
@@ -125,20 +123,6 @@ def hosts_of(pid: int) -> list[psutil.Process]:
     return [p for p in found if is_alive(p)]
 
 
-def wait_gone(procs: list[psutil.Process], bound: float) -> float:
-    """Seconds until every process in ``procs`` is gone; fails past ``bound`` (killing them)."""
-    start = time.monotonic()
-    while True:
-        alive = [p for p in procs if is_alive(p)]
-        if not alive:
-            return time.monotonic() - start
-        if time.monotonic() - start > bound:
-            for p in alive:
-                kill_tree(p.pid)
-            raise AssertionError(f"processes outlived the killed daemon: {alive}")
-        time.sleep(0.01)
-
-
 @contextlib.contextmanager
 def leftovers_killed() -> Iterator[None]:
     """Whatever this test started and left running is killed at the end, even on failure."""
@@ -161,49 +145,6 @@ def reference_turns(url: str, log_dir: Path, workspace: Path) -> list[list[str]]
     return [[shape(r) for r in records] for _, records in turns]
 
 
-class Checker:
-    """Checks the session after each kill against the clean run, and counts what it saw."""
-
-    def __init__(self, path: Path, reference: list[list[str]]) -> None:
-        self.path = path
-        self.reference = reference
-        self.previous: tuple[Record, ...] = ()
-        self.stats: collections.Counter[str] = collections.Counter()
-
-    def check(self, kills: int) -> list[tuple[int, list[Record]]]:
-        seen = read_records(self.path, name=SESSION)  # a reader, while nobody holds it
-        log, report = SessionLog.open(self.path, fsync="never")
-        with log:
-            records = log.records
-        if report.cut_bytes:
-            self.stats["torn tails cut"] += 1
-        assert records == seen, "the reader and the reopened session disagree"
-        assert records[: len(self.previous)] == self.previous, "a durable record changed"
-        check_calls(records)
-        turns = split_turns(records)
-        assert [n for n, _ in turns] == list(range(1, len(turns) + 1)), "turns skipped"
-        unfinished = 0
-        for n, rs in turns:
-            want = self.reference[(n - 1) % len(self.reference)]
-            got = [shape(r) for r in rs]
-            assert got == want[: len(got)], f"turn {n} is not a prefix of a clean run's"
-            unfinished += len(got) < len(want)
-        assert unfinished <= kills, "a turn was left unfinished by a life that was not killed"
-        self.previous = records
-        return turns
-
-    def landed(self, before: int, turns: list[tuple[int, list[Record]]]) -> None:
-        """Where the last kill landed: mid-turn after which record, or between turns."""
-        last = turns[-1][1]
-        if len(last) == len(FULL_TURN):
-            self.stats["between turns"] += 1
-        else:
-            self.stats[f"mid-turn after {type(last[-1]).__name__}"] += 1
-        self.stats["turns written"] = len(turns)
-        self.stats["records written"] = len(self.previous)
-        del before
-
-
 def test_sigkill_at_random_moments_loses_nothing_and_the_next_turn_works(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     workspace = tmp_path / "ws"
@@ -213,7 +154,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_the_next_turn_works(tmp_pat
     host_exit = 0.0
     with leftovers_killed(), FakeLlama(agent()) as fake:
         reference = reference_turns(fake.url, tmp_path / "reference", workspace)
-        checker = Checker(log_dir / SESSION / "log.bin", reference)
+        checker = Checker(log_dir / SESSION / "log.bin", reference, SESSION)
         for life in range(KILLS):
             early = life > 0 and rng.random() < EARLY
             with Child(fake.url, log_dir, workspace) as child:
