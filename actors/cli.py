@@ -173,7 +173,9 @@ def _session(
     client = None if args.local else find_daemon(config)
     if client is not None:
         with client:
-            client.open(args.session)
+            cut = client.open(args.session).cut_bytes
+            if cut:
+                notice(TornTail(session=args.session, cut_bytes=cut))
             yield lambda message, sink: client.turn(args.session, message).run(sink)
         return
     from actors.app import start_app

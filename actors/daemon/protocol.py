@@ -62,13 +62,15 @@ kind            fields                                         answer
 Messages, daemon to client
 --------------------------
 - ``pong``: (none).
-- ``opened``: ``id``, ``session``, ``created`` bool, ``records`` int (in its log).
+- ``opened``: ``id``, ``session``, ``created`` bool, ``records`` int (in its log),
+  ``cut_bytes`` int (a torn last record, left by a crash, that opening cut; 0: none. A
+  ``turn`` that opens its session sends this as a ``torn_tail`` event instead).
 - ``ok``: ``id``.
 - ``event``: ``id`` (of the turn), ``event`` text, ``data`` map: one event of the turn as it
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
-  ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``
-  and ``approval_requested`` (see ``actors/events.py`` for each one's fields).
+  ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
+  ``torn_tail`` and ``approval_requested`` (see ``actors/events.py`` for each one's fields).
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
   ``Usage`` record in the log's own encoding, design section 2: a msgpack map with
@@ -140,6 +142,7 @@ class Opened:
     session: str
     created: bool
     records: int
+    cut_bytes: int  # a torn last record cut when the daemon opened the log (0: none)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -308,7 +311,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
     "pong": {},
     "bye": {},
     "open": _f(id=wire_id, session=_STR, create=_BOOL),
-    "opened": _f(id=wire_id, session=_STR, created=_BOOL, records=wire_id),
+    "opened": _f(id=wire_id, session=_STR, created=_BOOL, records=wire_id, cut_bytes=wire_id),
     "close": _f(id=wire_id, session=_STR),
     "ok": _f(id=wire_id),
     "turn": _f(id=wire_id, session=_STR, text=_STR),

@@ -32,7 +32,7 @@ import zmq
 
 from actors.cancel import CancelToken
 from actors.errors import DaemonError, LoopdError, SessionError, WireError
-from actors.events import Event
+from actors.events import Event, TornTail
 from actors.log import read_records
 from actors.outcome import TurnOutcome
 from actors.records import encode as encode_record
@@ -270,8 +270,8 @@ class Server:
     def _answers(self, peer: bytes, msg: p.Message) -> list[p.Message]:
         match msg:
             case p.Open(id=rid, session=name, create=create):
-                created, count = self.sessions.attach(peer, name, create)
-                return [p.Opened(rid, name, created, count)]
+                created, count, cut = self.sessions.attach(peer, name, create)
+                return [p.Opened(rid, name, created, count, cut)]
             case p.Close(id=rid, session=name):
                 self.sessions.detach(peer, name)
                 return [p.Ok(rid)]
@@ -313,7 +313,9 @@ class Server:
         name, rid = msg.session, msg.id
         try:
             if not self.sessions.is_attached(peer, name):
-                self.sessions.attach(peer, name, create=True)
+                _, _, cut = self.sessions.attach(peer, name, create=True)
+                if cut:
+                    self._post(peer, p.encode_event(rid, TornTail(session=name, cut_bytes=cut)))
             proxy = self.sessions.begin_turn(peer, name)
         except LoopdError as e:
             self._end_turn(client, rid)

@@ -19,7 +19,7 @@ import pykka
 from actors.app import App
 from actors.errors import SessionInUse, UsageError
 from actors.records import Record
-from actors.session import open_session, session_path
+from actors.session import open_session
 
 __all__ = ["Sessions"]
 
@@ -42,19 +42,20 @@ class Sessions:
         self._lock = threading.RLock()
         self._open: dict[str, _Entry] = {}
 
-    def attach(self, client: bytes, name: str, create: bool) -> tuple[bool, int]:
-        """Attach ``name`` to ``client`` (opening it); (created, records in its log)."""
+    def attach(self, client: bytes, name: str, create: bool) -> tuple[bool, int, int]:
+        """Attach ``name`` to ``client`` (opening it); (created, records in its log, bytes of
+        a torn tail that opening cut)."""
         with self._lock:  # held while opening: two clients cannot both open one session
             entry = self._open.get(name)
             if entry is not None:
                 if entry.client != client:
                     raise SessionInUse(name)
-                return False, len(entry.proxy.records().get(timeout=_STOP_S))
-            existed = session_path(self.app.config, name).is_file()
+                return False, len(entry.proxy.records().get(timeout=_STOP_S)), 0
             baseline = self.app.baseline() if create else None
             proxy = open_session(self.app.config, name, baseline=baseline)
             self._open[name] = _Entry(proxy, client)
-            return not existed, len(proxy.records().get(timeout=_STOP_S))
+            report = proxy.ready().get(timeout=_STOP_S)
+            return report.created, report.records, report.cut_bytes
 
     def begin_turn(self, client: bytes, name: str) -> Any:
         """The actor of ``name`` for a turn of ``client`` (who must have it attached)."""

@@ -30,6 +30,7 @@ from actors.tools.keys import load_public, load_secret, write_keypair
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
+from tests.support.watch import wait_until
 from tests.tools.hostkit import raw_dealer, short_dir
 
 
@@ -249,3 +250,34 @@ def test_a_curve_client_with_an_unknown_key_gets_nothing(
             assert plain.poll(500) == 0
         assert not (Path(cfg.load(config).log_dir) / "stolen").exists()
         assert "refused a client with unknown key" in daemon.text()
+
+
+def _tear(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"\x40\x00\x00\x00\x00\x00\x00\x00partial")  # a write a crash cut short
+
+
+def _released(daemon: Daemon, session: str) -> None:
+    def free() -> bool:
+        with daemon.client() as client:
+            return session not in [row["name"] for row in client.status().sessions]
+
+    wait_until(free, 20, f"the daemon to close session {session}")
+
+
+def test_a_torn_tail_cut_by_the_daemon_is_shown_as_in_process(daemon: Daemon) -> None:
+    path = daemon.config.log_dir / "torn" / "log.bin"
+    assert cli(daemon.config_path, "run", "t1 :: list_dir {}", "--session", "torn").returncode == 0
+    shown = []
+    for n, extra in ((2, ()), (3, ("--local",))):
+        _released(daemon, "torn")
+        _tear(path)
+        shown.append(cli(daemon.config_path, "run", f"t{n} :: list_dir {{}}", "--session",
+                         "torn", *extra))  # fmt: skip
+    said = [re.findall(r"session torn: the log ended in a torn record.*?kept", " ".join(
+        r.stderr.split())) for r in shown]  # fmt: skip
+    assert said[0] == said[1] and len(said[0]) == 1 and "cut 15 bytes" in said[0][0]
+    _tear(path)
+    with daemon.client() as client:  # a turn that opens its session says it as an event
+        events = list(client.turn("torn", "t4 :: list_dir {}"))
+    assert type(events[0]).__name__ == "TornTail" and events[0].cut_bytes == 15

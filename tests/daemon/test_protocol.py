@@ -23,7 +23,7 @@ USAGE = encode_record(Usage(
     completion_tokens=2, finish_reason="stop",
 ))  # fmt: skip
 SAMPLES: list[Any] = [
-    p.Ping(), p.Pong(), p.Bye(), p.Open(1, "s", True), p.Opened(2, "s", False, 7),
+    p.Ping(), p.Pong(), p.Bye(), p.Open(1, "s", True), p.Opened(2, "s", False, 7, 0),
     p.Close(3, "s"), p.Ok(4), p.Turn(5, "s", "hi"), p.Cancel(5),
     p.Approve(5, 2, "once", "", "fine"), p.Sessions(6), p.SessionList(6, ("a", "b")),
     p.ReadLog(7, "s", 3), p.Log(7, (b"\x81\xa1a\x01",), 4, True), p.Status(8),
