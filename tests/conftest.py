@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from collections.abc import Iterator
 
 import pykka
@@ -51,7 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = config.getoption("hypothesis_seed")
     profile = settings.get_current_profile_name()
-    return f"hypothesis: profile {profile}, seed {seed} (replay: --hypothesis-seed={seed})"
+    bwrap = shutil.which("bwrap")
+    return [
+        f"hypothesis: profile {profile}, seed {seed} (replay: --hypothesis-seed={seed})",
+        f"bubblewrap: {bwrap}" if bwrap else "bubblewrap: not found; the tests that run "
+        "run_command fail (apt-get install bubblewrap)",
+    ]

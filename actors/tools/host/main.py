@@ -105,7 +105,9 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
 
         workspace = Workspace(args.workspace)
         env = DEFAULT_ENV if args.env is None else tuple(args.env)
-        sandbox = Sandbox(args.sandbox, network=args.network, env=env)
+        # the directory of this host's ipc socket (the daemon's run directory) is hidden
+        hide = (os.path.dirname(args.bind[6:]),) if args.bind.startswith("ipc://") else ()
+        sandbox = Sandbox(args.sandbox, network=args.network, env=env, hide=hide)
         if "run_command" in args.tools:
             if args.sandbox == "none":
                 log.warning("run_command runs commands WITHOUT a sandbox (--sandbox none)")

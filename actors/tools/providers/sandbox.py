@@ -5,8 +5,8 @@ The sandbox (design section 12) is bubblewrap's command line, built here and now
 - the root file system read-only (``--ro-bind / /``), the workspace read-write on top;
   ``/proc/sys`` (and the other kernel knobs under ``/proc``) read-only in its own ``/proc``;
 - a private ``/tmp`` and ``/run`` (empty tmpfs: the tool hosts' sockets, the D-Bus and
-  Docker sockets and the like are not there to connect to), a minimal ``/dev``, a ``/proc``
-  of its own;
+  Docker sockets and the like are not there to connect to; ``hide`` empties the directory
+  of the host's own socket wherever it is), a minimal ``/dev``, a ``/proc`` of its own;
 - every namespace bubblewrap can unshare (``--unshare-all``: pid, ipc, uts, cgroup, user
   where needed, and the network unless ``tools.shell.network = true``), so a ``setsid``
   child dies with the command; ``--die-with-parent``, so nothing outlives the tool host;
@@ -44,6 +44,7 @@ class Sandbox:
     mode: Literal["bwrap", "none"] = "bwrap"
     network: bool = False
     env: tuple[str, ...] = DEFAULT_ENV
+    hide: tuple[str, ...] = ()  # directories shown empty (the tool host's own socket's)
 
     def environment(self, source: Mapping[str, str]) -> dict[str, str]:
         """The variables of ``source`` that the allow-list names; nothing else."""
@@ -76,7 +77,17 @@ class Sandbox:
             argv += ["--tmpfs", "/var/run"]
         if self.network:
             argv += ["--ro-bind-try", _DNS, _DNS]
-        argv += ["--bind", ws, ws, "--chdir", ws, "--unshare-all"]
+        # a hidden directory that holds the workspace is emptied before the workspace is
+        # bound into it; one inside the workspace after; the workspace itself never
+        inside = [h for h in self.hide if Path(h).is_relative_to(workspace)]
+        for path in self.hide:
+            if path not in inside:
+                argv += ["--tmpfs", path]
+        argv += ["--bind", ws, ws]
+        for path in inside:
+            if Path(path) != workspace:
+                argv += ["--tmpfs", path]
+        argv += ["--chdir", ws, "--unshare-all"]
         if self.network:
             argv.append("--share-net")
         argv += ["--die-with-parent", "--new-session", "--", *shell]

@@ -1,0 +1,117 @@
+"""Sandbox's own rules: the environment it passes, the bwrap command line, and its checks.
+
+The promises, attacked through a real tool host, are in tests/faults/test_sandbox.py; the
+two tests at the end here run bwrap itself (skipped where it cannot run).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from actors.tools.providers.command import run_shell
+from actors.tools.providers.sandbox import DEFAULT_ENV, Sandbox
+
+SOURCE = {
+    "PATH": "/usr/bin:/bin", "HOME": "/home/me", "LANG": "C.UTF-8", "LC_TIME": "C",
+    "OPENAI_API_KEY": "sk-secret", "PYTHONPATH": "/x", "TMPDIR": "/var/tmp/me",
+}  # fmt: skip
+WS = Path("/w/ws")
+
+
+def test_the_environment_is_the_allow_list() -> None:
+    env = Sandbox().environment(SOURCE)
+    assert env == {
+        "PATH": "/usr/bin:/bin", "HOME": "/home/me", "LANG": "C.UTF-8", "LC_TIME": "C",
+        "TMPDIR": "/tmp",  # the private one, not the host's
+    }  # fmt: skip
+    plain = Sandbox("none").environment(SOURCE)  # the same allow-list without a sandbox
+    assert "OPENAI_API_KEY" not in plain
+    assert "TMPDIR" not in plain  # not allowed, and no private /tmp to point at
+    assert Sandbox(env=("HOME",)).environment({"HOME": "/h"}) == {
+        "HOME": "/h", "PATH": os.defpath, "TMPDIR": "/tmp",
+    }  # fmt: skip  # a command always has a PATH
+    assert "LC_*" in DEFAULT_ENV
+
+
+def test_without_a_sandbox_the_command_line_is_the_shell() -> None:
+    assert Sandbox("none").argv("", "echo hi", WS) == ["/bin/sh", "-c", "echo hi"]
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_the_bwrap_command_line() -> None:
+    argv = Sandbox().argv("/usr/bin/bwrap", "echo hi", WS)
+    assert argv[:5] == ["/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev"]
+    assert argv[-4:] == ["--", "/bin/sh", "-c", "echo hi"]
+    assert ["--bind", str(WS), str(WS)] == argv[argv.index("--bind") : argv.index("--bind") + 3]
+    assert {"/tmp", "/run"} <= set(_pairs(argv, "--tmpfs"))
+    assert "/proc/sys" in _pairs(argv, "--ro-bind")
+    for flag in ("--unshare-all", "--die-with-parent", "--new-session"):
+        assert flag in argv
+    assert "--share-net" not in argv
+    assert _pairs(argv, "--chdir") == [str(WS)]
+    assert "--share-net" in Sandbox(network=True).argv("bwrap", "x", WS)
+
+
+def test_hidden_directories_around_and_inside_the_workspace() -> None:
+    sandbox = Sandbox(hide=("/w", "/w/ws/run", str(WS)))
+    argv = sandbox.argv("bwrap", "x", WS)
+    bind = argv.index("--bind")
+    tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
+    around = [argv[i + 1] for i in tmpfs if i < bind]
+    inside = [argv[i + 1] for i in tmpfs if i > bind]
+    assert "/w" in around  # emptied first, then the workspace is bound into it
+    assert inside == ["/w/ws/run"]
+    assert str(WS) not in around + inside  # the workspace itself is never hidden
+
+
+def test_without_bwrap_the_check_says_how_to_install_it(tmp_path: Path) -> None:
+    why = Sandbox().check({"PATH": str(tmp_path)}, tmp_path)
+    assert f"bwrap is not on the PATH ({tmp_path})" in why
+    assert "apt-get install bubblewrap" in why
+    assert 'tools.shell.sandbox = "none"' in why
+    assert Sandbox("none").check({"PATH": str(tmp_path)}, tmp_path) == ""
+
+
+def test_a_bwrap_that_cannot_sandbox_is_explained(tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2; exit 1\n")
+    fake.chmod(0o755)
+    why = Sandbox().check({"PATH": str(fake.parent)}, tmp_path)
+    assert "cannot make its sandbox here: bwrap: No permissions to create new namespace" in why
+    assert "kernel.unprivileged_userns_clone" in why
+
+
+def _real() -> Sandbox:
+    sandbox = Sandbox()
+    if sandbox.check(os.environ, Path.cwd()):
+        pytest.skip("bubblewrap cannot run here")
+    return sandbox
+
+
+def test_a_hidden_directory_is_empty_inside(tmp_path: Path) -> None:
+    """What the tool host does with its own socket's directory, wherever it is (here one
+    under /var/tmp, which the private /tmp does not cover)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    run_dir = Path("/var/tmp") / f"loopd-test-{os.getpid()}"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "host.sock").write_text("")
+    try:
+        sandbox = Sandbox(hide=(str(run_dir),))
+        bwrap = sandbox.bwrap(os.environ) or ""
+        _real()
+        out = run_shell(
+            sandbox.argv(bwrap, f"ls -A {run_dir}; echo end", ws), cwd=ws,
+            env=sandbox.environment(os.environ), timeout_s=20, max_output=1000,
+        )  # fmt: skip
+        assert (out.exit_code, out.output) == (0, b"end\n")
+    finally:
+        (run_dir / "host.sock").unlink()
+        run_dir.rmdir()

@@ -1,0 +1,183 @@
+"""Workspace's own rules, on a real directory tree: the walk, symlinks, kinds of file, links.
+
+The same rules through a real tool host, and the attacks on them (a directory swapped for
+a symlink mid-walk, a FIFO, a hardlink out), are in tests/faults/test_file_faults.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from actors.errors import UsageError
+from actors.tools.providers.workspace import (
+    MultiplyLinked,
+    NotRegular,
+    Opened,
+    OutsideWorkspace,
+    Refused,
+    Workspace,
+)
+
+
+class Tree(NamedTuple):
+    ws: Workspace
+    root: Path
+    outside: Path
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Tree:
+    root, outside = tmp_path / "ws", tmp_path / "out"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside")
+    (root / "a.txt").write_text("a")
+    (root / "sub" / "b.txt").write_text("b")
+    (root / "sub" / "deeper" / "c.txt").write_text("c")
+    (root / "rel_in").symlink_to("sub/b.txt")
+    (root / "abs_in").symlink_to(root / "sub")
+    (root / "up_in").symlink_to("../ws/a.txt")  # leaves the root and comes back: outside
+    (root / "sub" / "parent").symlink_to("..")
+    (root / "out_file").symlink_to(outside / "secret.txt")
+    (root / "out_dir").symlink_to(outside)
+    (root / "loop1").symlink_to("loop2")
+    (root / "loop2").symlink_to("loop1")
+    return Tree(Workspace(root), root, outside)
+
+
+def _read(opened: Opened) -> str:
+    try:
+        return os.pread(opened.fd, 100, 0).decode()
+    finally:
+        opened.close()
+
+
+def test_relative_and_absolute_paths_inside(tree: Tree) -> None:
+    ws, root, _ = tree
+    assert _read(ws.open_read("a.txt")) == "a"
+    assert _read(ws.open_read("./sub//b.txt")) == "b"
+    assert _read(ws.open_read(str(root / "sub" / "deeper" / "c.txt"))) == "c"
+    assert _read(ws.open_read("sub/deeper/../b.txt")) == "b"
+    opened = ws.open_read("sub/deeper/../../a.txt")
+    assert opened.rel == "a.txt"
+    opened.close()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["..", "../out/secret.txt", "sub/../../out/secret.txt", "/etc/passwd", "/", "out_file",
+     "out_dir/secret.txt", "up_in", "sub/parent/../out/secret.txt"],
+)  # fmt: skip
+def test_every_way_out_is_refused(tree: Tree, path: str) -> None:
+    with pytest.raises(OutsideWorkspace, match="outside the workspace"):
+        tree.ws.open_read(path)
+
+
+def test_symlinks_inside_are_followed_by_the_walk_and_named_as_walked(tree: Tree) -> None:
+    ws, _, _ = tree
+    opened = ws.open_read("rel_in")
+    assert (_read(opened), opened.rel) == ("b", "sub/b.txt")
+    opened = ws.open_read("abs_in/deeper/c.txt")
+    assert (_read(opened), opened.rel) == ("c", "sub/deeper/c.txt")
+    top = ws.open_dir("sub/parent")  # ".." from sub: the root itself
+    assert top.rel == "."
+    top.close()
+
+
+def test_a_symlink_loop_is_refused_not_followed_for_ever(tree: Tree) -> None:
+    with pytest.raises(Refused, match="more than 40 symlinks"):
+        tree.ws.open_read("loop1")
+
+
+def test_what_is_not_there_or_not_a_file(tree: Tree) -> None:
+    ws, _, _ = tree
+    with pytest.raises(FileNotFoundError):
+        ws.open_read("missing.txt")
+    with pytest.raises(FileNotFoundError):
+        ws.open_dir("missing")
+    with pytest.raises(IsADirectoryError):
+        ws.open_read("sub")
+    with pytest.raises(IsADirectoryError):
+        ws.open_write(".")
+    with pytest.raises(NotADirectoryError):
+        ws.open_dir("a.txt")
+    with pytest.raises(NotADirectoryError):
+        ws.open_read("a.txt/x")
+    with pytest.raises(OutsideWorkspace, match="NUL"):
+        ws.open_read("a\0b")
+
+
+def test_a_workspace_must_be_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="is not a directory"):
+        Workspace(tmp_path / "nope")
+
+
+def test_fifos_and_sockets_are_refused_without_blocking(tree: Tree) -> None:
+    ws, root, _ = tree
+    os.mkfifo(root / "pipe")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(root / "sock"))
+    try:
+        for opener in (ws.open_read, ws.open_write):
+            with pytest.raises(NotRegular, match="pipe is a FIFO, not a regular file"):
+                opener("pipe")
+            with pytest.raises(NotRegular, match="sock is a socket, not a regular file"):
+                opener("sock")
+    finally:
+        s.close()
+
+
+def test_write_makes_directories_inside_and_writes_only_after_the_checks(tree: Tree) -> None:
+    ws, root, outside = tree
+    opened = ws.open_write("new/dir/f.txt")
+    os.write(opened.fd, b"written")
+    opened.close()
+    assert opened.rel == "new/dir/f.txt"
+    assert (root / "new" / "dir" / "f.txt").read_text() == "written"
+    (root / "a.txt").write_text("long old text")
+    opened = ws.open_write("a.txt")  # emptied once opened and checked
+    opened.close()
+    assert (root / "a.txt").read_text() == ""
+    with pytest.raises(OutsideWorkspace):
+        ws.open_write("out_dir/made/f.txt")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+def test_a_file_with_other_hard_links_is_read_but_never_written(tree: Tree) -> None:
+    ws, root, outside = tree
+    os.link(outside / "secret.txt", root / "hard.txt")
+    with pytest.raises(MultiplyLinked, match=r"hard\.txt has 2 hard links"):
+        ws.open_write("hard.txt")
+    assert (outside / "secret.txt").read_text() == "outside"  # not even emptied
+    assert _read(ws.open_read("hard.txt")) == "outside"
+
+
+def test_files_walks_regular_files_in_name_order_skipping_links_and_named_dirs(
+    tree: Tree,
+) -> None:
+    ws, root, _ = tree
+    os.mkfifo(root / "sub" / "pipe")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "m.js").write_text("m")
+    top = ws.open_dir(".")
+    try:
+        files = ws.files(top, frozenset({"node_modules"}))
+        seen = [(f.rel, os.pread(f.fd, 10, 0).decode()) for f in files]
+    finally:
+        top.close()
+    assert seen == [("a.txt", "a"), ("sub/b.txt", "b"), ("sub/deeper/c.txt", "c")]
+
+
+def test_files_closes_what_it_opened(tree: Tree) -> None:
+    ws, _, _ = tree
+    before = len(os.listdir("/proc/self/fd"))
+    top = ws.open_dir("sub")
+    names = [f.rel for f in ws.files(top)]
+    top.close()
+    assert names == ["sub/b.txt", "sub/deeper/c.txt"]
+    assert len(os.listdir("/proc/self/fd")) == before
