@@ -24,12 +24,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from actors import config as cfg
+from actors.approval import Approver
 from actors.cancel import CancelToken
 from actors.errors import DaemonError, LoopdError, UsageError
 from actors.events import TornTail
 from actors.log import read_log
 from actors.outcome import TurnOutcome
+from actors.prompt import JsonApprover, NoTerminal, TerminalApprover
 from actors.records import kind_of, to_json
+from actors.rules import RuleBook, parse_rules
 from actors.session import list_sessions, remove_session, session_path
 from actors.view import JsonView, LiveView, describe, summary, torn_tail_left
 
@@ -49,13 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
     sub = p.add_subparsers(dest="command", required=True)
     local = "run in this process even when a daemon (loopd serve) answers"
-    chat = sub.add_parser("chat", parents=[common], help="talk with the model, turn by turn")
+    approve = argparse.ArgumentParser(add_help=False)
+    approve.add_argument(
+        "--approve", action="append", default=[], metavar="TOOL[:PREFIX]",
+        help="let calls this rule matches run without asking, in this command only (like "
+        "tools.allow; e.g. --approve 'run_command:git status'); may be repeated",
+    )
+    chat = sub.add_parser("chat", parents=[common, approve],
+                          help="talk with the model, turn by turn")
     chat.add_argument("--session", default="default", help="session name (default: default)")
     chat.add_argument("--local", action="store_true", help=local)
-    run = sub.add_parser("run", parents=[common], help="one turn: the answer on stdout")
+    run = sub.add_parser("run", parents=[common, approve],
+                         help="one turn: the answer on stdout")
     run.add_argument("message")
     run.add_argument("--session", default="default", help="session name (default: default)")
-    run.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    run.add_argument("--json", action="store_true",
+                     help="print the events as JSON lines; approvals are answered with a JSON "
+                     'line on stdin, e.g. {"decision": "once"}')
     run.add_argument("--local", action="store_true", help=local)
     serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
     serve.add_argument("--detach", action="store_true", help="run it in the background")
@@ -163,11 +176,13 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
 
 @contextlib.contextmanager
 def _session(
-    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None], notice: Any
+    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None], notice: Any,
+    approver: Approver,
 ) -> Iterator[Callable[[str, Any], TurnOutcome]]:
     """``turn(message, sink)`` on session ``args.session``: through the daemon when one
     answers (and not ``--local``), else in this process. Both show the same events, the
-    same outcome and the same errors; Ctrl-C cancels the turn either way."""
+    same outcome and the same errors; Ctrl-C cancels the turn either way. In this process,
+    ``approver`` answers the calls that wait for approval (actors.prompt)."""
     from actors.client import find_daemon
 
     client = None if args.local else find_daemon(config)
@@ -180,12 +195,12 @@ def _session(
         return
     from actors.app import start_app
 
-    with start_app(config, status) as app:
+    with start_app(config, status, _approved(args)) as app:
         session = app.session(args.session)
         cut = session.ready().get().cut_bytes
         if cut:
             notice(TornTail(session=args.session, cut_bytes=cut))
-        yield lambda message, sink: _turn(session, app, message, sink)
+        yield lambda message, sink: _turn(session, app, message, sink, approver)
 
 
 def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
@@ -196,7 +211,11 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
         lambda s: err.print(f"[dim]{escape(s)}[/]")
     )
-    with _session(args, config, status, sink) as turn:
+    approver: Approver = (
+        JsonApprover(json_view.line) if json_view
+        else TerminalApprover(err) if sys.stdin.isatty() else NoTerminal()
+    )
+    with _session(args, config, status, sink, approver) as turn:
         started = time.monotonic()
         try:
             outcome = turn(args.message, sink)
@@ -222,7 +241,9 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = Console()
     notices = LiveView(out)
-    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices) as turn:
+    approver: Approver = TerminalApprover(out) if sys.stdin.isatty() else NoTerminal()
+    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
+                  approver) as turn:
         out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
         while True:
             try:
@@ -248,11 +269,20 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 out.print(f"[red]{escape(str(e))}[/]", highlight=False)
 
 
-def _turn(session: Any, app: Any, message: str, sink: Any) -> TurnOutcome:
-    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down.
+def _approved(args: argparse.Namespace) -> RuleBook:
+    """The ``--approve`` rules, checked like tools.allow (UsageError naming the flag)."""
+    try:
+        return RuleBook(parse_rules(args.approve))
+    except ValueError as e:
+        raise UsageError(f"--approve: {e}") from None
+
+
+def _turn(session: Any, app: Any, message: str, sink: Any, approver: Approver) -> TurnOutcome:
+    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down
+    (also while a call waits for approval: ``approver`` sees the cancel, nothing runs).
     SIGTERM does the same, then ends the command once the turn has wound down."""
     cancel = CancelToken()
-    future = session.turn(app.runtime, message, sink, cancel)
+    future = session.turn(app.runtime, message, sink, cancel, approver)
     terminated = False
     while True:
         try:

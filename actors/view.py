@@ -87,7 +87,26 @@ def describe(record: rec.Record) -> str:
                              " truncated" if record.truncated else ""])
             return (f"call {record.call} (id {record.tool_call_id}) {record.class_.value}{flags}: "
                     f"{_short(record.content)}")
+        case rec.Approval():
+            return (f"call {record.call} {record.tool}: " + _decided(
+                record.decision.value, record.scope.value, record.by, record.rule,
+                record.reason))
     raise AssertionError(f"no description for {type(record).__name__}")
+
+
+def _decided(decision: str, scope: str, by: str, rule: str, reason: str) -> str:
+    """One line for an approval decision (the live view and ``loopd log show``)."""
+    if decision != "allow":
+        return f"denied ({by}): {reason}" if reason else f"denied ({by})"
+    if by == "rule":
+        line = f"allowed by the rule {rule}"
+    elif by == "session":
+        line = f"allowed by this session's earlier answer ({rule})"
+    elif scope == "once":
+        line = f"allowed once ({by})"
+    else:
+        line = f"allowed {'for this session' if scope == 'session' else 'always'}: {rule} ({by})"
+    return f"{line}; {reason}" if reason else line
 
 
 def _slot(use: rec.SlotUse | None) -> str:
@@ -158,6 +177,14 @@ class LiveView:
             case ev.ThinkingCapped(cap=cap):
                 self._switch("")
                 self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
+            case ev.ApprovalRequested():
+                self._switch("")  # the approver (actors.prompt) asks on this console
+            case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
+                                    rule=rule):
+                self._switch("")
+                self.console.print(f"  [{'green' if decision == 'allow' else 'yellow'}]"
+                                   f"{escape(_decided(decision, scope, by, rule, reason))}[/]",
+                                   highlight=False)
             case ev.Queued(ahead=ahead, waiting_for=what):
                 self.console.print(
                     f"[dim]queued: waiting for {escape(what)} ({ahead} in line)[/]"

@@ -38,7 +38,7 @@ FORBIDDEN_IN_HOST = (
     "actors.tools.toolbox",
     "pykka",
 )
-TOP = ("actors.cli", "actors.view")
+TOP = ("actors.cli", "actors.view", "actors.prompt")
 CLIENT_SIDE = ("actors.client", "actors.daemon.protocol", "actors.daemon.place")
 FORBIDDEN_IN_CLIENT = (
     "actors.daemon.server",
