@@ -23,6 +23,11 @@ Decisions (design section 4 and the protocol notes):
   messages are asked again with thinking off. Reaching the budget emits ``ThinkingCapped``
   once. Once content or a tool call has started, reasoning is left to finish. The abandoned
   stream's reasoning is kept on the Completion (it was shown, and it counts toward the cap).
+  A request with thinking off (the re-ask, or a turn whose cap is spent) that still streams
+  reasoning before any answer is stopped after ``CONTROL_GRACE`` deltas (InferError,
+  protocol): there is nothing left to fall back on, and it must not run to the timeout.
+- **max_tokens**: a server that streams more than ``max_tokens`` (plus ``CONTROL_GRACE``)
+  pieces is cut off there, and the answer ends as cut (``finish_reason`` "length").
 - **Queueing** is not done here: the inference actors (:mod:`actors.inference.actor`) lend
   each request one of ``inference.parallel`` actors, and a request that finds none idle
   emits ``Queued`` and waits there. The client itself streams whatever it is given.
@@ -349,6 +354,8 @@ class LlamaClient:
         asm = StreamAssembler()
         feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
         budget = request.thinking_budget if request.thinking else None
+        unthinking = not request.thinking  # reasoning here is past the cap: a grace only
+        most = None if request.max_tokens is None else request.max_tokens + CONTROL_GRACE
         seen = 0  # reasoning deltas already checked against the budget
         control_sent = False
         stream = EventSource(response).iter_sse()
@@ -370,6 +377,11 @@ class LlamaClient:
                 if asm.done:
                     _drain(stream, watch)
                     return asm
+                if most is not None and asm.deltas > most:
+                    asm.finish_reason = "length"  # the server ignored max_tokens: cut here
+                    return asm
+                if unthinking and asm.reasoning_deltas > CONTROL_GRACE and not asm.answered:
+                    raise _Failed(_thinking_on(asm.reasoning_deltas), retry=False)
                 if budget is None or asm.reasoning_deltas == seen:
                     continue
                 seen = asm.reasoning_deltas
@@ -502,6 +514,15 @@ def _drain(stream: Iterator[ServerSentEvent], watch: Watch | None) -> None:
     with contextlib.suppress(httpx.HTTPError):
         for _ in stream:
             break  # more after [DONE]: not worth reading, the connection is dropped
+
+
+def _thinking_on(deltas: int) -> InferError:
+    return InferError(
+        InferErrorKind.PROTOCOL,
+        f"the server went on thinking ({deltas} reasoning pieces) with thinking turned off "
+        "(the turn's thinking cap is spent); its model may not support turning thinking off: "
+        "raise loop.thinking_cap, or use a model that can answer without thinking",
+    )
 
 
 def _retryable_status(status: int | None) -> bool:

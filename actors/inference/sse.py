@@ -48,6 +48,7 @@ class StreamAssembler:
     __slots__ = (
         "_calls",
         "_content",
+        "_fragments",
         "_reasoning",
         "_size",
         "done",
@@ -62,6 +63,7 @@ class StreamAssembler:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _Call] = {}
+        self._fragments = 0  # tool-call fragments received
         self._size = 0  # characters of content, reasoning and tool calls so far
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
@@ -71,6 +73,11 @@ class StreamAssembler:
     @property
     def reasoning_deltas(self) -> int:
         return len(self._reasoning)
+
+    @property
+    def deltas(self) -> int:
+        """Reasoning, content and tool-call pieces so far: llama-server sends one per token."""
+        return len(self._reasoning) + len(self._content) + self._fragments
 
     @property
     def answered(self) -> bool:
@@ -187,6 +194,7 @@ class StreamAssembler:
         for text in (call_id, name, args):
             if text:
                 self._grow(text)
+        self._fragments += 1
         call = self._calls.get(index)
         if call is None:
             call = self._calls[index] = _Call(call_id, name)

@@ -1,4 +1,4 @@
-"""A hostile model's response: too many calls, too large, arguments nested too deep.
+"""A hostile model's response: too many calls, too large, nested too deep, never ending.
 
 Found by the attack review (issue 13): one response with 10,000 distinct calls ran them
 all; 70 MB of tool-call arguments escaped as RecordError; arguments nested 100,000 deep
@@ -9,16 +9,21 @@ InferError); deep arguments go back to the model as a text error and the turn go
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 
 from actors.errors import TurnLimit
+from actors.events import Reasoning
+from actors.inference.client import CONTROL_GRACE
 from actors.inference.sse import MAX_RESPONSE_CHARS
 from actors.inference.types import InferError, InferErrorKind
 from actors.records import ToolResult
-from tests.faults.conftest import MakeRig
-from tests.support.fake_llama import FakeLlama, answer
+from tests.faults.conftest import MakeRig, TurnRig
+from tests.support.fake_llama import Conn, FakeLlama, Reply, answer
 
 DEFAULT_CAP = 32  # loop.max_calls_per_response's default
 
@@ -97,3 +102,57 @@ def test_arguments_nested_100000_deep_go_back_to_the_model_as_text(
         assert results[0].content.startswith("The arguments of ")
         assert "not valid JSON" in results[0].content
         assert rig.on_disk() == rig.records
+
+
+# --- endless streams end by a limit, not the timeout ----------------------------------------
+
+LONG = "".join(f"step {i}. " for i in range(200))
+
+
+def endless(field: str) -> Reply:
+    """A 200 stream of ``field`` deltas (reasoning_content, content) that never ends."""
+
+    def serve(conn: Conn) -> None:
+        conn.head(200, "text/event-stream")
+        base = {"id": "chatcmpl-endless", "object": "chat.completion.chunk"}
+        with contextlib.suppress(OSError):
+            while not conn.stopping and not conn.client_gone():
+                conn.event({**base, "choices": [{"index": 0, "delta": {field: "more "}}]})
+        conn.abort()
+
+    return Reply(f"endless {field}", serve)
+
+
+def _capped_rig(turn_rig: MakeRig, url: str, **loop: Any) -> TurnRig:
+    rig = turn_rig(url, timeout_s=60.0)  # a stream that ran to the timeout would fail the test
+    config = rig.config.replace("loop", **loop)
+    rig.runtime = dataclasses.replace(rig.runtime, config=config)
+    return rig
+
+
+def test_the_thinking_off_reask_that_goes_on_thinking_is_stopped(turn_rig: MakeRig) -> None:
+    capped = answer("never", reasoning=LONG, honor_budget=False, control="ignore")
+    with FakeLlama([capped, endless("reasoning_content"), answer("next")]) as fake:
+        rig = _capped_rig(turn_rig, fake.url, thinking_cap=5)
+        with pytest.raises(InferError) as caught:
+            rig.turn("Hi?")
+        assert caught.value.kind is InferErrorKind.PROTOCOL
+        assert "went on thinking" in str(caught.value)
+        assert fake.requests[1]["chat_template_kwargs"] == {"enable_thinking": False}
+        assert len(fake.requests) == 2  # not retried
+        shown = [e for e in rig.events if isinstance(e, Reasoning)]
+        assert len(shown) <= 6 + CONTROL_GRACE + CONTROL_GRACE + 1  # both streams, bounded
+        assert rig.kinds() == ["User"]
+        assert rig.turn("And now?").content == "next"
+
+
+@pytest.mark.parametrize("reask", [False, True], ids=["first request", "thinking-off re-ask"])
+def test_an_endless_answer_is_cut_at_max_tokens(turn_rig: MakeRig, reask: bool) -> None:
+    first = [answer("never", reasoning=LONG, honor_budget=False, control="ignore")] if reask else []
+    with FakeLlama([*first, endless("content"), answer("next")]) as fake:
+        rig = _capped_rig(turn_rig, fake.url, thinking_cap=5, max_tokens=50)
+        outcome = rig.turn("Hi?")
+        assert outcome.cut  # "answer cut at loop.max_tokens", as for a server that honours it
+        assert outcome.content == "more " * (50 + CONTROL_GRACE + 1)
+        assert rig.kinds() == ["User", "Assistant", "Usage"]
+        assert rig.turn("And now?").content == "next"
