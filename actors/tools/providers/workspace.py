@@ -31,6 +31,7 @@ from typing import TypeAlias
 from actors.errors import UsageError
 
 __all__ = [
+    "MAX_DEPTH",
     "MultiplyLinked",
     "NotRegular",
     "Opened",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 _MAX_LINKS = 40  # symlinks followed in one walk, as the kernel's own limit
+MAX_DEPTH = 128  # directory levels Workspace.files goes down (a descriptor is open per level)
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -125,36 +127,45 @@ class Workspace:
 
     def files(self, top: Opened, skip: frozenset[str] = frozenset()) -> Iterator[Opened]:
         """Every regular file under ``top``, opened for reading, in name order; symlinks are
-        not followed and directories named in ``skip`` not entered. Each descriptor is
-        closed when the next one is asked for."""
-        stack: list[tuple[int, str]] = [(os.dup(top.fd), top.rel)]
+        not followed, directories named in ``skip`` or deeper than ``MAX_DEPTH`` not
+        entered. Each descriptor is closed when the next one is asked for; one descriptor
+        per level is open at a time."""
+        stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
+
+        def enter(dfd: int, rel: str) -> None:
+            try:
+                with os.scandir(dfd) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                os.close(dfd)
+                return
+            stack.append((dfd, rel, iter(entries)))
+
+        enter(os.dup(top.fd), top.rel)
         try:
             while stack:
-                dfd, rel = stack.pop()
-                try:
-                    with os.scandir(dfd) as it:
-                        entries = sorted(it, key=lambda e: e.name)
-                    subdirs = []
-                    for e in entries:
-                        name = _join(rel, e.name)
-                        if e.is_dir(follow_symlinks=False):
-                            if e.name not in skip:
-                                with contextlib.suppress(OSError):  # gone, or swapped
-                                    subdirs.append((os.open(e.name, _DIR, dir_fd=dfd), name))
-                        elif e.is_file(follow_symlinks=False):
-                            try:
-                                fd = _open_read(dfd, e.name)
-                            except (OSError, Refused, _Symlink):
-                                continue  # changed under us: not searched
-                            try:
-                                yield Opened(fd, name)
-                            finally:
-                                os.close(fd)
-                    stack.extend(reversed(subdirs))
-                finally:
+                dfd, rel, entries = stack[-1]
+                e = next(entries, None)
+                if e is None:
                     os.close(dfd)
+                    stack.pop()
+                    continue
+                name = _join(rel, e.name)
+                if e.is_dir(follow_symlinks=False):
+                    if e.name not in skip and len(stack) < MAX_DEPTH:
+                        with contextlib.suppress(OSError):  # gone, or swapped for a link
+                            enter(os.open(e.name, _DIR, dir_fd=dfd), name)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        fd = _open_read(dfd, e.name)
+                    except (OSError, Refused, _Symlink):
+                        continue  # changed under us: not searched
+                    try:
+                        yield Opened(fd, name)
+                    finally:
+                        os.close(fd)
         finally:
-            for dfd, _ in stack:
+            for dfd, _, _ in stack:
                 os.close(dfd)
 
     # --- the walk ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ a symlink mid-walk, a FIFO, a hardlink out), are in tests/faults/test_file_fault
 from __future__ import annotations
 
 import os
+import resource
 import socket
 from pathlib import Path
 from typing import NamedTuple
@@ -15,6 +16,7 @@ import pytest
 
 from actors.errors import UsageError
 from actors.tools.providers.workspace import (
+    MAX_DEPTH,
     MultiplyLinked,
     NotRegular,
     Opened,
@@ -181,3 +183,27 @@ def test_files_closes_what_it_opened(tree: Tree) -> None:
     top.close()
     assert names == ["sub/b.txt", "sub/deeper/c.txt"]
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_files_holds_one_descriptor_per_level_and_stops_at_max_depth(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(2000):  # wide: more directories than the process may hold open below
+        (root / f"d{i:04}").mkdir()
+    (root / "d1999" / "last.txt").write_text("x")
+    deep = root / "deep"
+    for _ in range(MAX_DEPTH + 5):
+        deep = deep / "n"
+    deep.mkdir(parents=True)
+    (deep / "too_deep.txt").write_text("x")
+    (deep.parents[10] / "deep_enough.txt").write_text("x")
+    ws = Workspace(root)
+    top = ws.open_dir(".")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512), hard))  # fewer than 2000
+    try:
+        names = [f.rel.rsplit("/", 1)[-1] for f in ws.files(top)]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        top.close()
+    assert names == ["last.txt", "deep_enough.txt"]
