@@ -15,19 +15,21 @@ refuses a loose private key.
 
 :func:`curve_server` makes a ROUTER a CURVE server whose clients are the ``.key`` files of a
 directory (ZAP through ``zmq.auth``): an unknown key is refused in the handshake, so it gets
-no answer at all. The directory is read again when an unknown key knocks (at most once a
-second), so adding a client's ``.key`` file needs no restart.
+no answer at all. At every handshake the directory is looked at (the ``.key`` files' names,
+sizes and times: one listing) and read again when it changed, so adding a client's ``.key``
+file needs no restart and a deleted one is refused from its next connection (a connection
+already open stays: ZAP checks handshakes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
 import os
 import stat
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -123,31 +125,41 @@ class KeyDirectory:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.keys: set[bytes] = set()
-        self.loaded = 0.0
+        self.seen: tuple[tuple[str, int, int, int], ...] | None = None
         from actors.tools.host.server import Complaints  # the host's rate-limited warnings
 
         self._complain = Complaints(logger=log)
         self.reload()
 
+    def _files(self) -> tuple[tuple[str, int, int, int], ...]:
+        """The ``.key`` files as (name, inode, size, mtime): what changes when one does."""
+        found = []
+        with contextlib.suppress(OSError), os.scandir(self.path) as entries:
+            for entry in entries:
+                if entry.name.endswith(".key"):
+                    with contextlib.suppress(OSError):
+                        st = entry.stat()
+                        found.append((entry.name, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(sorted(found))
+
     def reload(self) -> None:
+        files = self._files()
         keys = set()
-        for f in sorted(self.path.glob("*.key")):
+        for name, *_ in files:
             try:
-                public, _ = zmq.auth.load_certificate(f)
+                public, _ = zmq.auth.load_certificate(self.path / name)
                 keys.add(public)
             except (OSError, ValueError) as e:
-                log.warning("allow-keys: skipping %s: %s", f, e)
+                log.warning("allow-keys: skipping %s: %s", self.path / name, e)
         if not keys:
             log.warning("no client keys (*.key) in %s: no client can connect yet", self.path)
-        self.keys, self.loaded = keys, time.monotonic()
+        self.keys, self.seen = keys, files
 
     def callback(self, domain: str, key: bytes) -> bool:
+        if self._files() != self.seen:
+            self.reload()
         if key in self.keys:
             return True
-        if time.monotonic() - self.loaded > 1.0:
-            self.reload()
-            if key in self.keys:
-                return True
         self._complain(
             "refused a client with unknown key %s (not in %s)",
             key.decode(errors="replace"),
