@@ -26,6 +26,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import math
 import os
 import queue
 import socket
@@ -38,19 +39,19 @@ from typing import Any, cast
 import zmq
 
 from actors import errors
+from actors.approval import NO_APPROVER, Approver, Choice, Decision
+from actors.cancel import CancelToken
 from actors.config import Config
 from actors.daemon import protocol as p
 from actors.daemon.place import endpoint as daemon_endpoint
 from actors.errors import DaemonError, LoopdError, WireError
-from actors.events import Event
+from actors.events import ApprovalRequested, Event
 from actors.outcome import TurnOutcome
 from actors.records import Record, Usage
 from actors.records import decode as decode_record
 
-__all__ = ["Approver", "Client", "CurveKeys", "RemoteTurn", "find_daemon"]
+__all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
 
-# Answers an approval request: (decision, scope, reason); see design section 11.
-Approver = Callable[[p.Approval], tuple[str, str, str]]
 CurveKeys = tuple[bytes, bytes, bytes]  # the daemon's public key, our public and secret keys
 
 
@@ -81,6 +82,7 @@ class Client:
         self._ids = itertools.count(1)
         self._waiting: dict[int, queue.SimpleQueue[Any]] = {}
         self._pongs: list[queue.SimpleQueue[Any]] = []
+        self._tokens: dict[int, CancelToken] = {}  # per turn: set on its end or the daemon's
         self._lock = threading.Lock()
         self._outbox: collections.deque[bytes] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -162,7 +164,12 @@ class Client:
     def turn(
         self, session: str, text: str, on_approval: Approver | None = None
     ) -> RemoteTurn:
-        """Start a turn; iterate the result for its events, then read its ``outcome``."""
+        """Start a turn; iterate the result for its events, then read its ``outcome``.
+
+        ``on_approval`` answers the calls that need the person's approval, with the same
+        interface as in-process (:class:`actors.approval.Approver`: the request, a cancel
+        token set when the turn ends or the daemon goes, a deadline); it is called in the
+        thread that iterates. Without one, such calls are denied (nobody to ask)."""
         rid, answers = self._request(lambda r: p.Turn(r, session, text))
         return RemoteTurn(self, rid, answers, on_approval)
 
@@ -193,6 +200,15 @@ class Client:
     def _forget(self, rid: int) -> None:
         with self._lock:
             self._waiting.pop(rid, None)
+            self._tokens.pop(rid, None)
+
+    def _token(self, rid: int) -> CancelToken:
+        token = CancelToken()
+        with self._lock:
+            if self.gone is not None:
+                token.cancel()
+            self._tokens[rid] = token
+        return token
 
     def _send(self, frame: bytes) -> None:
         self._outbox.append(frame)
@@ -251,17 +267,24 @@ class Client:
             for q in pongs:
                 q.put(msg)
             return
+        rid = getattr(msg, "id", -1)
         with self._lock:
-            target = self._waiting.get(getattr(msg, "id", -1))
+            target = self._waiting.get(rid)
+            token = self._tokens.get(rid) if isinstance(msg, p.Error | p.Done) else None
         if target is not None:
             target.put(msg)
+        if token is not None:  # an approver still asking the person stops asking
+            token.cancel()
 
     def _end(self, why: str) -> None:
         with self._lock:
             self.gone = why
             waiting = [*self._waiting.values(), *self._pongs]
+            tokens = list(self._tokens.values())
         for q in waiting:
             q.put(_Gone(why))
+        for token in tokens:
+            token.cancel()
 
     def close(self) -> None:
         """Stop the socket's thread; the daemon detaches this client's sessions."""
@@ -297,6 +320,7 @@ class RemoteTurn:
     ) -> None:  # fmt: skip
         self.client, self.id, self._answers, self._on_approval = client, rid, answers, on_approval
         self.outcome: TurnOutcome | None = None
+        self.ended = client._token(rid)  # set when the turn ends or the daemon goes
 
     def cancel(self) -> None:
         self.client._send(p.encode(p.Cancel(self.id)))
@@ -317,14 +341,23 @@ class RemoteTurn:
                 elif isinstance(msg, _Gone):
                     raise DaemonError(msg.why)
         finally:
+            self.ended.cancel()
             self.client._forget(self.id)
 
     def _approve(self, msg: p.Approval) -> None:
+        """Ask ``on_approval`` as the in-process turn would, and send its answer (if any)."""
+        request = ApprovalRequested(
+            call=msg.call, tool=msg.tool, arguments=msg.arguments, prompt=msg.prompt,
+            rule=msg.rule, timeout_s=msg.timeout_s,
+        )  # fmt: skip
         if self._on_approval is None:
-            decision, scope, reason = "deny", "once", "this client answers no approvals"
+            decision: Decision | None = Decision(Choice.DENY, NO_APPROVER, by="no approver")
         else:
-            decision, scope, reason = self._on_approval(msg)
-        self.client._send(p.encode(p.Approve(self.id, msg.call, decision, scope, reason)))
+            deadline = time.monotonic() + msg.timeout_s if msg.timeout_s > 0 else math.inf
+            decision = self._on_approval(request, self.ended, deadline)
+        if decision is not None:  # None: no answer; the daemon's wait ends by itself
+            answer = p.Approve(self.id, msg.call, decision.choice, decision.reason, decision.by)
+            self.client._send(p.encode(answer))
 
     def run(self, sink: Callable[[Event], None]) -> TurnOutcome:
         """Pass every event to ``sink``; the outcome. Ctrl-C cancels, and waits for the end.

@@ -51,8 +51,8 @@ kind            fields                                         answer
 ``cancel``      ``id`` (of the turn)                           the turn ends: ``error``
                                                                ``Cancelled``
 ``approve``     ``id`` (of the turn), ``call`` int,            (the turn goes on)
-                ``decision`` text, ``scope`` text,
-                ``reason`` text
+                ``choice`` text, ``reason`` text,
+                ``by`` text
 ``sessions``    ``id``                                         ``session_list``
 ``read_log``    ``id``, ``session``, ``start`` int             ``log``
 ``status``      ``id``                                         ``status_reply``
@@ -86,9 +86,17 @@ Messages, daemon to client
   ``done`` bool (no more records). Pages stay under half the frame limit.
 - ``status_reply``: ``id``, ``pid`` int, ``endpoint`` text, ``uptime_s`` float, ``clients`` int,
   ``sessions`` list of maps ``{"name": text, "busy": bool}`` (the attached sessions).
-- ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text,
-  ``prompt`` text: the turn waits for the client's ``approve`` (``decision``: ``once``,
-  ``session``, ``always`` or ``deny``). A client gone before it answers cancels the turn.
+- ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
+  call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
+  ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
+  (how long the turn waits; 0: no limit). A tool call needs the person's approval (design
+  section 11): the turn waits for the client's ``approve`` of that ``call``: ``choice``
+  ``once`` (this call), ``session`` (calls the rule matches, for the rest of the session),
+  ``always`` (saved in the rules file), or ``deny`` (``reason``: for the model);
+  ``by``: who answered (``person``, or e.g. ``no terminal`` when the client had nobody to
+  ask). No answer within ``timeout_s`` is a denial that says so. A client gone, or a
+  ``cancel``, while the turn waits cancels the turn: the call does not run. The same
+  question also arrives as an ``approval_requested`` event, for views.
 """
 
 from __future__ import annotations
@@ -99,7 +107,8 @@ from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 from actors import events as ev
-from actors.checks import Check, exact, json_data, json_object, wire_id
+from actors.approval import Choice
+from actors.checks import Check, exact, json_data, json_object, member, wire_id
 from actors.codec import MessageCodec
 from actors.errors import WireError
 from actors.records import SlotUse, check_slot_use
@@ -172,9 +181,9 @@ class Cancel:
 class Approve:
     id: int
     call: int
-    decision: str
-    scope: str = ""
+    choice: Choice
     reason: str = ""
+    by: str = "person"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,6 +265,8 @@ class Approval:
     tool: str
     arguments: str
     prompt: str
+    rule: str
+    timeout_s: float
 
 
 Message: TypeAlias = Any  # one of the classes above
@@ -316,7 +327,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
     "ok": _f(id=wire_id),
     "turn": _f(id=wire_id, session=_STR, text=_STR),
     "cancel": _f(id=wire_id),
-    "approve": _f(id=wire_id, call=wire_id, decision=_STR, scope=_STR, reason=_STR),
+    "approve": _f(id=wire_id, call=wire_id, choice=member(Choice), reason=_STR, by=_STR),
     "sessions": _f(id=wire_id),
     "session_list": _f(id=wire_id, names=_texts),
     "read_log": _f(id=wire_id, session=_STR, start=wire_id),
@@ -333,7 +344,10 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         usage=exact(bytes), restored=_restored,
     ),
     "error": _f(id=wire_id, error=_STR, message=_STR, exit_code=_INT),
-    "approval": _f(id=wire_id, call=wire_id, tool=_STR, arguments=_STR, prompt=_STR),
+    "approval": _f(
+        id=wire_id, call=wire_id, tool=_STR, arguments=_STR, prompt=_STR, rule=_STR,
+        timeout_s=_number,
+    ),
 }
 
 

@@ -40,6 +40,7 @@ from actors.session import list_sessions, session_path
 from actors.tools.host.server import Complaints
 
 from . import protocol as p
+from .approvals import RemoteApprover
 from .sessions import Sessions
 
 __all__ = ["SEND_QUEUE", "Server"]
@@ -54,6 +55,7 @@ SEND_QUEUE = 10_000  # messages queued for one client that does not read: it is 
 class _Client:
     last_rx: float
     turns: dict[int, CancelToken] = dataclasses.field(default_factory=dict)
+    approvers: dict[int, RemoteApprover] = dataclasses.field(default_factory=dict)
 
 
 class Server:
@@ -199,6 +201,11 @@ class Server:
                     token = client.turns.get(rid)
                 if token is not None:
                     token.cancel()
+            case p.Approve(id=rid):
+                with self._lock:
+                    approver = client.approvers.get(rid)
+                if approver is not None:  # else the turn has ended: nothing waits for it
+                    approver.answer(msg)
             case p.Turn() | p.Open() if self._stop:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
@@ -307,9 +314,17 @@ class Server:
                 self._post(peer, _error(msg.id, WireError(f"turn id {msg.id} is already running")))
                 return
             client.turns[msg.id] = token
-        self._spawn(f"daemon-turn-{msg.session}", lambda: self._turn(peer, client, msg, token))
+            approver = client.approvers[msg.id] = RemoteApprover(
+                msg.id, lambda m: self._post(peer, m)
+            )
+        self._spawn(
+            f"daemon-turn-{msg.session}", lambda: self._turn(peer, client, msg, token, approver)
+        )
 
-    def _turn(self, peer: bytes, client: _Client, msg: p.Turn, token: CancelToken) -> None:
+    def _turn(
+        self, peer: bytes, client: _Client, msg: p.Turn, token: CancelToken,
+        approver: RemoteApprover,
+    ) -> None:  # fmt: skip
         name, rid = msg.session, msg.id
         try:
             if not self.sessions.is_attached(peer, name):
@@ -325,7 +340,9 @@ class Server:
             peer, p.encode_event(rid, event)
         )
         try:
-            outcome: TurnOutcome = proxy.turn(self.app.runtime, msg.text, sink, token).get()
+            outcome: TurnOutcome = proxy.turn(
+                self.app.runtime, msg.text, sink, token, approver
+            ).get()
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
                 encode_record(outcome.usage), outcome.restored,
@@ -343,6 +360,7 @@ class Server:
     def _end_turn(self, client: _Client, rid: int) -> None:
         with self._lock:
             client.turns.pop(rid, None)
+            client.approvers.pop(rid, None)
 
 
 _PONG = p.encode(p.Pong())

@@ -39,7 +39,8 @@ def env() -> dict[str, str]:
 
 def daemon_config(
     root: Path, run_dir: Path, url: str, *, workspace: Path | None = None,
-    sections: dict[str, dict[str, Any]] | None = None, **daemon: Any,
+    sections: dict[str, dict[str, Any]] | None = None,
+    allow: tuple[str, ...] = ("run_command", "write_file"), **daemon: Any,
 ) -> Path:  # fmt: skip
     """Write ``root/loopd.toml`` for the daemon and its clients; its path. ``workspace``:
     another config's (default ``root/ws``); ``sections``: more keys, by section."""
@@ -54,7 +55,7 @@ def daemon_config(
         "[inference]", f'url = "{url}"', "retries = 1", "backoff_s = 0.01", "timeout_s = 30",
         "[log]", f'dir = "{root / "sessions"}"', 'fsync = "always"',
         "[tools]", "standard = false", f'workspace = "{workspace}"', "timeout_s = 30",
-        "heartbeat_s = 0.5", 'allow = ["run_command", "write_file"]',
+        "heartbeat_s = 0.5", f"allow = {list(allow)!r}".replace("'", '"'),
         "[[tools.hosts]]", 'name = "tools"', f"tools = {TOOLS!r}".replace("'", '"'),
         "[daemon]", *(f"{k} = {_toml(v)}" for k, v in keys.items()), *more,
     ]  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 
 from actors import errors
 from actors import events as ev
+from actors.approval import Choice
 from actors.client import remote_error
 from actors.daemon import protocol as p
 from actors.errors import WireError
@@ -25,13 +26,14 @@ USAGE = encode_record(Usage(
 SAMPLES: list[Any] = [
     p.Ping(), p.Pong(), p.Bye(), p.Open(1, "s", True), p.Opened(2, "s", False, 7, 0),
     p.Close(3, "s"), p.Ok(4), p.Turn(5, "s", "hi"), p.Cancel(5),
-    p.Approve(5, 2, "once", "", "fine"), p.Sessions(6), p.SessionList(6, ("a", "b")),
+    p.Approve(5, 2, Choice.ONCE, "fine", "person"), p.Sessions(6), p.SessionList(6, ("a", "b")),
     p.ReadLog(7, "s", 3), p.Log(7, (b"\x81\xa1a\x01",), 4, True), p.Status(8),
     p.StatusReply(8, 123, "ipc:///x", 1.5, 2, ({"name": "s", "busy": True},)), p.Stop(9),
     p.EventMessage(5, "content", {"text": "x"}),
     p.Done(5, "answer", 1, 1, False, USAGE, SlotUse("u", 0, SlotState.RESTORED, 10, 2.0, "")),
     p.Done(5, "answer", 0, 0, True, USAGE, None),
-    p.Error(5, "Cancelled", "Cancelled.", 130), p.Approval(5, 2, "run_command", "{}", "ok?"),
+    p.Error(5, "Cancelled", "Cancelled.", 130),
+    p.Approval(5, 2, "run_command", "{}", "ok?", "run_command: ls", 300.0),
 ]  # fmt: skip
 
 

@@ -1,12 +1,15 @@
-"""A client in its own process: ``python -m tests.daemon.turn_client CONFIG SESSION TEXT``.
+"""A client in its own process: ``python -m tests.daemon.turn_client CONFIG SESSION TEXT
+[--hang-on-approval]``.
 
 Runs one turn through the daemon and prints each event's name as it comes (flushed), then
-``done`` or ``error KIND``; the client-killed test SIGKILLs it mid-turn.
+``done`` or ``error KIND``; the client-killed tests SIGKILL it mid-turn. With
+``--hang-on-approval`` it prints ``asked`` when an approval comes and never answers.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 from actors import config as cfg
 from actors.client import Client
@@ -14,10 +17,15 @@ from actors.errors import LoopdError
 from actors.events import event_name
 
 
+def _hang(request: object, cancel: object, deadline: float) -> None:
+    print("asked", flush=True)
+    time.sleep(3600)
+
+
 def main(argv: list[str]) -> int:
-    path, session, text = argv
+    path, session, text, *flags = argv
     with Client.from_config(cfg.load(path)) as client:
-        turn = client.turn(session, text)
+        turn = client.turn(session, text, _hang if "--hang-on-approval" in flags else None)
         try:
             for event in turn:
                 print(event_name(event), flush=True)

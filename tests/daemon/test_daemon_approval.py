@@ -1,0 +1,141 @@
+"""Approvals through the daemon: the question travels to the client, its answer decides.
+
+The daemon's tool host runs write_file, which needs approval here (``tools.allow`` has only
+run_command); the client's ``on_approval`` is the same Approver interface a turn takes
+in-process (:mod:`actors.approval`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.approval import NO_APPROVER, Choice, Decision
+from actors.cancel import CancelToken
+from actors.events import ApprovalDecided, ApprovalRequested
+from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
+from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
+from tests.support.fake_llama import FakeLlama
+from tests.support.scripted_llama import agent
+from tests.support.watch import wait_until
+from tests.tools.hostkit import short_dir
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with short_dir() as d, FakeLlama(agent()) as fake:
+        path = daemon_config(tmp_path, d / "run", fake.url, allow=("run_command",))
+        with Daemon(path) as running:
+            yield running
+
+
+def _write(tag: str, name: str) -> str:
+    return f'{tag} :: write_file {json.dumps({"path": name, "content": "written"})}'
+
+
+class Person:
+    """An approver that answers ``decision`` and keeps what it was asked."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        self.asked: list[ApprovalRequested] = []
+
+    def __call__(
+        self, request: ApprovalRequested, cancel: CancelToken, deadline: float
+    ) -> Decision:
+        assert not cancel.cancelled
+        self.asked.append(request)
+        return self.decision
+
+
+def test_an_approval_travels_to_the_client_and_its_answer_lets_the_call_run(
+    daemon: Daemon,
+) -> None:
+    ws = Path(daemon.config.tools.workspace)
+    person = Person(Decision(Choice.ONCE))
+    with daemon.client() as client:
+        turn = client.turn("s", _write("t1", "out.txt"), person)
+        events = list(turn)
+        records = client.read_log("s")
+    assert [(r.tool, r.call) for r in person.asked] == [("write_file", 1)]
+    assert "out.txt" in person.asked[0].arguments and person.asked[0].prompt
+    assert (ws / "out.txt").read_text() == "written"
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.index("ApprovalRequested") < kinds.index("ApprovalDecided")
+    decided = next(e for e in events if isinstance(e, ApprovalDecided))
+    assert (decided.decision, decided.scope, decided.by) == ("allow", "once", "person")
+    approval = next(i for i, r in enumerate(records) if isinstance(r, Approval))
+    result = next(i for i, r in enumerate(records) if isinstance(r, ToolResult))
+    assert approval < result  # the decision is logged before the call's result
+    assert records[approval].decision is ApprovalDecision.ALLOW
+    assert turn.outcome is not None and turn.outcome.content == "done t1."
+
+
+def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(daemon: Daemon) -> None:
+    ws = Path(daemon.config.tools.workspace)
+    with daemon.client() as client:
+        client.turn("s", _write("t1", "no.txt"), Person(Decision(Choice.DENY, "not now")))\
+            .run(lambda e: None)
+        records = client.read_log("s")
+    assert not (ws / "no.txt").exists()
+    result = next(r for r in records if isinstance(r, ToolResult))
+    assert "the person said no: not now" in result.content
+
+
+def test_without_an_approver_the_client_denies_as_in_process(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        client.turn("s", _write("t1", "none.txt")).run(lambda e: None)
+        records = client.read_log("s")
+    approval = next(r for r in records if isinstance(r, Approval))
+    assert (approval.decision, approval.by, approval.reason) == (
+        ApprovalDecision.DENY, "no approver", NO_APPROVER)  # fmt: skip
+
+
+def test_for_this_session_is_asked_once(daemon: Daemon) -> None:
+    person = Person(Decision(Choice.SESSION))
+    with daemon.client() as client:
+        for n in (1, 2):
+            client.turn("s", _write(f"t{n}", f"f{n}.txt"), person).run(lambda e: None)
+        records = client.read_log("s")
+    assert len(person.asked) == 1
+    scopes = [(r.scope, r.by) for r in records if isinstance(r, Approval)]
+    assert scopes == [(ApprovalScope.SESSION, "person"), (ApprovalScope.SESSION, "session")]
+
+
+def test_a_client_gone_while_an_approval_waits_cancels_the_turn(daemon: Daemon) -> None:
+    ws = Path(daemon.config.tools.workspace)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.daemon.turn_client", str(daemon.config_path), "s",
+         _write("t1", "late.txt"), "--hang-on-approval"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "asked":
+                break
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def released() -> bool:
+        with daemon.client() as c:
+            return not c.status().sessions
+
+    wait_until(released, 20, "the daemon to cancel the turn and give the session up")
+    with daemon.client() as client:
+        records = client.read_log("s")
+        assert client.turn("s", "t2 :: list_dir {}").run(lambda e: None).content == "done t2."
+    approval = next(r for r in records if isinstance(r, Approval))
+    assert (approval.decision, approval.by) == (ApprovalDecision.DENY, "cancel")
+    assert not any(isinstance(r, ToolResult) for r in records)
+    assert not (ws / "late.txt").exists()
