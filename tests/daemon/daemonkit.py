@@ -10,6 +10,7 @@ as a last resort) and fails the test if it or anything it started is still runni
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from tests.support.watch import wait_until
 __all__ = ["ROOT", "Daemon", "cli", "daemon_config", "env"]
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ["read_file", "list_dir", "write_file", "run_command"]
+TOOLS = ("read_file", "list_dir", "write_file", "run_command")
 
 
 def env() -> dict[str, str]:
@@ -40,32 +41,33 @@ def env() -> dict[str, str]:
 def daemon_config(
     root: Path, run_dir: Path, url: str, *, workspace: Path | None = None,
     sections: dict[str, dict[str, Any]] | None = None,
-    allow: tuple[str, ...] = ("run_command", "write_file"), **daemon: Any,
+    allow: tuple[str, ...] = ("run_command", "write_file"),
+    hosts: dict[str, tuple[str, ...]] | None = None, **daemon: Any,
 ) -> Path:  # fmt: skip
     """Write ``root/loopd.toml`` for the daemon and its clients; its path. ``workspace``:
-    another config's (default ``root/ws``); ``sections``: more keys, by section."""
+    another config's (default ``root/ws``); ``sections``: more keys, by section; ``hosts``:
+    local tool hosts by name (default one, ``tools``, with the file tools and run_command)."""
     workspace = workspace or root / "ws"
     root.mkdir(parents=True, exist_ok=True)
     workspace.mkdir(exist_ok=True)
     (workspace / "notes.txt").write_text("hello from the workspace\n")
-    keys = {"runtime_dir": str(run_dir), "heartbeat_s": 0.2, **daemon}
-    more = [f"[{name}]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in table.items())
-            for name, table in (sections or {}).items()]  # fmt: skip
-    lines = [
-        "[inference]", f'url = "{url}"', "retries = 1", "backoff_s = 0.01", "timeout_s = 30",
-        "[log]", f'dir = "{root / "sessions"}"', 'fsync = "always"',
-        "[tools]", "standard = false", f'workspace = "{workspace}"', "timeout_s = 30",
-        "heartbeat_s = 0.5", f"allow = {list(allow)!r}".replace("'", '"'),
-        "[[tools.hosts]]", 'name = "tools"', f"tools = {TOOLS!r}".replace("'", '"'),
-        "[daemon]", *(f"{k} = {_toml(v)}" for k, v in keys.items()), *more,
-    ]  # fmt: skip
+    table: dict[str, dict[str, Any]] = {
+        "inference": {"url": url, "retries": 1, "backoff_s": 0.01, "timeout_s": 30},
+        "log": {"dir": str(root / "sessions"), "fsync": "always"},
+        "tools": {"standard": False, "workspace": str(workspace), "timeout_s": 30,
+                  "heartbeat_s": 0.5, "allow": list(allow)},
+        "daemon": {"runtime_dir": str(run_dir), "heartbeat_s": 0.2, **daemon},
+    }  # fmt: skip
+    for name, keys in (sections or {}).items():
+        table[name] = {**table.get(name, {}), **keys}
+    lines = []
+    for name, keys in table.items():
+        lines += [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in keys.items())]
+    for name, tools in (hosts or {"tools": TOOLS}).items():
+        lines += ["[[tools.hosts]]", f"name = {json.dumps(name)}", f"tools = {json.dumps(tools)}"]
     path = root / "loopd.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _toml(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def cli(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

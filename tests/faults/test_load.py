@@ -17,7 +17,6 @@ threads are back to what they were and no child process is left.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -32,20 +31,19 @@ from actors.config import Config
 from actors.events import Event
 from actors.inference.actor import Inference
 from actors.log import SessionLog, read_records
-from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User, now
+from actors.records import Baseline, now
 from actors.session import open_session
 from actors.tools.procs import is_alive
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
-from tests.support.load import HOSTS, SLOTS, TOOLS, message
+from tests.support.load import SLOTS, check_log, expected_results, message
 from tests.support.load import load_config as shared_config
-from tests.support.scripted_llama import call_id, serve_in_process
+from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import wait_until
 
 SESSIONS = 32
 TURNS = int(os.environ.get("LOOPD_LOAD_TURNS", "20"))
-TURN_KINDS = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 
 
 def load_config(tmp_path: Path, url: str) -> Config:
@@ -63,36 +61,6 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if is_alive(p)}
 
 
-def _expected_results(toolbox: Toolbox) -> dict[str, str]:
-    """What each host's tool answers (echo aside), asked once before the load."""
-    out = {}
-    for host, (tool, args) in TOOLS.items():
-        if tool == "echo":
-            continue
-        entry = toolbox.registry.entry(tool)
-        assert entry is not None and entry[1].name == host
-        port = entry[1]
-        answer = port.call(session="probe", call=1, tool=tool, arguments=json.loads(args))
-        out[tool] = getattr(answer, "content", repr(answer))
-    return out
-
-
-def _check_log(records: tuple[Record, ...], session: int, expected: dict[str, str]) -> None:
-    assert isinstance(records[0], Baseline)
-    body = [r for r in records[1:] if not isinstance(r, CacheLoss)]
-    assert [type(r).__name__ for r in body] == TURN_KINDS * TURNS, f"session {session}"
-    for n in range(TURNS):
-        user, call, _, result, answer, _ = body[6 * n : 6 * n + 6]
-        text = message(session, n)
-        tag = text.split(" ::")[0]
-        tool = TOOLS[HOSTS[(session + n) % len(HOSTS)]][0]
-        assert isinstance(user, User) and user.content == text
-        assert isinstance(call, Assistant) and call.tool_calls[0].id == call_id(tag, 0)
-        assert isinstance(result, ToolResult) and result.call == n + 1
-        assert result.content == expected.get(tool, f"echo {tag}"), f"session {session} turn {n}"
-        assert isinstance(answer, Assistant) and answer.content == f"done {tag}."
-
-
 @pytest.mark.timeout(240)
 def test_32_sessions_at_once_on_4_hosts(
     tmp_path: Path, baseline_threads: set[threading.Thread]
@@ -106,7 +74,7 @@ def test_32_sessions_at_once_on_4_hosts(
         inference = Inference.start(config.inference)
         try:
             assert toolbox.problems == {}
-            expected = _expected_results(toolbox)
+            expected = expected_results(toolbox)
             runtime = Runtime(config=config, inference=inference, registry=toolbox.registry)
             tools = baseline_tools(toolbox.registry, ())
             for s in range(SESSIONS):
@@ -122,7 +90,7 @@ def test_32_sessions_at_once_on_4_hosts(
                 assert all(o.tool_calls == 1 for o in outcomes)
             for s, proxy in enumerate(sessions):
                 records = proxy.records().get(timeout=30)
-                _check_log(records, s, expected)
+                check_log(records, s, expected, TURNS)
                 path = config.log_dir / f"load{s:02d}" / "log.bin"
                 assert read_records(path) == records
                 counts.append(len(records))

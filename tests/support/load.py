@@ -6,12 +6,19 @@ then the agent script (:mod:`tests.support.scripted_llama`) answers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from actors.config import Config, HostConfig, parse
+from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User
+from actors.tools.toolbox import Toolbox
+from tests.support.scripted_llama import call_id
 
-__all__ = ["HOSTS", "SLOTS", "TOOLS", "load_config", "message"]
+__all__ = [
+    "HOSTS", "SLOTS", "TOOLS", "TURN_KINDS", "check_log", "expected_results", "load_config",
+    "message",
+]  # fmt: skip
 
 SLOTS = 4
 TOOLS = {  # host name: (its tool, the arguments a turn gives it; %s is the turn's tag)
@@ -21,6 +28,7 @@ TOOLS = {  # host name: (its tool, the arguments a turn gives it; %s is the turn
     "h_echo": ("echo", '{"text": "echo %s"}'),
 }
 HOSTS = list(TOOLS)
+TURN_KINDS = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
 
 
 def message(session: int, n: int) -> str:
@@ -45,3 +53,36 @@ def load_config(root: Path, url: str, **sections: dict[str, Any]) -> Config:
     for name, keys in sections.items():
         table[name] = {**table.get(name, {}), **keys}
     return parse(table).replace("tools", hosts=hosts)
+
+
+def expected_results(toolbox: Toolbox) -> dict[str, str]:
+    """What each host's tool answers (echo aside), asked once before the load."""
+    out = {}
+    for host, (tool, args) in TOOLS.items():
+        if tool == "echo":
+            continue
+        entry = toolbox.registry.entry(tool)
+        assert entry is not None and entry[1].name == host
+        port = entry[1]
+        answer = port.call(session="probe", call=1, tool=tool, arguments=json.loads(args))
+        out[tool] = getattr(answer, "content", repr(answer))
+    return out
+
+
+def check_log(
+    records: tuple[Record, ...], session: int, expected: dict[str, str], turns: int
+) -> None:
+    """Session ``session``'s log holds ``turns`` whole turns of :func:`message`, in order."""
+    assert isinstance(records[0], Baseline)
+    body = [r for r in records[1:] if not isinstance(r, CacheLoss)]
+    assert [type(r).__name__ for r in body] == TURN_KINDS * turns, f"session {session}"
+    for n in range(turns):
+        user, call, _, result, answer, _ = body[6 * n : 6 * n + 6]
+        text = message(session, n)
+        tag = text.split(" ::")[0]
+        tool = TOOLS[HOSTS[(session + n) % len(HOSTS)]][0]
+        assert isinstance(user, User) and user.content == text
+        assert isinstance(call, Assistant) and call.tool_calls[0].id == call_id(tag, 0)
+        assert isinstance(result, ToolResult) and result.call == n + 1
+        assert result.content == expected.get(tool, f"echo {tag}"), f"session {session} turn {n}"
+        assert isinstance(answer, Assistant) and answer.content == f"done {tag}."
