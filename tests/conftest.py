@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pykka
@@ -30,6 +32,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# The tests see none of the person's own loopd: no LOOPD_CONFIG, and a runtime directory of
+# their own, so `loopd run` in a test never finds (and never talks to) a daemon the person
+# (or another test run) has running. Subprocesses inherit both.
+os.environ.pop("LOOPD_CONFIG", None)
+os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="loopd-tests-")
+atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
