@@ -181,17 +181,21 @@ def _session(
 ) -> Iterator[Callable[[str, Any], TurnOutcome]]:
     """``turn(message, sink)`` on session ``args.session``: through the daemon when one
     answers (and not ``--local``), else in this process. Both show the same events, the
-    same outcome and the same errors; Ctrl-C cancels the turn either way. In this process,
-    ``approver`` answers the calls that wait for approval (actors.prompt)."""
+    same outcome and the same errors; Ctrl-C cancels the turn either way. Either way,
+    ``approver`` answers the calls that wait for approval (actors.prompt), and the
+    ``--approve`` rules go with the turn."""
     from actors.client import find_daemon
 
     client = None if args.local else find_daemon(config)
     if client is not None:
+        _approved(args)  # a bad --approve is refused here, as in-process
         with client:
             cut = client.open(args.session).cut_bytes
             if cut:
                 notice(TornTail(session=args.session, cut_bytes=cut))
-            yield lambda message, sink: client.turn(args.session, message).run(sink)
+            yield lambda message, sink: client.turn(
+                args.session, message, approver, tuple(args.approve)
+            ).run(sink)
         return
     from actors.app import start_app
 

@@ -162,15 +162,17 @@ class Client:
         self._ask(p.Stop, p.Ok)
 
     def turn(
-        self, session: str, text: str, on_approval: Approver | None = None
+        self, session: str, text: str, on_approval: Approver | None = None,
+        approve: tuple[str, ...] = (),
     ) -> RemoteTurn:
         """Start a turn; iterate the result for its events, then read its ``outcome``.
 
         ``on_approval`` answers the calls that need the person's approval, with the same
         interface as in-process (:class:`actors.approval.Approver`: the request, a cancel
         token set when the turn ends or the daemon goes, a deadline); it is called in the
-        thread that iterates. Without one, such calls are denied (nobody to ask)."""
-        rid, answers = self._request(lambda r: p.Turn(r, session, text))
+        thread that iterates. Without one, such calls are denied (nobody to ask).
+        ``approve``: allow rules for this turn only (``loopd run --approve``)."""
+        rid, answers = self._request(lambda r: p.Turn(r, session, text, approve))
         return RemoteTurn(self, rid, answers, on_approval)
 
     def _request(self, make: Callable[[int], Any]) -> tuple[int, queue.SimpleQueue[Any]]:

@@ -1,4 +1,5 @@
-"""The approver of a turn run for a client: the question goes to the client, the turn waits.
+"""Approval for a turn run for a client: the question goes to the client, the turn waits;
+and the client's own allow rules for the turn (``loopd run --approve``).
 
 :class:`RemoteApprover` is an :class:`actors.approval.Approver`. It is called in the session
 actor's thread when a call needs the person's approval: it sends the client an ``approval``
@@ -15,11 +16,14 @@ from collections.abc import Callable
 
 from actors.approval import Decision
 from actors.cancel import CancelToken
+from actors.errors import UsageError
 from actors.events import ApprovalRequested
+from actors.rules import Rule, RuleBook, parse_rules
+from actors.rulesfile import RuleStore
 
 from . import protocol as p
 
-__all__ = ["RemoteApprover"]
+__all__ = ["RemoteApprover", "TurnRules"]
 
 _POLL_S = 0.05  # how often the wait looks at the cancel token
 
@@ -52,3 +56,21 @@ class RemoteApprover:
             if msg.call == request.call:  # else a late answer to an earlier question
                 return Decision(msg.choice, msg.reason, msg.by or "person")
         return None
+
+
+class TurnRules(RuleStore):
+    """The daemon's rules (its rules file, shared by every session) and one turn's
+    ``--approve`` rules on top; an "always" answer is saved in the shared store."""
+
+    def __init__(self, shared: RuleStore, texts: tuple[str, ...]) -> None:
+        try:
+            self.extra = RuleBook(parse_rules(texts))
+        except ValueError as e:
+            raise UsageError(f"--approve: {e}") from None
+        self.shared = shared
+
+    def book(self) -> RuleBook:
+        return self.shared.book() + self.extra
+
+    def save(self, rule: Rule) -> None:
+        self.shared.save(rule)

@@ -47,7 +47,9 @@ kind            fields                                         answer
                 cancelled, its sessions detached)
 ``open``        ``id``, ``session`` text, ``create`` bool      ``opened``
 ``close``       ``id``, ``session``                            ``ok``
-``turn``        ``id``, ``session``, ``text``                  ``event``... then ``done``
+``turn``        ``id``, ``session``, ``text``, ``approve``     ``event``... then ``done``
+                list of text (allow rules for this turn
+                only, like ``tools.allow`` entries)
 ``cancel``      ``id`` (of the turn)                           the turn ends: ``error``
                                                                ``Cancelled``
 ``approve``     ``id`` (of the turn), ``call`` int,            (the turn goes on)
@@ -170,6 +172,7 @@ class Turn:
     id: int
     session: str
     text: str
+    approve: tuple[str, ...] = ()  # allow rules for this turn only (loopd run --approve)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -325,7 +328,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
     "opened": _f(id=wire_id, session=_STR, created=_BOOL, records=wire_id, cut_bytes=wire_id),
     "close": _f(id=wire_id, session=_STR),
     "ok": _f(id=wire_id),
-    "turn": _f(id=wire_id, session=_STR, text=_STR),
+    "turn": _f(id=wire_id, session=_STR, text=_STR, approve=_texts),
     "cancel": _f(id=wire_id),
     "approve": _f(id=wire_id, call=wire_id, choice=member(Choice), reason=_STR, by=_STR),
     "sessions": _f(id=wire_id),

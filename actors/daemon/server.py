@@ -40,7 +40,7 @@ from actors.session import list_sessions, session_path
 from actors.tools.host.server import Complaints
 
 from . import protocol as p
-from .approvals import RemoteApprover
+from .approvals import RemoteApprover, TurnRules
 from .sessions import Sessions
 
 __all__ = ["SEND_QUEUE", "Server"]
@@ -340,9 +340,10 @@ class Server:
             peer, p.encode_event(rid, event)
         )
         try:
-            outcome: TurnOutcome = proxy.turn(
-                self.app.runtime, msg.text, sink, token, approver
-            ).get()
+            runtime = self.app.runtime
+            if msg.approve:
+                runtime = dataclasses.replace(runtime, rules=TurnRules(runtime.rules, msg.approve))
+            outcome: TurnOutcome = proxy.turn(runtime, msg.text, sink, token, approver).get()
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
                 encode_record(outcome.usage), outcome.restored,

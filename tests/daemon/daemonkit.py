@@ -70,13 +70,16 @@ def daemon_config(
     return path
 
 
-def cli(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``loopd ARGS --config CONFIG`` in its own process; its result (text)."""
+def cli(
+    config: Path, *args: str, timeout: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``loopd ARGS --config CONFIG`` in its own process (``stdin``: its input, else none);
+    its result (text)."""
     command, *rest = args
     return subprocess.run(
         [sys.executable, "-m", "actors.cli", command, "--config", str(config), *rest],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout, input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from actors.approval import NO_APPROVER, Choice, Decision
 from actors.cancel import CancelToken
 from actors.events import ApprovalDecided, ApprovalRequested
 from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
-from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
+from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config, env
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
 from tests.support.watch import wait_until
@@ -139,3 +139,35 @@ def test_a_client_gone_while_an_approval_waits_cancels_the_turn(daemon: Daemon) 
     assert (approval.decision, approval.by) == (ApprovalDecision.DENY, "cancel")
     assert not any(isinstance(r, ToolResult) for r in records)
     assert not (ws / "late.txt").exists()
+
+
+def _approvals(daemon: Daemon, session: str) -> list[tuple[object, ...]]:
+    with daemon.client() as client:
+        records = client.read_log(session)
+    return [(r.decision, r.scope, r.by, r.reason, r.rule) for r in records
+            if isinstance(r, Approval)] + [
+        ("result", r.content) for r in records if isinstance(r, ToolResult)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "stdin"),
+    [(("--json",), '{"decision": "once"}\n'), (("--approve", "write_file"), None), ((), None)],
+    ids=["json-answer", "approve-flag", "no-terminal"],
+)
+def test_loopd_run_decides_through_the_daemon_as_in_process(
+    daemon: Daemon, flags: tuple[str, ...], stdin: str | None
+) -> None:
+    runs = {}
+    for session, extra in (("remote", ()), ("local", ("--local",))):
+        runs[session] = cli(daemon.config_path, "run", _write("t1", f"{session}.txt"),
+                            "--session", session, *flags, *extra, stdin=stdin)  # fmt: skip
+        assert runs[session].returncode == 0, runs[session].stderr
+    remote, local = _approvals(daemon, "remote"), _approvals(daemon, "local")
+    assert [str(x).replace("remote", "S") for x in remote] == [
+        str(x).replace("local", "S") for x in local]  # fmt: skip
+    assert remote  # an approval was decided
+    if "--json" in flags:
+        names = [[json.loads(line)["event"] for line in r.stdout.splitlines()]
+                 for r in runs.values()]  # fmt: skip
+        assert [n for n in names[0] if n != "status"] == [n for n in names[1] if n != "status"]
+        assert "approval_requested" in names[0] and "approval_decided" in names[0]
