@@ -32,6 +32,7 @@ __all__ = [
     "ShellConfig",
     "SlotsConfig",
     "ToolsConfig",
+    "WebConfig",
     "load",
     "parse",
 ]
@@ -113,6 +114,13 @@ class ShellConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WebConfig:
+    """[tools.web]: what fetch_url may reach (see actors/tools/providers/web.py)."""
+
+    allow_private: bool = False  # loopback, private and link-local addresses too
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolsConfig:
     workspace: str = "."
     timeout_s: float = 60.0
@@ -128,6 +136,7 @@ class ToolsConfig:
     start_timeout_s: float = 15.0  # how long start-up waits for each host's tool list
     hosts: tuple[HostConfig, ...] = ()
     shell: ShellConfig = ShellConfig()
+    web: WebConfig = WebConfig()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -305,7 +314,7 @@ def _check(key: str, annotation: str, value: Any) -> Any:
     raise AssertionError(f"no check for {key}: {annotation}")  # a new field needs a check
 
 
-_TABLES: dict[str, type[Any]] = {"ShellConfig": ShellConfig}
+_TABLES: dict[str, type[Any]] = {"ShellConfig": ShellConfig, "WebConfig": WebConfig}
 
 
 def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:

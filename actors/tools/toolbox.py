@@ -50,6 +50,7 @@ from actors.tools.client import (
 from actors.tools.keys import load_public, load_secret
 from actors.tools.procs import kill_session, kill_tree, loopd_env
 from actors.tools.providers.sandbox import Sandbox
+from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
 
 __all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
@@ -189,7 +190,8 @@ class Toolbox:
     def _start_local(
         self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...]
     ) -> None:
-        launcher = HostLauncher(argv, env=loopd_env(), log_path=self.run_dir / f"{name}.log")
+        env = {**loopd_env(), ALLOW_PRIVATE_ENV: "1" if tools.web.allow_private else "0"}
+        launcher = HostLauncher(argv, env=env, log_path=self.run_dir / f"{name}.log")
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
 

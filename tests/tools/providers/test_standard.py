@@ -39,7 +39,9 @@ def host() -> Iterator[tuple[str, int, Path, Path]]:
         tools = ["read_file", "list_dir", "search_files", "write_file", "run_command", "fetch_url"]
         args = ["--tools", *tools, "--workspace", str(workspace), "--timeout", "3"]
         args += ["--allow", "write_file", "run_command", "--max-output-bytes", "4096"]
-        with spawn_host(endpoint, *args, log=d / "host.log") as proc:
+        # fetch_url's test page is on loopback (tests/faults/test_fetch_url.py: the refusal)
+        env = {"LOOPD_WEB_ALLOW_PRIVATE": "1"}
+        with spawn_host(endpoint, *args, log=d / "host.log", env=env) as proc:
             yield endpoint, proc.pid, workspace, outside
 
 
