@@ -12,9 +12,10 @@ The web's rules live here (:class:`~actors.tools.providers.standard.StandardTool
   ``tools.web.allow_private = true`` lifts this (the toolbox passes it to its web host in
   :data:`ALLOW_PRIVATE_ENV`; set that to ``1`` for a ``loopd toolhost`` started by hand).
   Proxies from the environment are not used.
-- **One deadline for the whole call**, 90% of the host's time limit: a watchdog shuts the
-  connection's socket down at the deadline, or as soon as the call is cancelled (the host
-  gave up on it), so a server that trickles bytes forever cannot keep the worker.
+- **One deadline for the whole call**, a little before the host's (:func:`time_limit`): a
+  watchdog shuts the connection's socket down at the deadline, or as soon as the call is
+  cancelled (the host gave up on it), so a server that trickles bytes forever cannot keep
+  the worker.
 - At most ``max_output`` bytes are read; the rest is not downloaded. No compression is
   asked for, so a small answer cannot unpack into a huge one.
 """
@@ -32,10 +33,9 @@ from typing import Any
 
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 
-__all__ = ["ALLOW_PRIVATE_ENV", "fetch_url", "refusal"]
+__all__ = ["ALLOW_PRIVATE_ENV", "fetch_url", "refusal", "time_limit"]
 
 ALLOW_PRIVATE_ENV = "LOOPD_WEB_ALLOW_PRIVATE"
-_SHARE = 0.9  # of the host's time limit: the answer must be back before the host gives up
 _TICK_S = 0.05
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _KINDS = (
@@ -43,6 +43,12 @@ _KINDS = (
     ("multicast", "a multicast address"), ("unspecified", "an unspecified address"),
     ("private", "a private address"), ("reserved", "a reserved address"),
 )
+
+
+def time_limit(timeout_s: float) -> float:
+    """The download's share of the host's limit: 90%, leaving at least 1 s (or half) for the
+    answer to get back before the host gives up on the call."""
+    return max(timeout_s * 0.5, min(timeout_s * 0.9, timeout_s - 1.0))
 
 
 def refusal(address: str) -> str:
@@ -167,7 +173,7 @@ def fetch_url(url: str, *, timeout_s: float, max_output: int, cancel: threading.
 
     ``allow_private`` None: from :data:`ALLOW_PRIVATE_ENV` (``1`` allows).
     """
-    limit = timeout_s * _SHARE  # from the call's start: httpx's import counts too
+    limit = time_limit(timeout_s)  # from the call's start: httpx's import counts too
     deadline = time.monotonic() + limit
     import httpx
 
