@@ -320,6 +320,7 @@ def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         logging.basicConfig(
             level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
         )
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
         return serve(config, lambda s: err.print(f"[dim]{escape(s)}[/]", highlight=False))
     running = find_daemon(config)
     if running is not None:

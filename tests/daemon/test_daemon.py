@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import psutil
 import pytest
 import zmq
 
@@ -27,6 +28,7 @@ from actors.daemon.place import endpoint
 from actors.errors import SessionInUse
 from actors.records import Assistant, ToolResult, User
 from actors.tools.keys import load_public, load_secret, write_keypair
+from actors.tools.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
@@ -281,3 +283,25 @@ def test_a_torn_tail_cut_by_the_daemon_is_shown_as_in_process(daemon: Daemon) ->
     with daemon.client() as client:  # a turn that opens its session says it as an event
         events = list(client.turn("torn", "t4 :: list_dir {}"))
     assert type(events[0]).__name__ == "TornTail" and events[0].cut_bytes == 15
+
+
+def test_serve_detach_returns_once_the_daemon_answers(config: Path) -> None:
+    loaded = cfg.load(config)
+    started = cli(config, "serve", "--detach")
+    match = re.search(r"started \(pid (\d+)\)", started.stderr)
+    pid = int(match.group(1)) if match else 0
+    try:
+        assert started.returncode == 0 and pid, started.stderr
+        client = find_daemon(loaded)  # it answers the moment --detach returns
+        assert client is not None
+        with client:
+            assert client.status().pid == pid
+        again = cli(config, "serve", "--detach")
+        assert again.returncode == 2 and f"already running (pid {pid})" in again.stderr
+        assert cli(config, "stop").returncode == 0
+        assert not psutil.pid_exists(pid) or not is_alive(psutil.Process(pid))
+        assert "serving the client protocol" in (
+            Path(loaded.daemon.runtime_dir) / "loopd.log").read_text()  # fmt: skip
+    finally:
+        if pid and psutil.pid_exists(pid):
+            kill_tree(pid)

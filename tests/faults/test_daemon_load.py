@@ -24,10 +24,10 @@ import pytest
 from actors import config as cfg
 from actors.client import Client
 from actors.events import Event
-from actors.log import SessionLog, read_records
+from actors.log import read_records
 from actors.tools.toolbox import Toolbox
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
-from tests.support.load import SLOTS, TOOLS, check_log, expected_results, message
+from tests.support.load import SLOTS, TOOLS, check_log, check_reopen, expected_results, message
 from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import wait_until
 from tests.tools.hostkit import short_dir
@@ -85,9 +85,6 @@ def test_32_clients_at_once_through_the_daemon(tmp_path: Path) -> None:
             assert stopped.returncode == 0, stopped.stderr
             assert daemon.proc.wait(60) == 0
         # leaving Daemon: every process it started has exited (or the test fails there)
-    for s in range(CLIENTS):  # closed cleanly: reopens with nothing cut
-        log, report = SessionLog.open(config.log_dir / f"load{s:02d}" / "log.bin", fsync="never")
-        log.close()
-        assert report.cut_bytes == 0 and report.records == counts[s]
+    check_reopen(config.log_dir, counts)  # closed cleanly: reopens with nothing cut
     wait_until(lambda: set(threading.enumerate()) <= threads_before, timeout=30,
                what="the client threads to stop")  # fmt: skip

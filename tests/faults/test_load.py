@@ -30,14 +30,14 @@ import pytest
 from actors.config import Config
 from actors.events import Event
 from actors.inference.actor import Inference
-from actors.log import SessionLog, read_records
+from actors.log import read_records
 from actors.records import Baseline, now
 from actors.session import open_session
 from actors.tools.procs import is_alive
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
-from tests.support.load import SLOTS, check_log, expected_results, message
+from tests.support.load import SLOTS, check_log, check_reopen, expected_results, message
 from tests.support.load import load_config as shared_config
 from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import wait_until
@@ -99,10 +99,7 @@ def test_32_sessions_at_once_on_4_hosts(
                 proxy.actor_ref.stop(timeout=30)
             inference.stop()
             toolbox.close()
-    for s in range(SESSIONS):  # closed cleanly: reopens with nothing cut
-        log, report = SessionLog.open(config.log_dir / f"load{s:02d}" / "log.bin", fsync="never")
-        log.close()
-        assert report.cut_bytes == 0 and report.records == counts[s]
+    check_reopen(config.log_dir, dict(enumerate(counts)))  # closed cleanly: nothing cut
     wait_until(lambda: set(threading.enumerate()) <= baseline_threads, timeout=30,
                what="the threads to stop")  # fmt: skip
     wait_until(lambda: _children() <= children_before, timeout=30,

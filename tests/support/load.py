@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import Config, HostConfig, parse
+from actors.log import SessionLog
 from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User
 from actors.tools.toolbox import Toolbox
 from tests.support.scripted_llama import call_id
 
 __all__ = [
-    "HOSTS", "SLOTS", "TOOLS", "TURN_KINDS", "check_log", "expected_results", "load_config",
-    "message",
+    "HOSTS", "SLOTS", "TOOLS", "TURN_KINDS", "check_log", "check_reopen", "expected_results",
+    "load_config", "message",
 ]  # fmt: skip
 
 SLOTS = 4
@@ -86,3 +87,11 @@ def check_log(
         assert isinstance(result, ToolResult) and result.call == n + 1
         assert result.content == expected.get(tool, f"echo {tag}"), f"session {session} turn {n}"
         assert isinstance(answer, Assistant) and answer.content == f"done {tag}."
+
+
+def check_reopen(log_dir: Path, counts: dict[int, int]) -> None:
+    """Each load session, closed cleanly, reopens with nothing cut and all its records."""
+    for s, count in counts.items():
+        log, report = SessionLog.open(log_dir / f"load{s:02d}" / "log.bin", fsync="never")
+        log.close()
+        assert report.cut_bytes == 0 and report.records == count, f"session {s}"
