@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import config as cfg
+from actors.approval import Choice, Decision
 from actors.cancel import CancelToken
 from actors.errors import LoopdError
 from actors.events import Event
@@ -47,10 +48,10 @@ WORKSPACE = ROOT / "examples" / "eval" / "workspace"
 OUT = ROOT / "bench" / "eval.json"
 SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
-# Approval is not built yet: a write that needs it is answered "cannot wait for approval".
-# Until it is, a write task checks the call the model made (path and content) instead of
-# the file. Set to True where the harness can answer the approval.
-APPROVAL = False
+# The harness answers approvals (actors.approval): "allow once" for a task marked approve,
+# a denial for any other, so a write task checks the file on disk. False: check the call
+# the model made (path and content) instead.
+APPROVAL = True
 
 __all__ = ["Call", "Row", "Task", "calls_of", "load_tasks", "main", "run_tasks", "score"]
 
@@ -283,7 +284,8 @@ def _run_one(app: Any, task: Task, name: str, workspace: Path, timeout_s: float)
     error: str | None = None
     timer.start()
     try:
-        outcome = session.turn(app.runtime, task.prompt, _ignore, cancel).get()
+        outcome = session.turn(app.runtime, task.prompt, _ignore, cancel,
+                               _Harness(task.approve)).get()
         answer = outcome.content
         if outcome.cut:
             error = "cut at loop.max_tokens"
@@ -301,6 +303,18 @@ def _run_one(app: Any, task: Task, name: str, workspace: Path, timeout_s: float)
         prompt_tokens=sum(r.prompt_tokens for r in turn if isinstance(r, Usage)),
         seconds=round(seconds, 1), why=why, answer=(answer or "")[:300],
     )
+
+
+class _Harness:
+    """The eval's approver: yes once for a task that says approve, else no (with why)."""
+
+    def __init__(self, approve: bool) -> None:
+        self.approve = approve
+
+    def __call__(self, request: Any, cancel: CancelToken, deadline: float) -> Decision:
+        if self.approve:
+            return Decision(Choice.ONCE, by="eval harness")
+        return Decision(Choice.DENY, "this task does not approve it", by="eval harness")
 
 
 def _ignore(event: Event) -> None:

@@ -134,6 +134,12 @@ def ask(child: pexpect.spawn, message: str) -> None:
     child.expect("Ctrl-C cancels the turn")
 
 
+def deny(child: pexpect.spawn, reason: str = "") -> None:
+    child.send("n")
+    child.expect("reason for the model")
+    child.sendline(reason)
+
+
 def answered(child: pexpect.spawn, tag: str) -> str:
     """Wait for the turn's answer and the next prompt; what was shown on the way."""
     child.expect(f"done {tag}\\.")
@@ -177,9 +183,7 @@ def test_deny_with_a_reason_the_model_reads(make: Any) -> None:
     env = make()
     child = chat(env)
     ask(child, order("t1", "touch denied.txt"))
-    child.send("n")
-    child.expect("reason for the model")
-    child.sendline("use the notes file instead")
+    deny(child, "use the notes file instead")
     assert "denied (person)" in answered(child, "t1")
     leave(child)
     assert not (env.workspace / "denied.txt").exists()
@@ -203,9 +207,7 @@ def test_allow_for_this_session_survives_a_reopen(make: Any) -> None:
     child.sendline(order("t3", "touch s1.txt s3.txt"))
     assert ASKED not in answered(child, "t3")
     ask(child, order("t4", "touch other.txt"))  # other words: asked
-    child.send("n")
-    child.expect("reason for the model")
-    child.sendline("")
+    deny(child)
     answered(child, "t4")
     leave(child)
     assert all((env.workspace / f).exists() for f in ("s1.txt", "s2.txt", "s3.txt"))
