@@ -75,11 +75,12 @@ class Approver(Protocol):
 
 
 def session_grants(records: Iterable[Record]) -> tuple[Rule, ...]:
-    """The rules granted by the person's "for this session" answers in the log."""
+    """The rules granted by "for this session" answers in the log (whoever answered: the
+    person, a remote client, a harness; not the records of the grants being used)."""
     grants = []
     for r in records:
         if (isinstance(r, Approval) and r.decision is ApprovalDecision.ALLOW
-                and r.scope is ApprovalScope.SESSION and r.by == "person" and r.rule):
+                and r.scope is ApprovalScope.SESSION and r.by != "session" and r.rule):
             try:
                 grants.append(parse_rule(r.rule))
             except ValueError:  # a rule this version no longer reads: ask again

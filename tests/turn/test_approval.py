@@ -29,7 +29,7 @@ from actors.rulesfile import RuleStore, load_rules
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.registry import Registry
-from actors.turn import TurnOutcome, run_turn
+from actors.turn import Runtime, TurnOutcome, run_turn
 from tests.support.fake_llama import answer
 from tests.turn.conftest import ECHO, Rig, ScriptedPort, baseline
 
@@ -247,3 +247,43 @@ def test_without_an_approver_a_call_is_denied_unless_a_rule_allows_it(
     turn(r, None)
     assert results(r) == [f"The call was denied: {NO_APPROVER}"]
     assert port.calls == []
+
+
+def test_a_turn_waiting_for_approval_holds_no_slot(tmp_path: Path) -> None:
+    """Design 11: while session A waits for the person, session B's turn gets the only slot
+    and ends; A's call then runs and A ends too (one server slot, two sessions)."""
+    from tests.inference.slots_rig import Slots
+
+    def script(body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        if messages[1]["content"] == "A" and messages[-1]["role"] == "user":
+            return answer(tool_calls=[run("make deploy")])
+        return answer(f"done {messages[1]['content']}.")
+
+    slots = Slots(tmp_path, slots=1, script=script)
+    port = ScriptedPort(lambda tool, args: wire.Result(content="deployed"), specs=(ECHO, RUN))
+    runtime = Runtime(config=slots.config, inference=slots.inference, registry=Registry([port]))
+    waiting, b_done = threading.Event(), threading.Event()
+    seen_b_done: list[bool] = []
+
+    def person(request: ApprovalRequested, cancel: CancelToken, deadline: float) -> Decision:
+        waiting.set()
+        seen_b_done.append(b_done.wait(30))  # B must finish while A waits here
+        return Decision(Choice.ONCE)
+
+    outcomes: dict[str, str] = {}
+    a = threading.Thread(target=lambda: outcomes.__setitem__("A", run_turn(
+        slots.log("a"), runtime, "A", lambda _e: None, None, person).content))
+    try:
+        a.start()
+        assert waiting.wait(30), "A never asked"
+        outcomes["B"] = run_turn(slots.log("b"), runtime, "B", lambda _e: None).content
+        b_done.set()
+        a.join(30)
+    finally:
+        b_done.set()
+        a.join(30)
+        slots.close()
+    assert outcomes == {"A": "done A.", "B": "done B."}
+    assert seen_b_done == [True]
+    assert [c[2:] for c in port.calls] == [("run_command", {"command": "make deploy"})]
