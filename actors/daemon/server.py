@@ -289,12 +289,10 @@ class Server:
         raise AssertionError(f"no job for {type(msg).__name__}")
 
     def _log_pages(self, rid: int, name: str, start: int) -> list[p.Message]:
-        records = self.sessions.records(name)
-        if records is None:
-            path = session_path(self.app.config, name)
-            if not path.is_file():
-                raise SessionError(f"session {name} does not exist ({path})")
-            records = read_records(path, name=name)
+        path = session_path(self.app.config, name)  # read like `loopd log show` does: a
+        if not path.is_file():  # reader never waits for a session's turn to end
+            raise SessionError(f"session {name} does not exist ({path})")
+        records = read_records(path, name=name)
         budget = self.max_frame // 2
         page: list[bytes] = []
         size, n = 0, start

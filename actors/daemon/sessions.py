@@ -17,8 +17,7 @@ from typing import Any
 import pykka
 
 from actors.app import App
-from actors.errors import SessionInUse, UsageError
-from actors.records import Record
+from actors.errors import DaemonError, SessionInUse, UsageError
 from actors.session import open_session
 
 __all__ = ["Sessions"]
@@ -28,8 +27,9 @@ _STOP_S = 10.0
 
 @dataclasses.dataclass(slots=True)
 class _Entry:
-    proxy: Any
+    proxy: Any  # None while the log is being opened
     client: bytes
+    records: int = 0  # in the log when it was opened
     busy: bool = False
     release: bool = False  # detach when the running turn ends (its client is gone)
 
@@ -43,25 +43,42 @@ class Sessions:
         self._open: dict[str, _Entry] = {}
 
     def attach(self, client: bytes, name: str, create: bool) -> tuple[bool, int, int]:
-        """Attach ``name`` to ``client`` (opening it); (created, records in its log, bytes of
-        a torn tail that opening cut)."""
-        with self._lock:  # held while opening: two clients cannot both open one session
+        """Attach ``name`` to ``client`` (opening it); (created, records in its log when it
+        was opened, bytes of a torn tail that opening cut)."""
+        with self._lock:
             entry = self._open.get(name)
             if entry is not None:
                 if entry.client != client:
                     raise SessionInUse(name)
-                return False, len(entry.proxy.records().get(timeout=_STOP_S)), 0
+                if entry.proxy is None:
+                    raise UsageError(f"session {name} is being opened; wait for that to end")
+                return False, entry.records, 0
+            # Claimed before the log is read, outside the lock: a long log (or a slow disk)
+            # holds up only this request, and a second client is refused at once.
+            entry = self._open[name] = _Entry(None, client)
+        try:
             baseline = self.app.baseline() if create else None
             proxy = open_session(self.app.config, name, baseline=baseline)
-            self._open[name] = _Entry(proxy, client)
             report = proxy.ready().get(timeout=_STOP_S)
-            return report.created, report.records, report.cut_bytes
+        except BaseException:
+            with self._lock:
+                self._open.pop(name, None)
+            raise
+        with self._lock:
+            entry.proxy, entry.records = proxy, report.records
+            kept = self._open.get(name) is entry and not entry.release
+            if not kept and self._open.get(name) is entry:
+                del self._open[name]
+        if not kept:  # the client went, or the daemon began to stop, while it opened
+            _stop(proxy)
+            raise DaemonError(f"session {name} was closed while it opened")
+        return report.created, report.records, report.cut_bytes
 
     def begin_turn(self, client: bytes, name: str) -> Any:
         """The actor of ``name`` for a turn of ``client`` (who must have it attached)."""
         with self._lock:
             entry = self._open.get(name)
-            if entry is None or entry.client != client:
+            if entry is None or entry.client != client or entry.proxy is None:
                 raise UsageError(f"session {name} is not open for this client; open it first")
             if entry.busy:
                 raise UsageError(
@@ -90,7 +107,7 @@ class Sessions:
         """Detach ``name`` from ``client`` and close it; refused while a turn runs."""
         with self._lock:
             entry = self._open.get(name)
-            if entry is None or entry.client != client:
+            if entry is None or entry.client != client or entry.proxy is None:
                 return
             if entry.busy:
                 raise UsageError(f"a turn is running on session {name}; cancel it first")
@@ -104,21 +121,12 @@ class Sessions:
             for name, entry in list(self._open.items()):
                 if entry.client != client:
                     continue
-                if entry.busy:
+                if entry.busy or entry.proxy is None:
                     entry.release = True
                 else:
                     idle.append(self._open.pop(name))
         for entry in idle:
             _stop(entry.proxy)
-
-    def records(self, name: str) -> tuple[Record, ...] | None:
-        """The records of an open session (its actor's view); None when it is not open."""
-        with self._lock:
-            entry = self._open.get(name)
-        if entry is None:
-            return None
-        records: tuple[Record, ...] = entry.proxy.records().get(timeout=_STOP_S)
-        return records
 
     def rows(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -126,7 +134,7 @@ class Sessions:
 
     def close_all(self) -> None:
         with self._lock:
-            entries = list(self._open.values())
+            entries = [e for e in self._open.values() if e.proxy is not None]
             self._open.clear()
         for entry in entries:
             _stop(entry.proxy)
