@@ -7,14 +7,16 @@ host's worker threads can call ``run`` concurrently and block only themselves.
 
 Policy (the server's annotations are hints from a program we did not write, so they only
 ever choose the stricter side of MCP's defaults; only loopd's config allows a tool). The
-annotations become the ToolSpec's ``needs_approval`` and ``untrusted``; the tool host
-applies ``tools.allow`` to ``needs_approval`` as for any other tool:
+annotations become the ToolSpec's ``needs_approval`` and ``untrusted``, and approval works
+as for any other tool (the host answers ``PendingApproval``; the session's rules or the
+person decide, actors.approval):
 
 - approval: a tool runs without approval only if it says ``readOnlyHint: true`` and does
   not also say ``destructiveHint: true``. Everything else (no annotations, additive writes
-  with ``destructiveHint: false``, destructive tools) needs approval unless it is named in
-  ``tools.allow``. This is stricter than keying on ``destructiveHint`` alone: an additive
-  write (``git_commit``) changes things, like loopd's own ``write_file``.
+  with ``destructiveHint: false``, destructive tools) needs approval unless a rule
+  (``tools.allow``, the rules file) allows it. This is stricter than keying on
+  ``destructiveHint`` alone: an additive write (``git_commit``) changes things, like
+  loopd's own ``write_file``.
 - untrusted: results are untrusted unless the tool says ``openWorldHint: false`` (MCP's
   default is true). ``tools.allow`` never makes results trusted.
 

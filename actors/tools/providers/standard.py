@@ -8,7 +8,8 @@ swapped for one mid-call), a FIFO or device, or a write to a file with other har
 linear in the text: no pattern can stall a worker.
 Outputs are cut at ``max_output_bytes`` with a note saying how much was cut and how to read
 on. ``write_file`` and ``run_command`` change things, so their specs say
-``needs_approval``; the host answers ``PendingApproval`` unless ``tools.allow`` names them.
+``needs_approval``; the host answers ``PendingApproval`` unless its ``--allow`` names them
+or the call comes approved (the session's rules or the person said yes: actors.approval).
 ``fetch_url``'s results come from outside and are marked ``untrusted``.
 """
 
