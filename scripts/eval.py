@@ -225,9 +225,11 @@ class Row:
 
 
 def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config:
-    """``base`` with the harness's own log directory and workspace, and a fixed seed."""
+    """``base`` with the harness's own log directory, workspace and rules file (none: the
+    person's "always" answers must not change the score), and a fixed seed."""
     config = base.replace("log", dir=str(root / "sessions"))
-    config = config.replace("tools", workspace=str(root / "workspace"))
+    config = config.replace("tools", workspace=str(root / "workspace"),
+                            rules_file=str(root / "rules.toml"))
     return config.replace("inference", seed=seed) if seed >= 0 else config
 
 
