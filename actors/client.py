@@ -329,22 +329,33 @@ class RemoteTurn:
 
     def __iter__(self) -> Iterator[Event]:
         try:
-            while True:
-                msg = _get(self._answers)
-                if isinstance(msg, p.EventMessage):
-                    yield p.decode_event(msg)
-                elif isinstance(msg, p.Done):
-                    self.outcome = _outcome(msg)
-                    return
-                elif isinstance(msg, p.Approval):
-                    self._approve(msg)
-                elif isinstance(msg, p.Error):
-                    raise remote_error(msg)
-                elif isinstance(msg, _Gone):
-                    raise DaemonError(msg.why)
+            while (event := self._step()) is not None:
+                yield event
         finally:
-            self.ended.cancel()
-            self.client._forget(self.id)
+            self._finish()
+
+    def _step(self) -> Event | None:
+        """The turn's next event; None once it answered (``outcome`` set); raises its error.
+
+        Ctrl-C while waiting here leaves the turn as it was: the caller may cancel, and
+        step on to its end."""
+        while True:
+            msg = _get(self._answers)
+            if isinstance(msg, p.EventMessage):
+                return p.decode_event(msg)
+            if isinstance(msg, p.Done):
+                self.outcome = _outcome(msg)
+                return None
+            if isinstance(msg, p.Approval):
+                self._approve(msg)
+            elif isinstance(msg, p.Error):
+                raise remote_error(msg)
+            elif isinstance(msg, _Gone):
+                raise DaemonError(msg.why)
+
+    def _finish(self) -> None:
+        self.ended.cancel()
+        self.client._forget(self.id)
 
     def _approve(self, msg: p.Approval) -> None:
         """Ask ``on_approval`` as the in-process turn would, and send its answer (if any)."""
@@ -366,21 +377,25 @@ class RemoteTurn:
 
         A subclass of KeyboardInterrupt (the CLI's SIGTERM) cancels the same way and is
         raised again once the turn has ended, so it ends the caller's command too."""
-        events = iter(self)
         ending: KeyboardInterrupt | None = None
-        while True:
-            try:
-                for event in events:
+        try:
+            while True:
+                try:
+                    event = self._step()
+                    if event is None:
+                        break
                     sink(event)
-                break
-            except KeyboardInterrupt as e:
-                self.cancel()
-                if type(e) is not KeyboardInterrupt:
-                    ending = e
-            except LoopdError:
-                if ending is not None:
-                    raise ending from None
-                raise
+                except KeyboardInterrupt as e:  # in the wait, an approval prompt or the sink
+                    self.cancel()
+                    if type(e) is not KeyboardInterrupt:
+                        ending = e
+                    continue
+                except LoopdError:
+                    if ending is not None:
+                        raise ending from None
+                    raise
+        finally:
+            self._finish()
         if ending is not None:
             raise ending
         assert self.outcome is not None
