@@ -75,9 +75,8 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """``loopd ARGS --config CONFIG`` in its own process (``stdin``: its input, else none);
     its result (text)."""
-    command, *rest = args
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", command, "--config", str(config), *rest],
+        [sys.executable, "-m", "actors.cli", *args, "--config", str(config)],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout, input=stdin,
         stdin=subprocess.DEVNULL if stdin is None else None,
     )  # fmt: skip
