@@ -14,11 +14,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_COUNT", "MAX_FIELDS", "count", "number", "timings", "usage"]
+__all__ = ["MAX_COUNT", "MAX_FIELDS", "MAX_WORD", "count", "number", "timings", "usage", "word"]
 
 MAX_COUNT = 2**63 - 1  # what a log record's integer holds (msgpack int64)
 MAX_FIELDS = 64  # timings entries kept: llama-server sends about ten
 _MAX_KEY = 64  # characters of a timings key
+MAX_WORD = 64  # characters of a finish_reason ("stop", "length", "tool_calls")
 
 
 def count(value: Any) -> int | None:
@@ -26,6 +27,11 @@ def count(value: Any) -> int | None:
     if type(value) is int and 0 <= value <= MAX_COUNT:
         return value
     return None
+
+
+def word(value: Any) -> str | None:
+    """``value`` if it is a short text (a finish_reason), else None."""
+    return value if type(value) is str and len(value) <= MAX_WORD else None
 
 
 def number(value: Any) -> int | float | None:

@@ -135,8 +135,8 @@ class StreamAssembler:
             raise _protocol("choices is not a list of objects", data)
         finish = choice.get("finish_reason")
         if finish is not None:
-            if type(finish) is not str:
-                raise _protocol("finish_reason is not a string", data)
+            if server_values.word(finish) is None:
+                raise _protocol("finish_reason is not a short word", data)
             self.finish_reason = finish
         delta = choice.get("delta")
         if delta is None:

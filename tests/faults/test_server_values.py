@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from actors.inference import server_values
+from actors.inference.types import InferError, InferErrorKind
 from actors.log import SessionLog
 from actors.records import Assistant, Usage, User
 from tests.faults.conftest import MakeRig
@@ -25,6 +26,7 @@ BAD_NUMBERS: dict[str, dict[str, Any]] = {
     "timings not a map": {"timings": ["cache_n", 4]},
     "timings.cache_n negative": {"timings": {"cache_n": -5, "prompt_n": 3}},
     "timings.cache_n above 2**63": {"timings": {"cache_n": 2**63, "prompt_n": 3}},
+    "timings at the top of the range": {"timings": {"cache_n": 2**63 - 1, "prompt_n": 2**63 - 1}},
     "prompt_tokens a string": {"usage": {"prompt_tokens": "12", "completion_tokens": 3}},
     "prompt_tokens above 2**63": {"usage": {"prompt_tokens": 2**63 + 5, "completion_tokens": 3}},
     "prompt_tokens above 2**64": {"usage": {"prompt_tokens": 2**64 + 5, "completion_tokens": 3}},
@@ -89,3 +91,14 @@ def test_a_log_that_already_holds_a_bad_timing_opens_and_runs(turn_rig: MakeRig)
         reread = rig.records[-1]
         assert isinstance(reread, Usage) and reread.timings == {"prompt_ms": 2.0}
         assert rig.turn("three").content == "Next."
+
+
+def test_a_finish_reason_that_is_not_a_short_word_is_a_protocol_error(turn_rig: MakeRig) -> None:
+    with FakeLlama([answer("First.", finish_reason="stop" * 250_000), answer("Next.")]) as fake:
+        rig = turn_rig(fake.url)
+        with pytest.raises(InferError) as caught:
+            rig.turn("one")
+        assert caught.value.kind is InferErrorKind.PROTOCOL
+        assert "finish_reason is not a short word" in str(caught.value)
+        assert rig.kinds() == ["User"]  # nothing of that answer (1 MB of it) was logged
+        assert rig.turn("two").content == "Next."
