@@ -157,13 +157,16 @@ def test_exit_130_when_ctrl_c_cancels_the_turn(
 ) -> None:
     fake, _ = fake_process
     proc = _loopd(env, fake.url, "run", "wait for me", "--json", "--session", "c")
+    seen = []
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:  # wait until the request is out
+            seen.append(line)
             if json.loads(line)["event"] == "waiting":
                 break
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        code = proc.wait(timeout=30)
+        assert code == 130, (seen, proc.stdout.read(), proc.stderr.read())
     finally:
         proc.kill()
         proc.wait()
