@@ -19,15 +19,18 @@ import orjson
 from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
 from actors.inference import server_values
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
+from actors.log import MAX_RECORD
 from actors.records import ToolCall
 
 __all__ = ["DONE", "MAX_RESPONSE_CHARS", "StreamAssembler"]
 
 DONE = "[DONE]"
 # A response is logged as one record, and a record holds at most MAX_RECORD bytes (64 MiB):
-# at 4 bytes per character at most, this many characters always fit. A stream that sends
-# more is refused as it arrives, so a hostile server cannot fill memory or the log either.
-MAX_RESPONSE_CHARS = 16 * 1024 * 1024
+# at 4 bytes per character at most, and _CALL_CHARS for each tool call's own fields, this
+# many characters always fit, with 64 KiB to spare for the rest of the record. A stream
+# that sends more is refused as it arrives, so a hostile server cannot fill memory either.
+MAX_RESPONSE_CHARS = (MAX_RECORD - 64 * 1024) // 4
+_CALL_CHARS = 16  # a tool call's map in the record: 3 keys and their headers, < 64 bytes
 _SHOWN = 200  # characters of a bad chunk quoted in an error message
 
 
@@ -145,8 +148,8 @@ class StreamAssembler:
             raise _protocol("delta is not an object", data)
         return self._delta(delta, data)
 
-    def _grow(self, text: str) -> None:
-        self._size += len(text)
+    def _grow(self, chars: int) -> None:
+        self._size += chars
         if self._size > MAX_RESPONSE_CHARS:
             raise InferError(
                 InferErrorKind.PROTOCOL,
@@ -160,14 +163,14 @@ class StreamAssembler:
         if reasoning:
             if type(reasoning) is not str:
                 raise _protocol("reasoning_content is not a string", data)
-            self._grow(reasoning)
+            self._grow(len(reasoning))
             self._reasoning.append(reasoning)
             events.append(Reasoning(reasoning))
         content = delta.get("content")
         if content:
             if type(content) is not str:
                 raise _protocol("content is not a string", data)
-            self._grow(content)
+            self._grow(len(content))
             self._content.append(content)
             events.append(Content(content))
         calls = delta.get("tool_calls")
@@ -191,12 +194,11 @@ class StreamAssembler:
         call_id, name, args = fragment.get("id"), fn.get("name"), fn.get("arguments")
         if not all(v is None or isinstance(v, str) for v in (call_id, name, args)):
             raise _protocol("a tool-call fragment has non-string fields", data)
-        for text in (call_id, name, args):
-            if text:
-                self._grow(text)
+        self._grow(sum(len(t) for t in (call_id, name, args) if t))
         self._fragments += 1
         call = self._calls.get(index)
         if call is None:
+            self._grow(_CALL_CHARS)
             call = self._calls[index] = _Call(call_id, name)
         else:
             call.id = call_id or call.id

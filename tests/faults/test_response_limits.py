@@ -156,3 +156,28 @@ def test_an_endless_answer_is_cut_at_max_tokens(turn_rig: MakeRig, reask: bool) 
         assert outcome.content == "more " * (50 + CONTROL_GRACE + 1)
         assert rig.kinds() == ["User", "Assistant", "Usage"]
         assert rig.turn("And now?").content == "next"
+
+
+def test_a_flood_of_tiny_tool_calls_counts_each_calls_own_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many one-letter calls are little text but a large record: each call's own fields are
+    counted, so what the assembler lets through always fits (scaled down from 16 Mi)."""
+    from actors.inference import sse
+    from actors.log import frame
+    from actors.records import Assistant
+
+    limit = 20_000
+    monkeypatch.setattr(sse, "MAX_RESPONSE_CHARS", limit)
+
+    def chunk(first: int, n: int) -> str:
+        calls = [{"index": i, "function": {"name": "f"}} for i in range(first, first + n)]
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
+
+    fits = limit // 17 - 10  # 16 per call and its one-letter name
+    asm = sse.StreamAssembler()
+    asm.feed(chunk(0, fits))
+    record = Assistant(content=None, reasoning=None, tool_calls=asm.completion().tool_calls)
+    assert len(frame(record)) <= 4 * limit  # the bound the real limit relies on
+    with pytest.raises(InferError, match="more than a session log record holds"):
+        asm.feed(chunk(fits, 20))
