@@ -128,7 +128,7 @@ class ToolsConfig:
     allow: tuple[str, ...] = ()  # rules: TOOL or "TOOL: PREFIX" that run without asking
     deny: tuple[str, ...] = ()  # rules that never run (deny beats allow)
     approval_timeout_s: float = 300.0  # no answer by then is a denial; 0: wait as long as it takes
-    rules_file: str = "~/.config/loopd/rules.toml"  # the "always" answers (and rules by hand)
+    rules_file: str = ""  # the "always" answers (and rules by hand); "": the XDG place
     max_concurrent_calls: int = 8  # per host
     max_frame_bytes: int = 4 * 1024 * 1024  # largest ZeroMQ frame accepted
     max_output_bytes: int = 1024 * 1024  # a tool's output is cut here, at the host
@@ -180,7 +180,12 @@ class Config:
 
     @property
     def rules_path(self) -> Path:
-        return Path(self.tools.rules_file).expanduser()
+        """``tools.rules_file``, else ``$XDG_CONFIG_HOME/loopd/rules.toml``, else
+        ``~/.config/loopd/rules.toml`` (where a person looks for a program's settings)."""
+        if self.tools.rules_file:
+            return Path(self.tools.rules_file).expanduser()
+        base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
+        return Path(base).expanduser() / "loopd" / "rules.toml"
 
     @property
     def workspace(self) -> Path:

@@ -1,4 +1,5 @@
-"""The rules file (``tools.rules_file``, default ``~/.config/loopd/rules.toml``).
+"""The rules file (``tools.rules_file``; by default ``~/.config/loopd/rules.toml``, or under
+``$XDG_CONFIG_HOME``).
 
 It holds the "always" answers, and any rule a person writes there by hand::
 

@@ -38,8 +38,11 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 # their own, so `loopd run` in a test never finds (and never talks to) a daemon the person
 # (or another test run) has running. Subprocesses inherit both.
 os.environ.pop("LOOPD_CONFIG", None)
-os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="loopd-tests-")
-atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
+# Likewise their own config home: the person's rules file (tools.rules_file's default place)
+# would otherwise allow or deny calls the tests expect to be asked about.
+for _xdg in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+    os.environ[_xdg] = tempfile.mkdtemp(prefix="loopd-tests-")
+    atexit.register(shutil.rmtree, os.environ[_xdg], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -241,3 +241,14 @@ def test_the_shell_table() -> None:
         parse({"tools": {"shell": 3}})
     shell = cfg.ShellConfig(network=True)
     assert Config().replace("tools", shell=shell).tools.shell is shell
+
+
+def test_the_rules_file_lives_in_the_config_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "conf"))
+    assert Config().rules_path == tmp_path / "conf" / "loopd" / "rules.toml"
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    assert Config().rules_path == Path.home() / ".config" / "loopd" / "rules.toml"
+    named = parse({"tools": {"rules_file": "~/mine.toml"}})
+    assert named.rules_path == Path.home() / "mine.toml"
