@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
     sub = p.add_subparsers(dest="command", required=True)
-    local = "run in this process even when a daemon (loopd serve) answers"
+    local = ("run in this process even when a daemon (loopd serve) answers (--url, "
+             "--workspace and --log-dir do this too)")
     approve = argparse.ArgumentParser(add_help=False)
     approve.add_argument(
         "--approve", action="append", default=[], metavar="TOOL[:PREFIX]",
@@ -186,7 +187,10 @@ def _session(
     ``--approve`` rules go with the turn."""
     from actors.client import find_daemon
 
-    client = None if args.local else find_daemon(config)
+    # --url, --workspace and --log-dir describe a world of this command's own: the daemon
+    # runs its own, so a command given one of them runs in this process.
+    local = args.local or bool(args.url or args.workspace or args.log_dir)
+    client = None if local else find_daemon(config)
     if client is not None:
         _approved(args)  # a bad --approve is refused here, as in-process
         with client:

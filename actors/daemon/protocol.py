@@ -34,8 +34,9 @@ Sessions
 --------
 A session is attached to at most one client at a time. ``open`` attaches it (creating it
 when ``create`` is true and it does not exist); ``turn`` on a session the client has not
-opened opens it first. Another client asking for it gets ``error`` of kind
-``SessionInUse``: "session NAME is in use by another client". ``close`` detaches it.
+opened opens it first. Another client asking for it gets an ``error`` whose ``error`` is
+``SessionInUse``: "session NAME is in use by another client". ``close`` detaches it; a
+client's ``bye``, or its silence, detaches all of its sessions.
 
 Messages, client to daemon
 --------------------------
@@ -72,7 +73,8 @@ Messages, daemon to client
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
   ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
-  ``torn_tail`` and ``approval_requested`` (see ``actors/events.py`` for each one's fields).
+  ``torn_tail``, ``approval_requested`` and ``approval_decided`` (see ``actors/events.py``
+  for each one's fields; a new event is a new protocol version).
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
   ``Usage`` record in the log's own encoding, design section 2: a msgpack map with

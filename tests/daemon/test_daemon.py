@@ -305,3 +305,14 @@ def test_serve_detach_returns_once_the_daemon_answers(config: Path) -> None:
     finally:
         if pid and psutil.pid_exists(pid):
             kill_tree(pid)
+
+
+def test_a_command_with_a_world_of_its_own_runs_in_process(daemon: Daemon) -> None:
+    """--url, --workspace and --log-dir are this command's own: not the daemon's."""
+    other = daemon.config_path.parent / "other-sessions"
+    result = cli(daemon.config_path, "run", "t1 :: list_dir {}", "--session", "own",
+                 "--log-dir", str(other))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "starting tool hosts" in result.stderr  # it built its own world
+    assert (other / "own" / "log.bin").is_file()
+    assert not (daemon.config.log_dir / "own").exists()
