@@ -44,6 +44,7 @@ from actors.cancel import CancelToken
 from actors.config import Config
 from actors.daemon import protocol as p
 from actors.daemon.place import endpoint as daemon_endpoint
+from actors.daemon.place import not_private, runtime_dir
 from actors.errors import DaemonError, LoopdError, WireError
 from actors.events import ApprovalRequested, Event
 from actors.outcome import TurnOutcome
@@ -460,10 +461,17 @@ def _listening(path: str) -> bool:
 
 
 def find_daemon(config: Config) -> Client | None:
-    """A client of the daemon when its socket answers within ``daemon.connect_timeout_s``."""
+    """A client of the daemon when its socket answers within ``daemon.connect_timeout_s``.
+
+    The default socket is used only in a runtime directory of this user's own (0700): one
+    that others could write to may hold anybody's socket."""
     where = daemon_endpoint(config)
-    if where.startswith("ipc://") and not _listening(where.removeprefix("ipc://")):
-        return None  # no socket, or a dead daemon's: no need to wait
+    if where.startswith("ipc://"):
+        path = where.removeprefix("ipc://")
+        if not config.daemon.endpoint and not_private(runtime_dir(config)) is not None:
+            return None  # a runtime directory others can reach is nobody's daemon to trust
+        if not _listening(path):
+            return None  # no socket, or a dead daemon's: no need to wait
     client = Client.from_config(config)
     if client.ping(config.daemon.connect_timeout_s):
         return client

@@ -15,7 +15,9 @@ from pathlib import Path
 from actors.config import Config
 from actors.errors import ConfigError
 
-__all__ = ["IPC_MAX", "endpoint", "ensure_runtime_dir", "pid_file", "runtime_dir"]
+__all__ = [
+    "IPC_MAX", "endpoint", "ensure_runtime_dir", "not_private", "pid_file", "runtime_dir",
+]
 
 IPC_MAX = 107  # bytes of an ipc:// path on Linux (sun_path)
 
@@ -54,18 +56,25 @@ def pid_file(config: Config) -> Path:
     return runtime_dir(config) / "loopd.pid"
 
 
+def not_private(path: Path) -> str | None:
+    """Why directory ``path`` is not this user's own (0700), or None when it is."""
+    try:
+        info = path.stat()
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to another user; choose a directory of your own"
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return (f"{path} can be reached by others (mode {stat.S_IMODE(info.st_mode):o}); "
+                f"run: chmod 700 {path}")  # fmt: skip
+    return None
+
+
 def ensure_runtime_dir(config: Config) -> Path:
     """The runtime directory, created 0700; refused when others could reach it."""
     path = runtime_dir(config)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise ConfigError(
-            f"daemon.runtime_dir: {path} belongs to another user; choose a directory of your own"
-        )
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        raise ConfigError(
-            f"daemon.runtime_dir: {path} can be reached by others (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); run: chmod 700 {path}"
-        )
+    problem = not_private(path)
+    if problem is not None:
+        raise ConfigError(f"daemon.runtime_dir: {problem}")
     return path

@@ -316,3 +316,17 @@ def test_a_command_with_a_world_of_its_own_runs_in_process(daemon: Daemon) -> No
     assert "starting tool hosts" in result.stderr  # it built its own world
     assert (other / "own" / "log.bin").is_file()
     assert not (daemon.config.log_dir / "own").exists()
+
+
+def test_a_runtime_dir_others_can_reach_is_refused_by_serve_and_passed_over_by_run(
+    config: Path, run_dir: Path
+) -> None:
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(0o755)
+    (run_dir / "loopd.sock").touch()  # as if someone had put a socket there
+    served = cli(config, "serve")
+    said = " ".join(served.stderr.split())
+    assert served.returncode == 2 and "can be reached by others (mode 755)" in said
+    assert find_daemon(cfg.load(config)) is None
+    ran = cli(config, "run", "t1 :: list_dir {}", "--session", "x")
+    assert ran.returncode == 0 and "starting tool hosts" in ran.stderr  # in-process
