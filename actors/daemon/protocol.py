@@ -116,6 +116,7 @@ from actors.checks import Check, exact, json_data, json_object, member, wire_id
 from actors.codec import MessageCodec
 from actors.errors import WireError
 from actors.records import SlotUse, check_slot_use
+from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both protocols
 
 __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Done", "Error",
@@ -125,16 +126,6 @@ __all__ = [
 ]  # fmt: skip
 
 VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ping:
-    pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Pong:
-    pass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

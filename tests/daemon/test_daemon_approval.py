@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,8 @@ from actors.approval import NO_APPROVER, Choice, Decision
 from actors.cancel import CancelToken
 from actors.events import ApprovalDecided, ApprovalRequested
 from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
-from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config, env
-from tests.support.fake_llama import FakeLlama
-from tests.support.scripted_llama import agent
+from tests.daemon.daemonkit import ROOT, Daemon, cli, env
 from tests.support.watch import wait_until
-from tests.tools.hostkit import short_dir
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with short_dir() as d, FakeLlama(agent()) as fake:
-        path = daemon_config(tmp_path, d / "run", fake.url, allow=("run_command",))
-        with Daemon(path) as running:
-            yield running
 
 
 def _write(tag: str, name: str) -> str:
@@ -54,11 +42,11 @@ class Person:
 
 
 def test_an_approval_travels_to_the_client_and_its_answer_lets_the_call_run(
-    daemon: Daemon,
+    asking_daemon: Daemon,
 ) -> None:
-    ws = Path(daemon.config.tools.workspace)
+    ws = Path(asking_daemon.config.tools.workspace)
     person = Person(Decision(Choice.ONCE))
-    with daemon.client() as client:
+    with asking_daemon.client() as client:
         turn = client.turn("s", _write("t1", "out.txt"), person)
         events = list(turn)
         records = client.read_log("s")
@@ -76,9 +64,9 @@ def test_an_approval_travels_to_the_client_and_its_answer_lets_the_call_run(
     assert turn.outcome is not None and turn.outcome.content == "done t1."
 
 
-def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(daemon: Daemon) -> None:
-    ws = Path(daemon.config.tools.workspace)
-    with daemon.client() as client:
+def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(asking_daemon: Daemon) -> None:
+    ws = Path(asking_daemon.config.tools.workspace)
+    with asking_daemon.client() as client:
         client.turn("s", _write("t1", "no.txt"), Person(Decision(Choice.DENY, "not now")))\
             .run(lambda e: None)
         records = client.read_log("s")
@@ -87,8 +75,8 @@ def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(daemon: Daemo
     assert "the person said no: not now" in result.content
 
 
-def test_without_an_approver_the_client_denies_as_in_process(daemon: Daemon) -> None:
-    with daemon.client() as client:
+def test_without_an_approver_the_client_denies_as_in_process(asking_daemon: Daemon) -> None:
+    with asking_daemon.client() as client:
         client.turn("s", _write("t1", "none.txt")).run(lambda e: None)
         records = client.read_log("s")
     approval = next(r for r in records if isinstance(r, Approval))
@@ -96,9 +84,9 @@ def test_without_an_approver_the_client_denies_as_in_process(daemon: Daemon) -> 
         ApprovalDecision.DENY, "no approver", NO_APPROVER)  # fmt: skip
 
 
-def test_for_this_session_is_asked_once(daemon: Daemon) -> None:
+def test_for_this_session_is_asked_once(asking_daemon: Daemon) -> None:
     person = Person(Decision(Choice.SESSION))
-    with daemon.client() as client:
+    with asking_daemon.client() as client:
         for n in (1, 2):
             client.turn("s", _write(f"t{n}", f"f{n}.txt"), person).run(lambda e: None)
         records = client.read_log("s")
@@ -107,10 +95,10 @@ def test_for_this_session_is_asked_once(daemon: Daemon) -> None:
     assert scopes == [(ApprovalScope.SESSION, "person"), (ApprovalScope.SESSION, "session")]
 
 
-def test_a_client_gone_while_an_approval_waits_cancels_the_turn(daemon: Daemon) -> None:
-    ws = Path(daemon.config.tools.workspace)
+def test_a_client_gone_while_an_approval_waits_cancels_the_turn(asking_daemon: Daemon) -> None:
+    ws = Path(asking_daemon.config.tools.workspace)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.daemon.turn_client", str(daemon.config_path), "s",
+        [sys.executable, "-m", "tests.daemon.turn_client", str(asking_daemon.config_path), "s",
          _write("t1", "late.txt"), "--hang-on-approval"],
         cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -128,11 +116,11 @@ def test_a_client_gone_while_an_approval_waits_cancels_the_turn(daemon: Daemon) 
             proc.stdout.close()
 
     def released() -> bool:
-        with daemon.client() as c:
+        with asking_daemon.client() as c:
             return not c.status().sessions
 
     wait_until(released, 20, "the daemon to cancel the turn and give the session up")
-    with daemon.client() as client:
+    with asking_daemon.client() as client:
         records = client.read_log("s")
         assert client.turn("s", "t2 :: list_dir {}").run(lambda e: None).content == "done t2."
     approval = next(r for r in records if isinstance(r, Approval))
@@ -155,14 +143,14 @@ def _approvals(daemon: Daemon, session: str) -> list[tuple[object, ...]]:
     ids=["json-answer", "approve-flag", "no-terminal"],
 )
 def test_loopd_run_decides_through_the_daemon_as_in_process(
-    daemon: Daemon, flags: tuple[str, ...], stdin: str | None
+    asking_daemon: Daemon, flags: tuple[str, ...], stdin: str | None
 ) -> None:
     runs = {}
     for session, extra in (("remote", ()), ("local", ("--local",))):
-        runs[session] = cli(daemon.config_path, "run", _write("t1", f"{session}.txt"),
+        runs[session] = cli(asking_daemon.config_path, "run", _write("t1", f"{session}.txt"),
                             "--session", session, *flags, *extra, stdin=stdin)  # fmt: skip
         assert runs[session].returncode == 0, runs[session].stderr
-    remote, local = _approvals(daemon, "remote"), _approvals(daemon, "local")
+    remote, local = _approvals(asking_daemon, "remote"), _approvals(asking_daemon, "local")
     assert [str(x).replace("remote", "S") for x in remote] == [
         str(x).replace("local", "S") for x in local]  # fmt: skip
     assert remote  # an approval was decided

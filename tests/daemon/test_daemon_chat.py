@@ -6,38 +6,25 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
-import pytest
 
 from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
 from actors.tools.procs import is_alive
-from tests.daemon.daemonkit import ROOT, Daemon, daemon_config
-from tests.support.fake_llama import FakeLlama
-from tests.support.scripted_llama import agent
+from tests.daemon.daemonkit import ROOT, Daemon
 from tests.support.watch import wait_until
-from tests.tools.hostkit import short_dir
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with short_dir() as d, FakeLlama(agent()) as fake:
-        path = daemon_config(tmp_path, d / "run", fake.url, allow=("run_command",))
-        with Daemon(path) as running:
-            yield running
 
 
 def _sleeping(daemon: Daemon) -> bool:
     return any("sleep 60" in " ".join(c.cmdline()) for c in daemon.children() if is_alive(c))
 
 
-def test_chat_through_the_daemon_asks_cancels_and_leaves(daemon: Daemon) -> None:
+def test_chat_through_the_daemon_asks_cancels_and_leaves(asking_daemon: Daemon) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb",
            "COLUMNS": "200"}  # fmt: skip
     child = pexpect.spawn(
-        sys.executable, ["-m", "actors.cli", "chat", "--config", str(daemon.config_path),
+        sys.executable, ["-m", "actors.cli", "chat", "--config", str(asking_daemon.config_path),
                          "--session", "c"],
         cwd=str(ROOT), env=env, encoding="utf-8", timeout=60, dimensions=(50, 200),
     )  # fmt: skip
@@ -53,11 +40,11 @@ def test_chat_through_the_daemon_asks_cancels_and_leaves(daemon: Daemon) -> None
         child.expect("> ")
         child.sendline('t2 :: run_command {"command": "sleep 60; echo too-late"}')
         child.expect("run_command")
-        wait_until(lambda: _sleeping(daemon), 20, "the command to run in the daemon's host")
+        wait_until(lambda: _sleeping(asking_daemon), 20, "the command to run in the daemon's host")
         child.sendintr()  # Ctrl-C: the turn is cancelled in the daemon
         child.expect("Cancelled")
         child.expect("> ")
-        wait_until(lambda: not _sleeping(daemon), 20, "the cancelled command to be killed")
+        wait_until(lambda: not _sleeping(asking_daemon), 20, "the cancelled command to be killed")
         child.sendeof()
         child.expect(pexpect.EOF)
         child.close()
@@ -66,10 +53,10 @@ def test_chat_through_the_daemon_asks_cancels_and_leaves(daemon: Daemon) -> None
         if child.isalive():
             child.kill(9)
             child.close(force=True)
-    with daemon.client() as client:
+    with asking_daemon.client() as client:
         records = client.read_log("c")
     approvals = [r for r in records if isinstance(r, Approval)]
     assert [(a.decision, a.scope, a.by) for a in approvals] == [
         (ApprovalDecision.ALLOW, ApprovalScope.ONCE, "person")]  # fmt: skip
-    assert (Path(daemon.config.tools.workspace) / "chat.txt").read_text() == "from chat"
+    assert (Path(asking_daemon.config.tools.workspace) / "chat.txt").read_text() == "from chat"
     assert len([r for r in records if isinstance(r, ToolResult)]) == 1  # t2 wrote none
