@@ -25,7 +25,7 @@ from actors import config as cfg
 from actors.client import Client, find_daemon
 from actors.daemon import protocol as p
 from actors.daemon.place import endpoint
-from actors.errors import SessionInUse
+from actors.errors import Cancelled, SessionInUse
 from actors.records import Assistant, ToolResult, User
 from actors.tools.keys import load_public, load_secret, write_keypair
 from actors.tools.procs import is_alive, kill_tree
@@ -330,3 +330,17 @@ def test_a_runtime_dir_others_can_reach_is_refused_by_serve_and_passed_over_by_r
     assert find_daemon(cfg.load(config)) is None
     ran = cli(config, "run", "t1 :: list_dir {}", "--session", "x")
     assert ran.returncode == 0 and "starting tool hosts" in ran.stderr  # in-process
+
+
+def test_cancel_ends_a_turn_and_the_session_lists_and_reads(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        turn = client.turn("c", f"t1 :: {_run_command('sleep 60; echo too-late')}")
+        events = iter(turn)
+        next(e for e in events if type(e).__name__ == "ToolCallStarted")
+        turn.cancel()
+        with pytest.raises(Cancelled):
+            list(events)
+        assert "c" in client.sessions()
+        records = client.read_log("c")
+        assert client.turn("c", "t2 :: list_dir {}").run(lambda e: None).content == "done t2."
+    assert [type(r).__name__ for r in records] == ["Baseline", "User", "Assistant", "Usage"]
