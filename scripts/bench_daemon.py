@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from actors.app import start_app
 from actors.client import Client
 from actors.events import Event
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
-from tests.support.load import SLOTS, TOOLS, message
+from tests.support.load import SLOTS, TOOLS, message, run_at_once
 from tests.support.scripted_llama import serve_in_process
 
 __all__ = ["LEVELS", "run"]
@@ -89,26 +88,12 @@ def _command(path: Path, *flags: str) -> float:
 
 
 def _level(config: cfg.Config, level: int, clients: int, turns: int) -> float:
-    errors: list[BaseException] = []
-
     def drive(c: int) -> None:
-        try:
-            with Client.from_config(config) as client:
-                for n in range(turns):
-                    client.turn(f"l{level}c{c}", message(c, n)).run(_sink)
-        except BaseException as e:
-            errors.append(e)
+        with Client.from_config(config) as client:
+            for n in range(turns):
+                client.turn(f"l{level}c{c}", message(c, n)).run(_sink)
 
-    threads = [threading.Thread(target=drive, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return clients * turns / wall
+    return clients * turns / run_at_once(drive, clients)
 
 
 def run() -> list[dict[str, Any]]:

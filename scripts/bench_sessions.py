@@ -31,7 +31,7 @@ from actors.session import open_session
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
 from actors.turn import Runtime
-from tests.support.load import SLOTS, load_config, message
+from tests.support.load import SLOTS, load_config, message, run_at_once
 from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import Peak
 
@@ -59,32 +59,22 @@ def _level(
         proxies.append(open_session(config, f"l{level}s{s}", base))
     latencies: list[float] = []
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def drive(s: int) -> None:
-        try:
-            for n in range(turns):
-                start = time.perf_counter()
-                proxies[s].turn(runtime, message(s, n), _sink).get(timeout=120)
-                with lock:
-                    latencies.append(time.perf_counter() - start)
-        except BaseException as e:
-            errors.append(e)
+        for n in range(turns):
+            start = time.perf_counter()
+            proxies[s].turn(runtime, message(s, n), _sink).get(timeout=120)
+            with lock:
+                latencies.append(time.perf_counter() - start)
 
     me = psutil.Process()
     peak = Peak(lambda: int(me.memory_info().rss))
-    threads = [threading.Thread(target=drive, args=(s,)) for s in range(sessions)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    top = peak.stop()
-    for proxy in proxies:
-        proxy.actor_ref.stop(timeout=30)
-    if errors:
-        raise errors[0]
+    try:
+        wall = run_at_once(drive, sessions)
+    finally:
+        top = peak.stop()
+        for proxy in proxies:
+            proxy.actor_ref.stop(timeout=30)
     return sessions * turns / wall, statistics.median(latencies) * 1000, top
 
 

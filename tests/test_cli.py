@@ -144,6 +144,16 @@ def fake_process() -> Iterator[tuple[FakeLlama, threading.Event]]:
         release.set()
 
 
+def _kinds(env: dict[str, Any], session: str) -> list[str]:
+    """The kinds of a session's records, as ``loopd log show --json`` (another process) reads
+    them."""
+    lines = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "log", "show", session, "--json", "--config",
+         env["config"]], cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    return [json.loads(line)["kind"] for line in lines]
+
+
 def _loopd(env: dict[str, Any], url: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "actors.cli", args[0], "--config", env["config"], "--url", url,
@@ -171,11 +181,7 @@ def test_exit_130_when_ctrl_c_cancels_the_turn(
         proc.kill()
         proc.wait()
     # the session keeps the user message and nothing half-written
-    records = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "log", "show", "c", "--json", "--config",
-         env["config"]], cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()
-    assert [json.loads(r)["kind"] for r in records] == ["baseline", "user"]
+    assert _kinds(env, "c") == ["baseline", "user"]
 
 
 def test_chat_runs_turns_from_stdin_and_leaves_on_eof(env: dict[str, Any]) -> None:
@@ -237,11 +243,7 @@ def test_sigterm_during_a_chat_turn_cancels_it_and_ends_chat(
     finally:
         proc.kill()
         proc.wait()
-    log = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "log", "show", "term", "--json", "--config",
-         env["config"]], cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()
-    assert [json.loads(r)["kind"] for r in log] == ["baseline", "user"]
+    assert _kinds(env, "term") == ["baseline", "user"]
 
 
 def test_help_everywhere() -> None:

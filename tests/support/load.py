@@ -7,6 +7,9 @@ then the agent script (:mod:`tests.support.scripted_llama`) answers.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,29 @@ TOOLS = {  # host name: (its tool, the arguments a turn gives it; %s is the turn
 }
 HOSTS = list(TOOLS)
 TURN_KINDS = ["User", "Assistant", "Usage", "ToolResult", "Assistant", "Usage"]
+
+
+def run_at_once(drive: Callable[[int], None], n: int) -> float:
+    """``drive(0)`` ... ``drive(n - 1)``, each in its own thread, all at once: the wall time in
+    seconds. The first error a driver raised is raised here, once all have ended."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            drive(i)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return wall
 
 
 def message(session: int, n: int) -> str:
