@@ -6,6 +6,7 @@ import atexit
 import os
 import random
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 
@@ -38,6 +39,12 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 # their own, so `loopd run` in a test never finds (and never talks to) a daemon the person
 # (or another test run) has running. Subprocesses inherit both.
 os.environ.pop("LOOPD_CONFIG", None)
+# A test run started in the background by a script (`pytest &`) has SIGINT ignored, and every
+# loopd it starts would inherit that, so the tests that cancel a turn with Ctrl-C would see
+# nothing happen. A handler (not SIG_IGN) is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Likewise their own config home: the person's rules file (tools.rules_file's default place)
 # would otherwise allow or deny calls the tests expect to be asked about.
 for _xdg in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
