@@ -37,6 +37,7 @@ __all__ = ["App", "start_app"]
 class App:
     runtime: Runtime
     model: str
+    embedded: bool = False  # the embedded model: its own system prompt and pinned tools
     sessions: list[Any] = dataclasses.field(default_factory=list)
 
     @property
@@ -45,9 +46,13 @@ class App:
 
     def baseline(self) -> Baseline:
         """The baseline of a new session: fixed for the session's whole life."""
+        session, embedded = self.config.session, self.config.embedded
+        system, pinned = session.system, session.pinned
+        if self.embedded:
+            system, pinned = embedded.system or system, (*embedded.pinned, *pinned)
         return Baseline(
-            system=self.config.session.system,
-            tools=baseline_tools(self.runtime.registry, self.config.session.pinned),
+            system=system,
+            tools=baseline_tools(self.runtime.registry, pinned),
             model=self.model,
             created=now(),
         )
@@ -90,8 +95,9 @@ def start_app(
             identity = server_identity(server.binary) if server.binary else ""
             specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
             config = config.replace("inference", url=server.url)
-        setting = config.inference.bare_json_tool_calls
-        bare_json = embedded if setting == "auto" else setting == "on"
+        constrained = _auto(config.inference.constrained_calls, embedded)
+        bare_json = _auto(config.inference.bare_json_tool_calls, embedded) or constrained
+        results = config.session.tool_results
         save = config.slots.save_after_turn
         keeper = KeeperSettings(
             log_dir=config.log_dir, meta_dir=meta_dir(config),
@@ -111,8 +117,14 @@ def start_app(
         stack.callback(inference.stop)
         runtime = Runtime(
             config=config, inference=inference, registry=toolbox.registry,
-            bare_json_tool_calls=bare_json, rules=rules,
+            bare_json_tool_calls=bare_json, constrained_calls=constrained, rules=rules,
+            tool_results=results if results != "auto" else "user" if embedded else "tool",
         )
-        app = App(runtime=runtime, model=model)
+        app = App(runtime=runtime, model=model, embedded=embedded)
         stack.callback(app.close_sessions)
         yield app
+
+
+def _auto(setting: str, embedded: bool) -> bool:
+    """An "auto" | "on" | "off" setting: "auto" is on for the embedded model only."""
+    return embedded if setting == "auto" else setting == "on"

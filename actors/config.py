@@ -51,6 +51,13 @@ class InferenceConfig:
     # Treat an answer whose content is exactly one JSON tool call as that call.
     # "auto": on for the embedded model, off for a server named by url.
     bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
+    # Send a grammar with every request so the answer is exactly one schema-valid call of a
+    # tool that can be called, or plain text (inference/grammar.py). "auto": on for the
+    # embedded model, off for a server named by url. On implies bare_json_tool_calls.
+    constrained_calls: Literal["auto", "on", "off"] = "auto"
+    # Under constrained_calls: model responses of a turn that may call a tool; the one after
+    # them may only be plain text (a small model calls again instead of answering).
+    constrained_tool_steps: int = 1
     # Requests this process streams from the server at once; more wait (Queued event).
     parallel: int = 4
     temperature: float = -1.0  # sampling temperature; below 0: the server's default
@@ -90,6 +97,10 @@ class SessionConfig:
         "and call_tool to run one. Answer briefly."
     )
     pinned: tuple[str, ...] = ()  # tools offered directly in the baseline as well
+    # How a tool's result goes to the model (actors/render.py): "tool" messages, or "user"
+    # messages that name the tool and ask the question again; "auto": user for the
+    # embedded model, tool for a server named by url.
+    tool_results: Literal["auto", "tool", "user"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +158,17 @@ class EmbeddedConfig:
     startup_timeout_s: float = 300.0
     threads: int = 0  # 0: llama-server's default
     slots: int = 2  # sessions whose KV state the server holds at once (-np)
+    # A new session's system prompt on the embedded model ("": session.system), and the
+    # tools offered to it directly, before session.pinned. Tuned with `make eval`.
+    system: str = (
+        "You are a helpful assistant with tools for the files in the workspace.\n"
+        "- A question about the files: call the tool that answers it (list_dir: which files "
+        "there are; read_file: what a file says; search_files: which file has a word; "
+        "write_file: write a file).\n"
+        "- After the tool's result: answer the question in one sentence, using the result.\n"
+        "- Any other question: answer it yourself, with no tool."
+    )
+    pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +229,7 @@ _MINIMUM: dict[str, float] = {
     "inference.retries": 0,
     "inference.backoff_s": 0,
     "inference.parallel": 1,
+    "inference.constrained_tool_steps": 1,
     "inference.temperature": -1,
     "inference.seed": -1,
     "slots.disk_mb": 0,

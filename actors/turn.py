@@ -28,6 +28,7 @@ from actors.config import Config
 from actors.errors import Cancelled, SessionError, SessionFull, TurnLimit
 from actors.events import CacheLossEvent, Event, ToolCallDelta, ToolCallStarted, ToolResultEvent
 from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
+from actors.inference.grammar import answer_grammar
 from actors.inference.types import (
     ChatRequest,
     Completion,
@@ -46,7 +47,7 @@ from actors.limits import (
 from actors.log import SessionLog
 from actors.outcome import TurnOutcome
 from actors.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
-from actors.render import messages
+from actors.render import ResultStyle, messages
 from actors.rulesfile import RuleStore
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
@@ -69,6 +70,8 @@ class Runtime:
     bare_json_tool_calls: bool = False
     # The rules file and the command's --approve rules (tools.allow/deny come from config).
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
+    constrained_calls: bool = False  # each request carries answer_grammar (implies bare JSON)
+    tool_results: ResultStyle = "tool"  # how results are rendered (session.tool_results)
 
 
 # --- the turn -------------------------------------------------------------------------
@@ -138,12 +141,14 @@ class _Turn:
         baseline = self.log.baseline
         request = ChatRequest(
             session=self.log.name,
-            messages=tuple(messages(baseline, self.log.records)),
+            messages=tuple(messages(baseline, self.log.records,
+                                    results=self.runtime.tool_results)),
             tools=baseline.tools,
             thinking=self.thinking_left > 0,
             max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0),
             sampling=self.sampling,
+            grammar=self._grammar(baseline.tools),
         )
         try:
             completion = self.runtime.inference.complete(request, self._pass_on, self.cancel)
@@ -184,6 +189,13 @@ class _Turn:
         if loss is not None:
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
         return completion, usage
+
+    def _grammar(self, offered: tuple[Any, ...]) -> str | None:
+        if not self.runtime.constrained_calls:
+            return None
+        calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
+        specs = self.runtime.registry.specs() if calls else []
+        return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import json
 
+import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,7 @@ from actors.records import (
     Usage,
     User,
 )
-from actors.render import MISSING_RESULT, messages
+from actors.render import MISSING_RESULT, ResultStyle, messages
 from actors.tools.protocol.spec import ResultClass
 from tests.strategies import conversations, records
 
@@ -162,9 +163,12 @@ def answering(pending: list[str]) -> st.SearchStrategy[Record]:
     return st.sampled_from(answers) | records if answers else records
 
 
+@pytest.mark.parametrize("style", ["tool", "user"])
 @settings(max_examples=200)
 @given(conversations(), st.data())
-def test_extension_property(conv: tuple[Baseline, list[Record]], data: st.DataObject) -> None:
+def test_extension_property(
+    style: ResultStyle, conv: tuple[Baseline, list[Record]], data: st.DataObject
+) -> None:
     """Rendering after one more record starts with the rendering before it: for every
     prefix of a generated conversation, and for one more drawn record at the end. The
     conversations hold Approval records (before results, and for calls that never ran):
@@ -174,9 +178,9 @@ def test_extension_property(conv: tuple[Baseline, list[Record]], data: st.DataOb
     ids = [c.id for r in recs if isinstance(r, Assistant) for c in r.tool_calls]
     extra = data.draw(answering(ids), label="extra")
     full = [*recs, extra]
-    previous = messages(baseline, [])
+    previous = messages(baseline, [], results=style)
     for i in range(1, len(full) + 1):
-        current = messages(baseline, full[:i])
+        current = messages(baseline, full[:i], results=style)
         assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
         # the serialized request body extends as well, byte for byte
         before, after = json.dumps(previous), json.dumps(current)
@@ -218,3 +222,38 @@ def test_time_usage_cache_loss_approvals_and_later_baselines_render_to_nothing(
     noisy = [*(extras[n] for n in noise), *recs]
     retimed = [dataclasses.replace(r, time=T0) for r in noisy]
     assert messages(baseline, noisy) == messages(baseline, plain) == messages(baseline, retimed)
+
+
+# --- results as user messages (session.tool_results = "user") ----------------------------------
+
+
+def test_user_style_names_the_tool_gives_the_result_and_asks_the_question_again() -> None:
+    inner = ToolCall(id="b", name="call_tool",
+                     arguments='{"name": "read_file", "arguments": {"path": "n.txt"}}')
+    recs: list[Record] = [
+        User(content="What does n.txt say?"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("a"), inner)),
+        result("a", "one"),
+        result("b", "Saturday"),
+        result("z", "orphan"),
+    ]
+    out = messages(BASE, recs, results="user")
+    assert out[3:] == [
+        {"role": "user", "content": "f returned:\none\nAnswer my question with it: "
+                                    "What does n.txt say?"},
+        {"role": "user", "content": "read_file returned:\nSaturday\nAnswer my question with "
+                                    "it: What does n.txt say?"},
+        {"role": "user", "content": "A tool returned:\norphan\nAnswer my question with it: "
+                                    "What does n.txt say?"},
+    ]
+    # the tool style of the same records is unchanged
+    assert [m["role"] for m in messages(BASE, recs)[3:]] == ["tool", "tool", "tool"]
+
+
+def test_user_style_placeholder_for_a_call_that_never_ran() -> None:
+    recs: list[Record] = [User(content="q?"),
+                          Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+                          User(content="next")]
+    out = messages(BASE, recs, results="user")
+    assert out[3] == {"role": "user", "content": f"f returned:\n{MISSING_RESULT}\n"
+                                                 "Answer my question with it: q?"}

@@ -96,6 +96,9 @@ def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
     body.update(request.sampling)
     if request.tools:
         body["tools"] = request.tools
+    if request.grammar is not None:
+        body["grammar"] = request.grammar
+        body["tool_choice"] = "none"  # the server's own tool-call grammar off (protocol 3.2)
     if request.max_tokens is not None:
         body["max_tokens"] = request.max_tokens
     if not request.thinking:

@@ -35,6 +35,10 @@ class ChatRequest:
     thinking_budget: int | None = None
     # Extra sampling fields sent as they are (temperature, seed), from the config.
     sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # A GBNF grammar the answer must follow (inference.constrained_calls): sent as
+    # ``grammar`` with ``tool_choice: "none"``, the only way llama-server takes a grammar
+    # together with tools.
+    grammar: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
