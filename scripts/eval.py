@@ -330,7 +330,8 @@ def _this_turn(records: Sequence[Record]) -> list[Record]:
 
 def _line(row: Row) -> str:
     mark = "pass" if row.passed else "FAIL"
-    return f"{row.task}: {mark} ({row.tool_calls} calls, {row.seconds:.0f} s) {row.why}"
+    answer = " ".join(row.answer.split())[:100]
+    return f"{row.task}: {mark} ({row.tool_calls} calls, {row.seconds:.0f} s) {row.why}: {answer!r}"
 
 
 # --- output --------------------------------------------------------------------------------
