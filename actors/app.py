@@ -18,7 +18,7 @@ from typing import Any
 
 import pykka
 
-from actors.config import Config
+from actors.config import GENERAL_SYSTEM, Config
 from actors.inference.actor import Inference
 from actors.inference.slotfiles import meta_dir
 from actors.inference.slots import KeeperSettings, ServerSpec
@@ -47,9 +47,8 @@ class App:
     def baseline(self) -> Baseline:
         """The baseline of a new session: fixed for the session's whole life."""
         session, embedded = self.config.session, self.config.embedded
-        system, pinned = session.system, session.pinned
-        if self.embedded:
-            system, pinned = embedded.system or system, (*embedded.pinned, *pinned)
+        system = session.system or (self.embedded and embedded.system) or GENERAL_SYSTEM
+        pinned = (*embedded.pinned, *session.pinned) if self.embedded else session.pinned
         return Baseline(
             system=system,
             tools=baseline_tools(self.runtime.registry, pinned),

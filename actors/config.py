@@ -90,12 +90,18 @@ class LogConfig:
     fsync: Literal["always", "turn", "never"] = "always"
 
 
+# The system prompt of a new session when session.system is empty (and not on the embedded
+# model, which has embedded.system).
+GENERAL_SYSTEM = (
+    "You are a helpful assistant running inside loopd. Use find_tool to discover tools "
+    "and call_tool to run one. Answer briefly."
+)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SessionConfig:
-    system: str = (
-        "You are a helpful assistant running inside loopd. Use find_tool to discover tools "
-        "and call_tool to run one. Answer briefly."
-    )
+    # "": embedded.system on the embedded model, else GENERAL_SYSTEM.
+    system: str = ""
     pinned: tuple[str, ...] = ()  # tools offered directly in the baseline as well
     # How a tool's result goes to the model (actors/render.py): "tool" messages, or "user"
     # messages that name the tool and ask the question again; "auto": user for the
@@ -158,17 +164,26 @@ class EmbeddedConfig:
     startup_timeout_s: float = 300.0
     threads: int = 0  # 0: llama-server's default
     slots: int = 2  # sessions whose KV state the server holds at once (-np)
-    # A new session's system prompt on the embedded model ("": session.system), and the
-    # tools offered to it directly, before session.pinned. Tuned with `make eval`.
+    # A new session's system prompt on the embedded model when session.system is empty, and
+    # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
     system: str = (
-        "You are a helpful assistant with tools for the files in the workspace.\n"
-        "- A question about the files: call the tool that answers it (list_dir: which files "
-        "there are; read_file: what a file says; search_files: which file has a word; "
-        "write_file: write a file).\n"
-        "- After the tool's result: answer the question in one sentence, using the result.\n"
-        "- Any other question: answer it yourself, with no tool."
+        "You are a helpful assistant. You can use tools to look at the files in the "
+        "workspace.\n\nExamples of a first answer:\n"
+        'Q: What files are there? A: {"name": "list_dir", "arguments": {}}\n'
+        'Q: What does a.txt say? A: {"name": "read_file", "arguments": {"path": "a.txt"}}\n'
+        'Q: Show me b.md. A: {"name": "read_file", "arguments": {"path": "b.md"}}\n'
+        'Q: Which file mentions apples? A: {"name": "search_files", "arguments": '
+        '{"pattern": "apples"}}\n'
+        'Q: Write c.txt saying hi. A: {"name": "write_file", "arguments": '
+        '{"path": "c.txt", "content": "hi"}}\n'
+        "Q: What is 2 plus 2? A: 4\n"
+        "Q: What is the capital of Italy? A: Rome.\n\n"
+        "After a tool's result, answer the question from it in one sentence."
     )
     pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")
+    # The embedded server's default sampling temperature (--temp): greedy, the small model's
+    # most likely path. inference.temperature (when at least 0) overrides it per request.
+    temperature: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -250,6 +265,7 @@ _MINIMUM: dict[str, float] = {
     "embedded.startup_timeout_s": 1,
     "embedded.threads": 0,
     "embedded.slots": 1,
+    "embedded.temperature": 0,
     "daemon.heartbeat_s": 0.01,
     "daemon.connect_timeout_s": 0.01,
     "daemon.max_frame_bytes": 1024,
@@ -270,6 +286,8 @@ _MAXIMUM: dict[str, float] = {
     "daemon.max_frame_bytes": 1024**3,
     "embedded.threads": 1024,
     "embedded.slots": 64,
+    "embedded.temperature": 100,
+    "inference.constrained_tool_steps": 64,
     "embedded.ctx_size": 1 << 24,
 }
 # A host's name becomes part of its socket's and its log's file names.

@@ -317,6 +317,7 @@ def server_command(
         "--port", str(port),
         "--no-webui",
         "--log-colors", "off",
+        "--temp", f"{embedded.temperature:g}",
     ]  # fmt: skip
     if embedded.threads > 0:
         cmd += ["-t", str(embedded.threads)]

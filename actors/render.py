@@ -16,9 +16,10 @@ Usage and CacheLoss records render to nothing, and ``time`` is never sent.
 Two styles for a tool's result (``session.tool_results``): ``"tool"`` sends it as a
 ``tool`` message, the chat template's own form; ``"user"`` sends it as a user message that
 names the tool, gives its result and asks the turn's question again (:data:`USER_RESULT`).
-A small model answers from the second far more often: after a ``tool`` message the
-embedded model writes the same call again about 19 times in 20. Both depend only on the
-records, so the extension property holds for either.
+The embedded model, held to plain text after a result, answers from the second far more
+often (after a ``tool`` message it mostly writes "Mark ..." about nothing; measured with
+``make eval``). Both depend only on the records, so the extension property holds for
+either.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from actors.records import Assistant, Baseline, Record, ToolCall, ToolResult, Us
 __all__ = ["MISSING_RESULT", "USER_RESULT", "Message", "ResultStyle", "messages"]
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
-USER_RESULT = "{tool} returned:\n{result}\nAnswer my question with it: {question}"
+USER_RESULT = "{tool} returned:\n{result}\n\nWith this, answer in one sentence: {question}"
 
 Message = dict[str, Any]
 ResultStyle = Literal["tool", "user"]

@@ -211,6 +211,7 @@ def test_the_command_line() -> None:
     assert pairs["--slot-save-path"] == str(Path(cfg.data_dir).expanduser() / "slots")
     assert pairs["--host"] == "127.0.0.1"
     assert pairs["--port"] == "4321"
+    assert pairs["--temp"] == "0"  # embedded.temperature: the small model samples greedily
     assert {"--jinja", "--no-webui"} <= set(cmd)
     assert "-t" not in cmd and "--no-repack" not in cmd
     threaded = server_command(

@@ -25,9 +25,9 @@ in the prompt, so the prompt and its cache are the same as without the grammar) 
 ``tool_choice: "none"``, which only turns off the server's own tool-call parsing.
 
 After ``inference.constrained_tool_steps`` responses of a turn that called tools, the turn
-asks for plain text only (``calls=False``): after a tool's result the embedded model writes
-a call again about 9 times in 10 (first-token probabilities), repeating the same call until
-the repeat limit ends the turn, where the text it writes when held to text is the answer.
+asks for plain text only (``calls=False``): after a tool's result the embedded model starts
+a call again about 9 times in 10 (first-token probabilities), and left free it repeats the
+same call until the repeat limit ends the turn with no answer.
 
 The grammar depends only on the tools given, in their order, so the same tools give the
 same grammar, byte for byte.

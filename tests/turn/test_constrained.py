@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from actors.config import parse
+from actors.config import GENERAL_SYSTEM, parse
 from actors.records import Assistant, ToolResult
 from actors.tools.registry import META_TOOLS, Registry
 from tests.support.fake_llama import FakeLlama, answer, replay
@@ -145,8 +145,10 @@ def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Mak
     assert small.system == config.embedded.system
     assert names(small) == ["find_tool", "call_tool", *config.embedded.pinned, "echo"]
     other = App(runtime=runtime, model="m").baseline()
-    assert other.system == config.session.system and names(other) == [
-        "find_tool", "call_tool", "echo"]
-    own = dataclasses.replace(runtime, config=config.replace("embedded", system="", pinned=[]))
-    mine = App(runtime=own, model="m", embedded=True).baseline()
-    assert mine.system == config.session.system and names(mine) == names(other)
+    assert other.system == GENERAL_SYSTEM and names(other) == ["find_tool", "call_tool", "echo"]
+    none = dataclasses.replace(runtime, config=config.replace("embedded", system="", pinned=[]))
+    plain = App(runtime=none, model="m", embedded=True).baseline()
+    assert plain.system == GENERAL_SYSTEM and names(plain) == names(other)
+    # a system prompt of the person's own is used on the embedded model too
+    own = dataclasses.replace(runtime, config=config.replace("session", system="Be terse."))
+    assert App(runtime=own, model="m", embedded=True).baseline().system == "Be terse."
