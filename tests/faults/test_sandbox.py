@@ -136,7 +136,10 @@ _CONNECT = (
 def test_no_network_unless_the_config_gives_it(host: Host) -> None:
     listener = _Listener()
     try:
-        command = f"{sys.executable} -c \"$(cat connect.py)\" {listener.port}"
+        # The interpreter itself, not the venv's link to it: a checkout under /tmp (a fresh
+        # clone) has its venv hidden by the sandbox's private /tmp.
+        python = os.path.realpath(sys.executable)
+        command = f"{python} -c \"$(cat connect.py)\" {listener.port}"
         (host.workspace / "connect.py").write_text(_CONNECT)
         text = _output(_run(host.endpoint, command))
         assert "no network:" in text
