@@ -120,6 +120,15 @@ class Daemon:
         except psutil.Error:
             return []
 
+    def commands(self) -> list[str]:
+        """The command lines of the daemon's live descendants; one that ends while it is
+        read (a zombie's command line cannot be read) is left out, not an error."""
+        lines = []
+        for c in self.children():
+            with contextlib.suppress(psutil.Error):
+                lines.append(" ".join(c.cmdline()))
+        return lines
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)

@@ -11,13 +11,12 @@ from pathlib import Path
 import pexpect
 
 from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
-from actors.tools.procs import is_alive
 from tests.daemon.daemonkit import ROOT, Daemon
 from tests.support.watch import wait_until
 
 
 def _sleeping(daemon: Daemon) -> bool:
-    return any("sleep 60" in " ".join(c.cmdline()) for c in daemon.children() if is_alive(c))
+    return any("sleep 60" in c for c in daemon.commands())
 
 
 def test_chat_through_the_daemon_asks_cancels_and_leaves(asking_daemon: Daemon) -> None:
