@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("[yellow]cancelled[/]")
         return CANCELLED
     except LoopdError as e:
-        err.print(f"[red]loopd: {escape(str(e))}[/]", highlight=False)
+        err.print(f"[red]loopd: {escape(str(e))}[/]", highlight=False, soft_wrap=True)
         return e.exit_code
 
 
@@ -161,7 +161,8 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
 def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     records, torn = read_log(session_path(config, args.session), name=args.session)
     if torn:
-        err.print(f"[yellow]{escape(torn_tail_left(args.session, torn))}[/]", highlight=False)
+        err.print(f"[yellow]{escape(torn_tail_left(args.session, torn))}[/]", highlight=False,
+                  soft_wrap=True)
     if args.json:
         for r in records:
             print(json.dumps(to_json(r), ensure_ascii=False))
@@ -232,7 +233,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
             if json_view:
                 json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
             else:
-                err.print(f"[red]{escape(str(e))}[/]", highlight=False)
+                err.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
             return e.exit_code
         live.finish()
         line = summary(outcome, time.monotonic() - started)
@@ -274,7 +275,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
             except LoopdError as e:
                 live.finish()
-                out.print(f"[red]{escape(str(e))}[/]", highlight=False)
+                out.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
 
 
 def _approved(args: argparse.Namespace) -> RuleBook:
