@@ -33,8 +33,10 @@ run: $(VENV)/.embedded
 	$(BIN)/loopd run --workspace examples/workspace --session demo-$$(date +%Y%m%d-%H%M%S) \
 	  --config examples/loopd.toml "What does notes.txt say?"
 
+# Three workers (pytest-xdist): most tests wait on processes and sockets, so 3 on 2 cores
+# halve the wall time. One file or test: .venv/bin/python -m pytest tests/test_cli.py -k ...
 test: $(VENV)/.test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 3
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check actors tests scripts

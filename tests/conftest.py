@@ -66,10 +66,20 @@ CI_SEED = 20261202
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a pytest-xdist worker: the run's one seed, from the controller
+        config.option.hypothesis_seed = workerinput["hypothesis_seed"]
+        return
     if config.getoption("hypothesis_seed", None) is None:
         config.option.hypothesis_seed = str(
             CI_SEED if os.environ.get("CI") else random.randrange(2**32)
         )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """pytest-xdist (``make test`` runs 3 workers): every worker uses the seed the header shows."""
+    node.workerinput["hypothesis_seed"] = node.config.option.hypothesis_seed  # type: ignore[attr-defined]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
