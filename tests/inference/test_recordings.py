@@ -28,7 +28,7 @@ FILES = sorted(p.name for p in FIXTURES.glob("*.http"))
 
 
 def test_the_recordings_are_in_the_repository_byte_for_byte() -> None:
-    """The copies must stay exact: SHA256SUMS was written from ../shared/fixtures/http."""
+    """The copies must stay exact: SHA256SUMS holds the digests of the recordings as made."""
     sums = (FIXTURES / "SHA256SUMS").read_text().split("\n")
     listed = dict(reversed(line.split("  ", 1)) for line in sums if line)
     assert set(listed) == {*FILES, "README.md"}

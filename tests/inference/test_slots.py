@@ -35,6 +35,7 @@ from actors.records import SlotState
 from tests.inference.conftest import request
 from tests.inference.slots_rig import Slots, restored
 from tests.support.fake_llama import Conn, Reply, answer
+from tests.support.watch import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,13 +63,6 @@ def in_background(rig: Slots, name: str) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
-
-
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "the condition never came true"
-        time.sleep(0.005)
 
 
 # --- the pure decisions ---------------------------------------------------------------------
@@ -211,7 +205,7 @@ def test_a_request_waiting_for_a_slot_says_so_and_can_be_cancelled(make: Any) ->
     fake.slot_gate.clear()  # b's lease now waits on the save of a's state
     events: list[Any] = []
     blocked = in_background(rig, "b")
-    wait_for(lambda: len(rig.calls()) == 1)  # b holds the slot, saving a's state
+    wait_until(lambda: len(rig.calls()) == 1)  # b holds the slot, saving a's state
     cancel = CancelToken()
     outcome: list[BaseException] = []
 
@@ -223,7 +217,7 @@ def test_a_request_waiting_for_a_slot_says_so_and_can_be_cancelled(make: Any) ->
 
     t = threading.Thread(target=third)
     t.start()
-    wait_for(lambda: any(isinstance(e, Queued) for e in events))
+    wait_until(lambda: any(isinstance(e, Queued) for e in events))
     assert Queued(ahead=1, waiting_for="a free slot") in events
     cancel.cancel()
     t.join(10)
@@ -242,7 +236,7 @@ def test_a_request_waiting_for_a_slot_ends_at_its_deadline(make: Any) -> None:
     rig.turn("a")
     rig.fakes[0].slot_gate.clear()  # the eviction save of a hangs, holding the only slot
     holder = in_background(rig, "b")
-    wait_for(lambda: len(rig.calls()) == 1)
+    wait_until(lambda: len(rig.calls()) == 1)
     with pytest.raises(InferError, match=r"timeout_s = 0.3 s \(all slots"):
         rig.inference.complete(request(session="c"), lambda _e: None, CancelToken())
     rig.fakes[0].slot_gate.set()
@@ -263,7 +257,7 @@ def test_save_after_turn_comes_after_the_answer_and_the_next_lease_waits_for_it(
     events: list[Any] = []
     second = threading.Thread(target=lambda: rig.turn("a", "again", events))
     second.start()
-    wait_for(lambda: bool(events))
+    wait_until(lambda: bool(events))
     assert events[0] == Queued(ahead=1, waiting_for="a free slot")  # its slot is saving
     assert len(fake.requests) == 1
     fake.slot_gate.set()

@@ -10,8 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import zmq
 
 from actors.tools.procs import is_alive, kill_session, kill_tree
 from actors.tools.protocol import wire
+from tests.support.watch import wait_until
 
 __all__ = [
     "FAKE",
@@ -134,17 +134,6 @@ def recv(sock: zmq.Socket[Any], timeout: float = 10.0) -> wire.Message | None:
 def ask(sock: zmq.Socket[Any], msg: wire.Message, timeout: float = 10.0) -> wire.Message | None:
     sock.send(wire.encode(msg))
     return recv(sock, timeout)
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` (a bound, not a timing)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def descendants(pid: int | None = None) -> list[psutil.Process]:
