@@ -15,11 +15,13 @@ Usage and CacheLoss records render to nothing, and ``time`` is never sent.
 
 Two styles for a tool's result (``session.tool_results``): ``"tool"`` sends it as a
 ``tool`` message, the chat template's own form; ``"user"`` sends it as a user message that
-names the tool, gives its result and asks the turn's question again (:data:`USER_RESULT`).
-The embedded model, held to plain text after a result, answers from the second far more
-often (after a ``tool`` message it mostly writes "Mark ..." about nothing; measured with
-``make eval``). Both depend only on the records, so the extension property holds for
-either.
+gives the turn's question, names the tool and its result, and asks for an answer from it
+(:data:`USER_RESULT`). The embedded model, held to plain text after a result, answers from
+the second far more often (after a ``tool`` message it mostly writes "Mark ..." about
+nothing); the question first and "in full sentences" made it answer, where "answer in one
+sentence: QUESTION" after the result mostly got the result or the question echoed back
+(measured: right answers after the right call 16/17 against 12/17).
+Both depend only on the records, so the extension property holds for either.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from actors.records import Assistant, Baseline, Record, ToolCall, ToolResult, Us
 __all__ = ["MISSING_RESULT", "USER_RESULT", "Message", "ResultStyle", "messages"]
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
-USER_RESULT = "{tool} returned:\n{result}\n\nWith this, answer in one sentence: {question}"
+USER_RESULT = (
+    "Question: {question}\n\n{tool} returned:\n{result}\n\n"
+    "Answer the question from that result, in full sentences."
+)
 
 Message = dict[str, Any]
 ResultStyle = Literal["tool", "user"]

@@ -14,6 +14,7 @@ tokens, time), the pass rate, and writes ``bench/eval.json`` (like ``make bench`
     python -m scripts.eval                  # every task
     python -m scripts.eval read-notes       # some tasks, by id
     python -m scripts.eval --config FILE    # another config (to compare), same tasks
+    python -m scripts.eval -v read-notes    # and each turn's calls, results and answers
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class Row:
     seconds: float
     why: str
     answer: str
+    transcript: tuple[str, ...] = ()  # the turn's records, a line each (for -v)
 
 
 def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config:
@@ -304,7 +306,21 @@ def _run_one(app: Any, task: Task, name: str, workspace: Path, timeout_s: float)
         tool_calls=len(calls_of(turn)),
         prompt_tokens=sum(r.prompt_tokens for r in turn if isinstance(r, Usage)),
         seconds=round(seconds, 1), why=why, answer=(answer or "")[:300],
+        transcript=tuple(_transcript(turn)),
     )
+
+
+def _transcript(records: Sequence[Record]) -> list[str]:
+    """What the model said and the tools answered in one turn, a short line each."""
+    lines: list[str] = []
+    for r in records:
+        if isinstance(r, Assistant):
+            lines += [f"  call {c.name} {c.arguments}" for c in r.tool_calls]
+            if r.content:
+                lines.append(f"  says {' '.join(r.content.split())[:160]!r}")
+        elif isinstance(r, ToolResult):
+            lines.append(f"  result {' '.join(r.content.split())[:160]!r}")
+    return lines
 
 
 class _Harness:
@@ -381,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(OUT), help="where the JSON goes")
     p.add_argument("--timeout", type=float, default=TASK_TIMEOUT_S, help="seconds per task")
     p.add_argument("--seed", type=int, default=SEED, help="sampling seed; -1: the default")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each turn's calls, results and answers")
     args = p.parse_args(argv)
     tasks = load_tasks(Path(args.tasks))
     if args.ids:
@@ -392,6 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     rows = run_tasks(tasks, base, timeout_s=args.timeout, seed=args.seed,
                      say=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.verbose:
+        for row in rows:
+            print("\n".join((f"{row.task}: {'pass' if row.passed else 'FAIL'}",
+                             *row.transcript)))
     table(rows)
     print(f"pass rate: {pass_rate(rows):.0%} ({sum(r.passed for r in rows)}/{len(rows)}) "
           f"in {time.monotonic() - started:.0f} s")

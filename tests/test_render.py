@@ -238,13 +238,14 @@ def test_user_style_names_the_tool_gives_the_result_and_asks_the_question_again(
         result("z", "orphan"),
     ]
     out = messages(BASE, recs, results="user")
+    asked = "Answer the question from that result, in full sentences."
     assert out[3:] == [
-        {"role": "user", "content": "f returned:\none\n\nWith this, answer in one sentence: "
-                                    "What does n.txt say?"},
-        {"role": "user", "content": "read_file returned:\nSaturday\n\nWith this, answer in one "
-                                    "sentence: What does n.txt say?"},
-        {"role": "user", "content": "A tool returned:\norphan\n\nWith this, answer in one "
-                                    "sentence: What does n.txt say?"},
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nf returned:\none\n\n{asked}"},
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nread_file returned:\nSaturday\n\n{asked}"},
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nA tool returned:\norphan\n\n{asked}"},
     ]
     # the tool style of the same records is unchanged
     assert [m["role"] for m in messages(BASE, recs)[3:]] == ["tool", "tool", "tool"]
@@ -255,5 +256,6 @@ def test_user_style_placeholder_for_a_call_that_never_ran() -> None:
                           Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
                           User(content="next")]
     out = messages(BASE, recs, results="user")
-    assert out[3] == {"role": "user", "content": f"f returned:\n{MISSING_RESULT}\n\n"
-                                                 "With this, answer in one sentence: q?"}
+    assert out[3] == {"role": "user", "content": f"Question: q?\n\nf returned:\n{MISSING_RESULT}"
+                                                 "\n\nAnswer the question from that result, "
+                                                 "in full sentences."}
