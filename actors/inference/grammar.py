@@ -15,7 +15,8 @@ The call arrives as the answer's content, where the bare-JSON path
 (:mod:`actors.inference.bare_json`) takes it as the call. ``call_tool``'s arguments are one
 of the registry's tools with *that* tool's schema, so a call through it is well formed too;
 a registry tool may also be called by its own name (the bare-JSON path routes it through
-``call_tool``). Schema keywords outside the subset below (``pattern``, ``minLength``,
+``call_tool``). A ``pattern`` is held only when it is one negated class (``^[^...]*$``,
+:meth:`_Rules.string`); other patterns and keywords outside the subset below (``minLength``,
 ``$ref``, ...) are not enforced here; the registry's schema check still answers a bad call
 with what was wrong.
 
@@ -36,6 +37,7 @@ same grammar, byte for byte.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -57,6 +59,10 @@ object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}"
 array ::= "[" ws ( value ( "," ws value )* )? "]"
 text ::= [^{\[<` \t\r\n] [^\x00]*
 """
+
+# A JSON Schema pattern the grammar can hold a string to: one negated character class,
+# anchored, its escapes written as GBNF writes them (\xNN, \n, \t, \\).
+_NEGATED = re.compile(r"\^\[\^((?:[^\]\\]|\\x[0-9a-fA-F]{2}|\\[ntr\\\]])+)\]\*\$")
 
 _RESERVED = frozenset(
     {"root", "call", *(line.split(" ::= ")[0] for line in _COMMON.strip().splitlines())}
@@ -96,7 +102,7 @@ class _Rules:
             parts = [self.value({**schema, "type": k}, f"{name}-{k}") for k in kind]
             return self.add(name, " | ".join(parts)) if parts else "value"
         if kind == "string":
-            return "string"
+            return self.string(schema, name)
         if kind == "integer":
             minimum = schema.get("minimum")
             non_negative = isinstance(minimum, int | float) and minimum >= 0
@@ -113,6 +119,16 @@ class _Rules:
         if kind == "object" or "properties" in schema:
             return self.object(schema, name)
         return "value"
+
+    def string(self, schema: Mapping[str, Any], name: str) -> str:
+        """A string; a ``pattern`` of one negated class (``^[^...]*$``) is held to it, and
+        such a string has no escapes (the standard tools' paths: no control characters,
+        no glob)."""
+        found = _NEGATED.fullmatch(str(schema.get("pattern", "")))
+        if found is None:
+            return "string"
+        excluded = found.group(1)
+        return self.add(name, f'"\\"" [^"\\\\\\x7F\\x00-\\x1F{excluded}]* "\\""')
 
     def object(self, schema: Mapping[str, Any], name: str) -> str:
         """An object with the schema's properties: the required ones, then any optional."""

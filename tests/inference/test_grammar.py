@@ -67,12 +67,12 @@ def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
 def test_required_then_optional_arguments() -> None:
     rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
     assert rules["read-file-args"] == (
-        '"{" "\\"path\\": " string ( ", " "\\"offset\\": " natural )? "}"'
+        '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? "}"'
     )
     # list_dir has no required argument: {} or {"path": ...}
-    assert rules["list-dir-args"] == '"{" ( ( "\\"path\\": " string ) )? "}"'
+    assert rules["list-dir-args"] == '"{" ( ( "\\"path\\": " list-dir-args-path ) )? "}"'
     assert rules["write-file-args"] == (
-        '"{" "\\"path\\": " string ", " "\\"content\\": " string "}"'
+        '"{" "\\"path\\": " write-file-args-path ", " "\\"content\\": " string "}"'
     )
 
 
@@ -132,3 +132,34 @@ def test_text_only_when_calls_are_not_allowed() -> None:
     rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, calls=False))
     assert rules["root"] == "text"
     assert not any(name.startswith("call") for name in rules)
+
+
+def _string_rule(grammar: str, rule: str) -> re.Pattern[str]:
+    """A string rule of one character class, as a Python regex of the whole JSON string."""
+    body = _rules(grammar)[rule]
+    found = re.fullmatch(r'"\\"" (\[\^.*\])\* "\\""', body)
+    assert found, body
+    return re.compile('"' + found.group(1) + '*"')
+
+
+def test_a_path_cannot_hold_a_glob_or_a_control_character() -> None:
+    grammar = answer_grammar([], REGISTRY)
+    for rule in ("read-file-args-path", "list-dir-args-path", "search-files-args-path",
+                 "write-file-args-path"):
+        path = _string_rule(grammar, rule)
+        for good in ("notes.txt", "recipes/soup.md", ".", "", "a b.txt"):
+            assert path.fullmatch(f'"{good}"'), (rule, good)
+        for bad in ("./*", "notes?.txt", ".\n", "a\tb", "x\x7f", 'a"b', "a\\\\b"):
+            assert not path.fullmatch(f'"{bad}"'), (rule, bad)
+    # other strings keep the generic JSON string (escapes allowed: a file's content)
+    assert '"\\"content\\": " string' in _rules(grammar)["write-file-args"]
+
+
+def test_only_a_pattern_of_one_negated_class_is_held() -> None:
+    def rule_for(pattern: str) -> str:
+        schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}}
+        return _rules(answer_grammar([], [("t", schema)]))["t-args"]
+
+    assert "t-args-p" in rule_for("^[^x]*$")
+    for other in ("^[a-z]*$", "^[^x]+$", "[^x]*", "^a.*$", "^[^x]*$|y"):
+        assert rule_for(other).endswith('" string ) )? "}"'), other

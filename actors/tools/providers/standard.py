@@ -45,7 +45,16 @@ def _schema(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_PATH = {"type": "string", "description": "a path relative to the workspace root"}
+# A path never holds a control character or a glob's * or ?: the schema check refuses one
+# (a small model writes ".\n" or "./*"; Python's $ lets one newline at the end pass), and
+# under inference.constrained_calls the grammar cannot produce one at all
+# (actors.inference.grammar holds a string to a pattern of one negated class).
+PATH_PATTERN = "^[^*?\\x00-\\x1f]*$"
+_PATH = {
+    "type": "string",
+    "pattern": PATH_PATTERN,
+    "description": "a path relative to the workspace root",
+}
 
 STANDARD_SPECS: dict[str, ToolSpec] = {
     s.name: s
@@ -74,13 +83,13 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
         ),
         ToolSpec(
             "search_files",
-            "Search the text files under a workspace directory for lines matching a regular "
-            "expression (RE2 syntax: like Python's, without backreferences or lookaround). "
-            "Answers one match per line as path:line: text.",
+            "Search the text files under a workspace directory (or one file) for lines "
+            "matching a regular expression (RE2 syntax: like Python's, without backreferences "
+            "or lookaround). Answers one match per line as path:line: text.",
             _schema(
                 ["pattern"],
                 pattern={"type": "string", "description": "regular expression"},
-                path={**_PATH, "description": "directory to search (default .)"},
+                path={**_PATH, "description": "directory (or file) to search (default .)"},
             ),
         ),
         ToolSpec(
@@ -252,10 +261,13 @@ class StandardTools:
         pattern = _compile(str(a["pattern"]))
         if isinstance(pattern, Failed):
             return pattern
-        top = self.workspace.open_dir(str(a.get("path", ".")))
+        path = str(a.get("path", "."))
+        try:
+            top = self.workspace.open_dir(path)
+        except NotADirectoryError:  # a file named as the path: search that file
+            return self._search_one(pattern, self.workspace.open_read(path))
         deadline = time.monotonic() + timeout_s * 0.9
         matches: list[str] = []
-        size = 0
         try:
             for file in self.workspace.files(top, _SKIP_DIRS):
                 if cancel.is_set() or time.monotonic() > deadline:
@@ -263,19 +275,34 @@ class StandardTools:
                         "[stopped: the time limit was reached; search a smaller directory]"
                     )
                     break
-                for line_no, line in _text_lines(file):
-                    if pattern.search(line):
-                        entry = f"{_printable(file.rel)}:{line_no}: {line[:300]}"
-                        matches.append(entry)
-                        size += len(entry) + 1
-                        if len(matches) >= _MAX_MATCHES or size > self.max_output:
-                            matches.append(
-                                f"[stopped at {len(matches)} matches; narrow the pattern or path]"
-                            )
-                            return Result(content="\n".join(matches))
+                if self._matches(pattern, file, matches):
+                    return Result(content="\n".join(matches))
         finally:
             top.close()
         return Result(content="\n".join(matches) if matches else "no matches")
+
+    def _search_one(self, pattern: re2._Regexp[str], file: Opened) -> Answer:
+        matches: list[str] = []
+        try:
+            self._matches(pattern, file, matches)
+        finally:
+            file.close()
+        return Result(content="\n".join(matches) if matches else "no matches")
+
+    def _matches(self, pattern: re2._Regexp[str], file: Opened, matches: list[str]) -> bool:
+        """Add ``file``'s matching lines to ``matches``; True when the output is full (a
+        note saying so is added)."""
+        for line_no, line in _text_lines(file):
+            if pattern.search(line):
+                matches.append(f"{_printable(file.rel)}:{line_no}: {line[:300]}")
+                if len(matches) >= _MAX_MATCHES or sum(map(len, matches)) + len(matches) > (
+                    self.max_output
+                ):
+                    matches.append(
+                        f"[stopped at {len(matches)} matches; narrow the pattern or path]"
+                    )
+                    return True
+        return False
 
     def _write_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         data = str(a["content"]).encode("utf-8", "surrogateescape")

@@ -142,6 +142,27 @@ def test_search_skips_files_that_link_out(world: World) -> None:
     assert _content(_call(port, "search_files", pattern="secret outside")) == "no matches"
 
 
+def test_search_in_one_file_named_as_the_path(world: World) -> None:
+    port, _, _, _ = world
+    assert _content(_call(port, "search_files", pattern="deep", path="sub/deep.txt")) == (
+        "sub/deep.txt:1: deep needle"
+    )
+    assert _content(_call(port, "search_files", pattern="zzz", path="notes.txt")) == "no matches"
+    # a file that links out of the workspace is refused like a directory would be
+    assert isinstance(_call(port, "search_files", pattern="secret", path="link_out.txt"),
+                      wire.Denied)
+
+
+@pytest.mark.parametrize("path", ["./*", ".\n.", "notes?.txt", "a\tb"])
+def test_a_path_with_a_glob_or_a_control_character_is_refused(world: World, path: str) -> None:
+    port, _, _, _ = world
+    for tool, args in (("search_files", {"pattern": "x"}), ("list_dir", {}),
+                       ("read_file", {}), ("write_file", {"content": "x"})):
+        answer = _call(port, tool, path=path, **args)
+        assert isinstance(answer, wire.Failed), (tool, answer)
+        assert "does not match" in answer.message, answer.message
+
+
 def test_missing_files_and_bad_patterns_fail_with_the_reason(world: World) -> None:
     port, _, _, _ = world
     missing = _call(port, "read_file", path="nope.txt")
