@@ -168,16 +168,26 @@ class EmbeddedConfig:
     # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
     system: str = (
         "You are a helpful assistant. You can use tools to look at the files in the "
-        "workspace.\n\nExamples of a first answer:\n"
-        'Q: What files are there? A: {"name": "list_dir", "arguments": {}}\n'
-        'Q: What does a.txt say? A: {"name": "read_file", "arguments": {"path": "a.txt"}}\n'
-        'Q: Show me b.md. A: {"name": "read_file", "arguments": {"path": "b.md"}}\n'
-        'Q: Which file mentions apples? A: {"name": "search_files", "arguments": '
-        '{"pattern": "apples"}}\n'
-        'Q: Write c.txt saying hi. A: {"name": "write_file", "arguments": '
-        '{"path": "c.txt", "content": "hi"}}\n'
-        "Q: What is 2 plus 2? A: 4\n"
-        "Q: What is the capital of Italy? A: Rome.\n\n"
+        "workspace. Use a tool only when the question is about the workspace or its "
+        "files.\n"
+        "\n"
+        "Examples of a first answer:\n"
+        'Q: What files are there? A: TOOL {"name": "list_dir", "arguments": {}}\n'
+        'Q: What does a.txt say? A: TOOL {"name": "read_file", "arguments": {"path": '
+        '"a.txt"}}\n'
+        'Q: Show me b.md. A: TOOL {"name": "read_file", "arguments": {"path": "b.md"}}\n'
+        'Q: When is the party? It is in a.txt. A: TOOL {"name": "read_file", '
+        '"arguments": {"path": "a.txt"}}\n'
+        'Q: Which file mentions apples? A: TOOL {"name": "search_files", "arguments": '
+        '{"pattern": "apples", "path": "."}}\n'
+        'Q: Write a file c.txt that says: hi A: TOOL {"name": "write_file", '
+        '"arguments": {"path": "c.txt", "content": "hi"}}\n'
+        "Q: What is 2 plus 2? A: ANSWER 2 plus 2 is 4.\n"
+        "Q: What colour is grass? A: ANSWER Grass is green.\n"
+        "Q: How do you say thank you in Spanish? A: ANSWER In Spanish, thank you is "
+        "gracias.\n"
+        "Q: Who wrote Hamlet? A: ANSWER Hamlet was written by William Shakespeare.\n"
+        "\n"
         "After a tool's result, answer the question from it in one sentence."
     )
     pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")

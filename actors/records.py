@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
@@ -56,6 +57,17 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # the model's raw JSON text, kept as sent
+
+    @property
+    def tool(self) -> str:
+        """The tool the call runs: call_tool's inner name when it has one."""
+        if self.name != "call_tool":
+            return self.name
+        try:
+            inner = json.loads(self.arguments).get("name")
+        except (ValueError, AttributeError):
+            return self.name
+        return inner if isinstance(inner, str) and inner else self.name
 
 
 class SlotState(enum.StrEnum):

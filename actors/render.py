@@ -26,7 +26,6 @@ Both depend only on the records, so the extension property holds for either.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -78,21 +77,9 @@ def _result(
 ) -> Message:
     if style == "tool":
         return {"role": "tool", "tool_call_id": call_id, "content": content}
-    tool = _tool_name(call) if call is not None else "A tool"
+    tool = call.tool if call is not None else "A tool"
     text = USER_RESULT.format(tool=tool, result=content, question=question)
     return {"role": "user", "content": text}
-
-
-def _tool_name(call: ToolCall) -> str:
-    """The tool a call ran: call_tool's inner name when it has one."""
-    if call.name != "call_tool":
-        return call.name
-    try:
-        inner = json.loads(call.arguments).get("name")
-    except (ValueError, AttributeError):
-        return call.name
-    return inner if isinstance(inner, str) and inner else call.name
-
 
 
 def _assistant(record: Assistant) -> Message:

@@ -28,6 +28,7 @@ from actors.config import Config
 from actors.errors import Cancelled, SessionError, SessionFull, TurnLimit
 from actors.events import CacheLossEvent, Event, ToolCallDelta, ToolCallStarted, ToolResultEvent
 from actors.inference.bare_json import parse_bare_tool_call, via_call_tool
+from actors.inference.decision import WordFilter, names_a_file, strip_word
 from actors.inference.grammar import answer_grammar
 from actors.inference.types import (
     ChatRequest,
@@ -139,6 +140,7 @@ class _Turn:
     def _ask_model(self) -> tuple[Completion, Usage]:
         previous = _last_usage(self.log.records)
         baseline = self.log.baseline
+        grammar = self._grammar(baseline.tools)
         request = ChatRequest(
             session=self.log.name,
             messages=tuple(messages(baseline, self.log.records,
@@ -148,10 +150,11 @@ class _Turn:
             max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0),
             sampling=self.sampling,
-            grammar=self._grammar(baseline.tools),
+            grammar=grammar,
         )
+        sink = self._pass_on if grammar is None else WordFilter(self._pass_on)
         try:
-            completion = self.runtime.inference.complete(request, self._pass_on, self.cancel)
+            completion = self.runtime.inference.complete(request, sink, self.cancel)
         except InferError as e:
             if e.kind is InferErrorKind.CANCELLED:
                 raise Cancelled() from e
@@ -161,6 +164,8 @@ class _Turn:
             raise
         if self.cancel.cancelled:
             raise Cancelled()
+        if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
+            completion = dataclasses.replace(completion, content=strip_word(completion.content))
         completion = self._bare_json(completion)
         if len(completion.tool_calls) > self.loop.max_calls_per_response:
             raise TurnLimit("calls per response", TOO_MANY_CALLS.format(
@@ -195,7 +200,9 @@ class _Turn:
             return None
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
-        return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls)
+        first = self.iterations == 0 and names_a_file(_question(self.log.records))
+        return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
+                              text=not first)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):
@@ -267,6 +274,13 @@ class _Turn:
             session=self.log.name, call=number, tool=tool, arguments=arguments,
             cancel=self.cancel, approved=approved,
         )))
+
+
+def _question(records: tuple[Any, ...]) -> str:
+    for record in reversed(records):
+        if isinstance(record, User):
+            return record.content
+    return ""
 
 
 def _last_usage(records: tuple[Any, ...]) -> Usage | None:

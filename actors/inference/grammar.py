@@ -5,13 +5,15 @@ same call until ``max_tokens``, or answers a question with a call written as tex
 ``inference.constrained_calls`` each request carries :func:`answer_grammar`, and the server
 samples only what it allows: either
 
-- exactly one call ``{"name": "<tool>", "arguments": {...}}`` of a tool that can be called,
-  with arguments that follow that tool's schema (property names, types, enums, required
-  keys), and nothing after it; or
-- plain text that does not start with ``{``, ``[``, ``<``, a backquote or white space (so
-  it cannot be the start of a call in another form), then anything.
+- the word ``TOOL``, then exactly one call ``{"name": "<tool>", "arguments": {...}}`` of a
+  tool that can be called, with arguments that follow that tool's schema (property names,
+  types, enums, required keys), and nothing after it; or
+- the word ``ANSWER``, then plain text that does not start with ``{``, ``[``, ``<``, a
+  backquote or white space (so it cannot be the start of a call in another form).
 
-The call arrives as the answer's content, where the bare-JSON path
+The word makes the model decide first (:mod:`actors.inference.decision`, which also takes
+it off again); the first answer to a question that names a file may only be a call
+(``text=False``). The call arrives as the answer's content, where the bare-JSON path
 (:mod:`actors.inference.bare_json`) takes it as the call. ``call_tool``'s arguments are one
 of the registry's tools with *that* tool's schema, so a call through it is well formed too;
 a registry tool may also be called by its own name (the bare-JSON path routes it through
@@ -26,9 +28,9 @@ in the prompt, so the prompt and its cache are the same as without the grammar) 
 ``tool_choice: "none"``, which only turns off the server's own tool-call parsing.
 
 After ``inference.constrained_tool_steps`` responses of a turn that called tools, the turn
-asks for plain text only (``calls=False``): after a tool's result the embedded model starts
-a call again about 9 times in 10 (first-token probabilities), and left free it repeats the
-same call until the repeat limit ends the turn with no answer.
+asks for plain text only (``calls=False``: ``ANSWER`` and text): after a tool's result the
+embedded model starts a call again about 9 times in 10 (first-token probabilities), and
+left free it repeats the same call until the repeat limit ends the turn with no answer.
 
 The grammar depends only on the tools given, in their order, so the same tools give the
 same grammar, byte for byte.
@@ -40,6 +42,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from actors.inference.decision import ANSWER, TOOL
 
 __all__ = ["answer_grammar"]
 
@@ -158,12 +162,13 @@ def answer_grammar(
     registry: Iterable[tuple[str, Mapping[str, Any]]],
     *,
     calls: bool = True,
+    text: bool = True,
 ) -> str:
     """The grammar for one answer: a call of an ``offered`` tool (request ``tools`` entries)
     or of a ``registry`` tool (``(name, parameters)``), or plain text; ``calls=False``:
-    plain text only."""
+    plain text only; ``text=False``: a call only."""
     if not calls:
-        return "root ::= text" + _COMMON
+        return f"root ::= {_text(ANSWER)} text" + _COMMON
     rules = _Rules()
     found = {name: _call(rules, name, params) for name, params in registry}
     alternatives: dict[str, str] = {}
@@ -179,7 +184,11 @@ def answer_grammar(
             alternatives[name] = found.get(name) or _call(rules, name, function.get("parameters"))
     for name, rule in found.items():
         alternatives.setdefault(name, rule)
-    lines = ["root ::= call | text", f"call ::= {' | '.join(alternatives.values()) or 'object'}"]
+    answer = f" | {_text(ANSWER)} text" if text else ""
+    lines = [
+        f"root ::= {_text(TOOL)} call{answer}",
+        f"call ::= {' | '.join(alternatives.values()) or 'object'}",
+    ]
     lines += [f"{k} ::= {v}" for k, v in rules.rules.items()]
     return "\n".join(lines) + _COMMON
 

@@ -56,7 +56,8 @@ def _call_head(name: str) -> str:
 def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
     grammar = answer_grammar(META_TOOLS, REGISTRY)
     rules = _well_formed(grammar)
-    assert rules["root"] == "call | text"
+    # a decision word first: the model chooses between a call and text before writing either
+    assert rules["root"] == '"TOOL " call | "ANSWER " text'
     for name in ["find_tool", "call_tool", *STANDARD_SPECS]:
         assert _call_head(name) in grammar, name
     # call_tool's arguments are one of the registry's calls, each with its own schema
@@ -130,7 +131,7 @@ def test_the_same_tools_give_the_same_grammar(tools: list[str]) -> None:
 
 def test_text_only_when_calls_are_not_allowed() -> None:
     rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, calls=False))
-    assert rules["root"] == "text"
+    assert rules["root"] == '"ANSWER " text'
     assert not any(name.startswith("call") for name in rules)
 
 
@@ -163,3 +164,10 @@ def test_only_a_pattern_of_one_negated_class_is_held() -> None:
     assert "t-args-p" in rule_for("^[^x]*$")
     for other in ("^[a-z]*$", "^[^x]+$", "[^x]*", "^a.*$", "^[^x]*$|y"):
         assert rule_for(other).endswith('" string ) )? "}"'), other
+
+
+def test_a_call_only_when_text_is_not_allowed() -> None:
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, text=False))
+    assert rules["root"] == '"TOOL " call'
+    assert "text" not in _references(rules["root"])
+

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from actors.config import GENERAL_SYSTEM, parse
+from actors.events import Content
 from actors.records import Assistant, ToolResult
 from actors.tools.registry import META_TOOLS, Registry
 from tests.support.fake_llama import FakeLlama, answer, replay
@@ -31,16 +32,21 @@ def _constrained(r: Rig, on: bool = True) -> Rig:
 
 
 def test_every_request_carries_the_grammar_when_the_config_asks(rig: Make) -> None:
+    # what the grammar makes the model write: the decision word, then the call or the text
     bare = '{"name": "call_tool", "arguments": {"name": "echo", "arguments": {"text": "hi"}}}'
-    r = _constrained(rig([answer(bare), answer("It said hi.")]))
+    r = _constrained(rig([answer("TOOL " + bare), answer("ANSWER It said hi.")]))
     outcome = r.turn("Echo hi.")
     assert outcome.content == "It said hi."
+    # the word is loopd's: neither the log nor the streamed answer has it
+    said = [x.content for x in r.records if isinstance(x, Assistant)]
+    assert said == [None, "It said hi."]
+    assert "".join(e.text for e in r.events if isinstance(e, Content)) == bare + "It said hi."
     assert len(r.fake.requests) == 2
     for body in r.fake.requests:
         assert body["tool_choice"] == "none" and "grammar" in body
         assert body["tools"] == [dict(t) for t in json.loads(json.dumps(META_TOOLS))]
     grammar = r.fake.requests[0]["grammar"]
-    assert grammar.startswith("root ::= call | text\n")
+    assert grammar.startswith('root ::= "TOOL " call | "ANSWER " text\n')
     for name in ("find_tool", "call_tool", "echo"):
         assert f'"{{\\"name\\": \\"{name}\\", \\"arguments\\": "' in grammar, name
     # the bare-JSON call ran: its result is what the second request ends with
@@ -124,13 +130,14 @@ def test_after_the_allowed_tool_steps_the_grammar_asks_for_text_only(rig: Make) 
     r = _steps(_constrained(rig([answer(_echo("a")), answer("It said a.")])), 1)
     assert r.turn("Echo a.").content == "It said a."
     first, second = (body["grammar"] for body in r.fake.requests)
-    assert first.startswith("root ::= call | text\n")
-    assert second.startswith("root ::= text\n") and "call-echo" not in second
+    assert first.startswith('root ::= "TOOL " call | "ANSWER " text\n')
+    assert second.startswith('root ::= "ANSWER " text\n') and "call-echo" not in second
     # a new turn may call a tool again
     r2 = _steps(_constrained(rig([answer(_echo("a")), answer(_echo("b")), answer("Done.")])), 2)
     r2.turn("Echo a, then b.")
     grammars = [body["grammar"].split("\n", 1)[0] for body in r2.fake.requests]
-    assert grammars == ["root ::= call | text", "root ::= call | text", "root ::= text"]
+    calls, text = 'root ::= "TOOL " call | "ANSWER " text', 'root ::= "ANSWER " text'
+    assert grammars == [calls, calls, text]
 
 
 def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Make) -> None:
@@ -152,3 +159,15 @@ def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Mak
     # a system prompt of the person's own is used on the embedded model too
     own = dataclasses.replace(runtime, config=config.replace("session", system="Be terse."))
     assert App(runtime=own, model="m", embedded=True).baseline().system == "Be terse."
+
+
+def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
+    r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER It says a.")]))
+    assert r.turn("What does a.txt say?").content == "It says a."
+    first, second = (body["grammar"].split("\n", 1)[0] for body in r.fake.requests)
+    assert first == 'root ::= "TOOL " call'  # no text: the model may not guess the file
+    assert second == 'root ::= "ANSWER " text'
+    r2 = _constrained(rig([answer("ANSWER Hi.")]))
+    r2.turn("Say hi.")
+    assert r2.fake.requests[0]["grammar"].startswith('root ::= "TOOL " call | "ANSWER " text')
+

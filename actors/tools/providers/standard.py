@@ -76,9 +76,10 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             "list_dir",
             "List a directory in the workspace: one entry per line, directories end with /, "
-            "files show their size in bytes.",
+            "files show their size in bytes. A file's path lists that file.",
             _schema(
-                [], path={**_PATH, "description": "directory relative to the workspace (default .)"}
+                [], path={**_PATH, "description": "directory (or file) relative to the workspace "
+                          "(default .)"}
             ),
         ),
         ToolSpec(
@@ -229,7 +230,16 @@ class StandardTools:
         return Result(content=self._cut(data, total, offset))
 
     def _list_dir(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
-        opened = self.workspace.open_dir(str(a.get("path", ".")))
+        path = str(a.get("path", "."))
+        try:
+            opened = self.workspace.open_dir(path)
+        except NotADirectoryError:  # a file named as the path: its line, as `ls FILE` gives
+            file = self.workspace.open_read(path)
+            try:
+                size = os.fstat(file.fd).st_size
+            finally:
+                file.close()
+            return Result(content=f"{_printable(file.rel)}  {size}")
         lines = []
         try:
             with os.scandir(opened.fd) as it:

@@ -153,6 +153,16 @@ def test_search_in_one_file_named_as_the_path(world: World) -> None:
                       wire.Denied)
 
 
+def test_list_a_file_named_as_the_path(world: World) -> None:
+    """As `ls FILE`: the file's own line (the small model lists budget.txt for its size)."""
+    port, _, _, _ = world
+    assert _content(_call(port, "list_dir", path="notes.txt")) == "notes.txt  18"
+    assert _content(_call(port, "list_dir", path="./sub/deep.txt")) == "sub/deep.txt  12"
+    assert isinstance(_call(port, "list_dir", path="link_out.txt"), wire.Denied)
+    missing = _call(port, "list_dir", path="nope.txt")
+    assert isinstance(missing, wire.Failed) and "does not exist" in missing.message
+
+
 @pytest.mark.parametrize("path", ["./*", ".\n.", "notes?.txt", "a\tb"])
 def test_a_path_with_a_glob_or_a_control_character_is_refused(world: World, path: str) -> None:
     port, _, _, _ = world
