@@ -173,6 +173,7 @@ class EmbeddedConfig:
         "\n"
         "Examples of a first answer:\n"
         'Q: What files are there? A: TOOL {"name": "list_dir", "arguments": {}}\n'
+        'Q: How many bytes is a.txt? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: What does a.txt say? A: TOOL {"name": "read_file", "arguments": {"path": '
         '"a.txt"}}\n'
         'Q: Show me b.md. A: TOOL {"name": "read_file", "arguments": {"path": "b.md"}}\n'
