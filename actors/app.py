@@ -39,6 +39,7 @@ class App:
     model: str
     embedded: bool = False  # the embedded model: its own system prompt and pinned tools
     sessions: list[Any] = dataclasses.field(default_factory=list)
+    stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
 
     @property
     def config(self) -> Config:
@@ -62,10 +63,18 @@ class App:
         self.sessions.append(proxy)
         return proxy
 
-    def close_sessions(self) -> None:
+    def close_sessions(self, say: Callable[[str], None] = lambda _: None) -> None:
+        """Stop every session actor. One still busy after ``stop_timeout_s`` (a KV save after
+        the turn, on a server short of CPU) is told to stop and not waited for: its answer
+        was given and its log is complete, so the command must not end in an error."""
         for proxy in self.sessions:
-            with contextlib.suppress(pykka.ActorDeadError):
-                proxy.actor_ref.stop(timeout=10)
+            try:
+                proxy.actor_ref.stop(timeout=self.stop_timeout_s)
+            except pykka.ActorDeadError:
+                pass
+            except pykka.Timeout:
+                say(f"warning: a session was still busy after {self.stop_timeout_s:g} s; "
+                    "it stops when its current work ends (its log is complete)")
         self.sessions.clear()
 
 
@@ -120,7 +129,7 @@ def start_app(
             tool_results=results if results != "auto" else "user" if embedded else "tool",
         )
         app = App(runtime=runtime, model=model, embedded=embedded)
-        stack.callback(app.close_sessions)
+        stack.callback(app.close_sessions, status)
         yield app
 
 
