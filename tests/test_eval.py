@@ -48,6 +48,15 @@ def test_the_task_file_has_every_kind_the_issue_names() -> None:
     assert all(t.tools or t.no_tools for t in tasks)
 
 
+def test_the_held_out_tasks_ask_other_questions() -> None:
+    """examples/eval/held-out.toml checks tuning against questions it was not chosen for."""
+    held = ev.load_tasks(ev.TASKS.with_name("held-out.toml"))
+    tuned = ev.load_tasks()
+    assert len(held) >= 10 and all(t.tools or t.no_tools for t in held)
+    assert not {t.id for t in held} & {t.id for t in tuned}
+    assert not {t.prompt.lower() for t in held} & {t.prompt.lower() for t in tuned}
+
+
 def test_an_unknown_key_in_the_task_file_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "tasks.toml"
     bad.write_text('[[task]]\nid = "x"\nkind = "list"\nprompt = "p"\ntool = ["list_dir"]\n')
