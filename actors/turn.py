@@ -119,11 +119,13 @@ class _Turn:
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
         self.restored: SlotUse | None = None
+        self.question = ""  # the user's message this turn answers
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
 
     def run(self, content: str) -> TurnOutcome:
+        self.question = content
         self.log.append(User(content=content))
         while True:
             completion, usage = self._ask_model()
@@ -200,7 +202,7 @@ class _Turn:
             return None
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
-        first = self.iterations == 0 and names_a_file(_question(self.log.records))
+        first = self.iterations == 0 and names_a_file(self.question)
         return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
                               text=not first)
 
@@ -274,13 +276,6 @@ class _Turn:
             session=self.log.name, call=number, tool=tool, arguments=arguments,
             cancel=self.cancel, approved=approved,
         )))
-
-
-def _question(records: tuple[Any, ...]) -> str:
-    for record in reversed(records):
-        if isinstance(record, User):
-            return record.content
-    return ""
 
 
 def _last_usage(records: tuple[Any, ...]) -> Usage | None:

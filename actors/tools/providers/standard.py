@@ -277,42 +277,27 @@ class StandardTools:
         except NotADirectoryError:  # a file named as the path: search that file
             return self._search_one(pattern, self.workspace.open_read(path))
         deadline = time.monotonic() + timeout_s * 0.9
-        matches: list[str] = []
+        found = _Found(self.max_output)
         try:
             for file in self.workspace.files(top, _SKIP_DIRS):
                 if cancel.is_set() or time.monotonic() > deadline:
-                    matches.append(
+                    found.lines.append(
                         "[stopped: the time limit was reached; search a smaller directory]"
                     )
                     break
-                if self._matches(pattern, file, matches):
-                    return Result(content="\n".join(matches))
+                if found.scan(pattern, file):
+                    break
         finally:
             top.close()
-        return Result(content="\n".join(matches) if matches else "no matches")
+        return found.result()
 
     def _search_one(self, pattern: re2._Regexp[str], file: Opened) -> Answer:
-        matches: list[str] = []
+        found = _Found(self.max_output)
         try:
-            self._matches(pattern, file, matches)
+            found.scan(pattern, file)
         finally:
             file.close()
-        return Result(content="\n".join(matches) if matches else "no matches")
-
-    def _matches(self, pattern: re2._Regexp[str], file: Opened, matches: list[str]) -> bool:
-        """Add ``file``'s matching lines to ``matches``; True when the output is full (a
-        note saying so is added)."""
-        for line_no, line in _text_lines(file):
-            if pattern.search(line):
-                matches.append(f"{_printable(file.rel)}:{line_no}: {line[:300]}")
-                if len(matches) >= _MAX_MATCHES or sum(map(len, matches)) + len(matches) > (
-                    self.max_output
-                ):
-                    matches.append(
-                        f"[stopped at {len(matches)} matches; narrow the pattern or path]"
-                    )
-                    return True
-        return False
+        return found.result()
 
     def _write_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         data = str(a["content"]).encode("utf-8", "surrogateescape")
@@ -375,6 +360,31 @@ def _compile(pattern: str) -> re2._Regexp[str] | Failed:
             message=f"search_files: the pattern is not a valid regular expression: {why} "
             "(RE2 syntax: like Python's, but without backreferences or lookaround)"
         )
+
+
+class _Found:
+    """A search's matching lines, up to _MAX_MATCHES of them or ``limit`` bytes of output."""
+
+    def __init__(self, limit: int) -> None:
+        self.lines: list[str] = []
+        self._size, self._limit = 0, limit
+
+    def scan(self, pattern: re2._Regexp[str], file: Opened) -> bool:
+        """Add ``file``'s matching lines; True when the output is full (a note says so)."""
+        for line_no, line in _text_lines(file):
+            if pattern.search(line):
+                entry = f"{_printable(file.rel)}:{line_no}: {line[:300]}"
+                self.lines.append(entry)
+                self._size += len(entry) + 1
+                if len(self.lines) >= _MAX_MATCHES or self._size > self._limit:
+                    self.lines.append(
+                        f"[stopped at {len(self.lines)} matches; narrow the pattern or path]"
+                    )
+                    return True
+        return False
+
+    def result(self) -> Result:
+        return Result(content="\n".join(self.lines) if self.lines else "no matches")
 
 
 def _text_lines(file: Opened) -> list[tuple[int, str]]:
