@@ -34,7 +34,7 @@ run: $(VENV)/.embedded
 	  --config examples/loopd.toml "What does notes.txt say?"
 
 # Three workers (pytest-xdist): most tests wait on processes and sockets, so 3 on 2 cores
-# halve the wall time. One file or test: .venv/bin/python -m pytest tests/test_cli.py -k ...
+# halve the wall time. One file or test: .venv/bin/python -m pytest tests/cli/test_cli.py -k ...
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -n 3
 

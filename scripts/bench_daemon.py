@@ -5,7 +5,7 @@ process, ``inference.parallel = 4``, the 4 tool hosts of :mod:`tests.support.loa
 "always"; every turn is one tool call and an answer (two model calls, one tool call).
 
 - **a turn, in-process vs through the daemon**: one session, turns one after another, p50
-  latency of each. In-process is ``start_app`` and ``SessionActor.turn`` (what ``loopd run
+  latency of each. In-process is ``start_world`` and ``SessionActor.turn`` (what ``loopd run
   --local`` does after start-up); through the daemon is ``Client.turn`` against a ``loopd
   serve`` process (the events cross a socket and two threads more). The ratio is the
   daemon's over in-process, measured in the same run.
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors import config as cfg
-from actors.app import start_app
-from actors.client import Client
-from actors.events import Event
+from actors.base import config as cfg
+from actors.base.events import Event
+from actors.daemon.client import Client
+from actors.session.world import start_world
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
 from tests.support.load import SLOTS, TOOLS, message, run_at_once
 from tests.support.scripted_llama import serve_in_process
@@ -57,7 +57,7 @@ def _side_by_side(config: cfg.Config) -> tuple[float, float]:
     """p50 ms of a turn in this process and through the daemon, taken in turn (ABAB...), so
     that both see the same load on a shared machine."""
     local, remote = [], []
-    with start_app(config) as app, Client.from_config(config) as client:
+    with start_world(config) as app, Client.from_config(config) as client:
         session = app.session("inproc")
         for n in range(-3, TURNS):  # three of each to warm up
             start = time.perf_counter()

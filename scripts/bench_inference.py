@@ -23,12 +23,12 @@ from typing import Any
 
 import httpx
 
-from actors.cancel import CancelToken
-from actors.config import InferenceConfig
-from actors.events import Event
+from actors.base.cancel import CancelToken
+from actors.base.config import InferenceConfig
+from actors.base.events import Event
 from actors.inference import recording
 from actors.inference.actor import Inference
-from actors.inference.client import LlamaClient
+from actors.inference.llama import LlamaClient
 from actors.inference.types import ChatRequest
 from tests.support.fake_llama import in_process
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from actors.log import HEADER, SessionLog, frame
-from actors.records import (
+from actors.log.file import HEADER, SessionLog, frame
+from actors.log.records import (
     Assistant,
     Baseline,
     Record,

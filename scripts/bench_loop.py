@@ -45,18 +45,18 @@ import httpx
 import orjson
 from httpx_sse import EventSource
 
-from actors.cancel import CancelToken
-from actors.config import Config, parse
-from actors.events import Event
+from actors.base.cancel import CancelToken
+from actors.base.config import Config, parse
+from actors.base.events import Event
 from actors.inference.actor import Inference
-from actors.inference.client import LlamaClient, encode_body
+from actors.inference.llama import LlamaClient, encode_body
 from actors.inference.types import ChatRequest
-from actors.log import SessionLog
-from actors.records import Baseline, Record, now
-from actors.render import messages
-from actors.session import open_session
+from actors.log.file import SessionLog
+from actors.log.records import Baseline, Record, now
+from actors.session.actor import open_session
+from actors.session.messages import messages
+from actors.session.turn import Runtime, run_turn
 from actors.tools.registry import META_TOOLS, Registry
-from actors.turn import Runtime, run_turn
 from tests.support.scripted_llama import serve_in_process
 
 __all__ = ["MESSAGE", "run"]

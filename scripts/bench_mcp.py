@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from actors.config import ToolsConfig
-from actors.tools.client import HostLauncher, PortSettings, ToolPort, start_port
+from actors.base.config import ToolsConfig
+from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.protocol.wire import Result
 from actors.tools.toolbox import host_argv
 

@@ -23,14 +23,14 @@ from typing import Any
 
 import psutil
 
-from actors.config import Config
-from actors.events import Event
+from actors.base.config import Config
+from actors.base.events import Event
 from actors.inference.actor import Inference
-from actors.records import Baseline, now
-from actors.session import open_session
+from actors.log.records import Baseline, now
+from actors.session.actor import open_session
+from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
-from actors.turn import Runtime
 from tests.support.load import SLOTS, load_config, message, run_at_once
 from tests.support.scripted_llama import serve_in_process
 from tests.support.watch import Peak

@@ -1,6 +1,6 @@
 """The slot keeper on the real embedded server: what keeping the KV state saves.
 
-(a) **Resume**: a ~4,000-token session, its command ended; a new command (a new App, so a
+(a) **Resume**: a ~4,000-token session, its command ended; a new command (a new World, so a
     new llama-server process) continues it. Time to the first token of the answer and the
     prompt tokens processed, with the session's saved state restored against the same
     turn with the file deleted first (what every command paid before the keeper).
@@ -26,16 +26,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actors import config as cfg
-from actors.app import App, start_app
-from actors.cancel import CancelToken
-from actors.events import Content, Event, Reasoning, ToolCallDelta
-from actors.inference.client import LlamaClient
-from actors.inference.slotfiles import remove_session_files, slot_dirs
+from actors.base import config as cfg
+from actors.base.cancel import CancelToken
+from actors.base.events import Content, Event, Reasoning, ToolCallDelta
+from actors.inference.llama import LlamaClient
+from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.inference.types import ChatRequest, Completion
-from actors.records import Record, Usage
-from actors.session import session_path
-from actors.turn import Runtime
+from actors.log.records import Record, Usage
+from actors.session.actor import session_path
+from actors.session.turn import Runtime
+from actors.session.world import World, start_world
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 
@@ -86,7 +86,7 @@ class _FirstToken:
             self.at = time.perf_counter()
 
 
-def _turn(app: App, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
+def _turn(app: World, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
     """One turn of session ``name``: seconds to its first token, and its last Usage."""
     session = app.session(name)
     sink = _FirstToken()
@@ -100,13 +100,13 @@ def _turn(app: App, runtime: Runtime, name: str, text: str) -> tuple[float, Usag
 
 
 def _resume(config: cfg.Config) -> list[dict[str, Any]]:
-    with start_app(config) as app:
+    with start_world(config) as app:
         _, built = _turn(app, app.runtime, "resume", _facts("warehouse", 170))
     times: dict[str, tuple[float, Usage]] = {}
     for variant in ("restored", "not restored"):
         if variant == "not restored":
             remove_session_files(slot_dirs(config), session_path(config, "resume"))
-        with start_app(config) as app:  # a new command: a new server process
+        with start_world(config) as app:  # a new command: a new server process
             times[variant] = _turn(app, app.runtime, "resume", "What does item 7 weigh?")
     (fast, kept), (slow, cold) = times["restored"], times["not restored"]
     restored = kept.slot.restored if kept.slot else 0
@@ -138,7 +138,7 @@ class _SlotZero:
         return self._client.chat_with_retry(request, sink, cancel, slot=0)
 
 
-def _rounds(app: App, runtime: Runtime, tag: str) -> Iterator[Usage]:
+def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""
     for i in range(SESSIONS):
         _turn(app, runtime, f"{_name(i)}{tag}", _facts(f"shelf {i}{tag}", 12))
@@ -149,9 +149,9 @@ def _rounds(app: App, runtime: Runtime, tag: str) -> Iterator[Usage]:
 
 
 def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:
-    with start_app(config) as app:  # each strategy on a server process of its own
+    with start_world(config) as app:  # each strategy on a server process of its own
         keeper = list(_rounds(app, app.runtime, ""))
-    with start_app(config) as app:
+    with start_world(config) as app:
         client = LlamaClient(app.config.inference)
         try:
             old_runtime = Runtime(config=app.config, inference=_SlotZero(client),
@@ -181,6 +181,6 @@ def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:
 
 
 def _records(config: cfg.Config, name: str) -> tuple[Record, ...]:
-    from actors.log import read_records
+    from actors.log.file import read_records
 
     return read_records(session_path(config, name))

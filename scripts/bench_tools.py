@@ -183,7 +183,7 @@ def _measure(systems: dict[str, Callable[[], None]]) -> dict[str, tuple[list[flo
 
 
 def run() -> list[dict[str, Any]]:
-    from actors.tools.client import PortSettings, start_port
+    from actors.tools.port import PortSettings, start_port
 
     tmp = Path(tempfile.mkdtemp(prefix="lb-", dir="/tmp"))
     floor_ep, host_ep = f"ipc://{tmp}/floor.sock", f"ipc://{tmp}/host.sock"

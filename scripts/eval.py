@@ -33,13 +33,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors import config as cfg
-from actors.approval import Choice, Decision
-from actors.cancel import CancelToken
-from actors.errors import LoopdError
-from actors.events import Event
-from actors.inference.bare_json import parse_bare_tool_call
-from actors.records import Assistant, Record, ToolResult, Usage, User
+from actors.base import config as cfg
+from actors.base.cancel import CancelToken
+from actors.base.errors import LoopdError
+from actors.base.events import Choice, Decision, Event
+from actors.inference.smallmodel.bare_json import parse_bare_tool_call
+from actors.log.records import Assistant, Record, ToolResult, Usage, User
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
 
@@ -49,7 +48,7 @@ WORKSPACE = ROOT / "examples" / "eval" / "workspace"
 OUT = ROOT / "bench" / "eval.json"
 SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
-# The harness answers approvals (actors.approval): "allow once" for a task marked approve,
+# The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
 # a denial for any other, so a write task checks the file on disk. False: check the call
 # the model made (path and content) instead.
 APPROVAL = True
@@ -244,9 +243,9 @@ def run_tasks(
     say: Callable[[str], None] = lambda _: None,
 ) -> list[Row]:
     """Run ``tasks`` on one app (one embedded server, one set of tool hosts) and score them."""
-    from actors.app import start_app
-    from actors.inference.slotfiles import remove_session_files, slot_dirs
-    from actors.session import session_path
+    from actors.inference.slots.files import remove_session_files, slot_dirs
+    from actors.session.actor import session_path
+    from actors.session.world import start_world
 
     root = Path(tempfile.mkdtemp(prefix="loopd-eval-"))
     config = eval_config(base if base is not None else cfg.Config(), root, seed=seed)
@@ -255,7 +254,7 @@ def run_tasks(
     names: list[str] = []
     rows: list[Row] = []
     try:
-        with start_app(config, say) as app:
+        with start_world(config, say) as app:
             for task in tasks:
                 _reset(workspace)
                 name = f"eval-{task.id}-{int(time.time())}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from actors.errors import RecordingError
+from actors.base.errors import RecordingError
 from actors.inference import recording
 
 __all__ = ["main", "record"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from actors.records import (
+from actors.log.records import (
     Approval,
     ApprovalDecision,
     ApprovalScope,
@@ -98,7 +98,7 @@ slot_uses = st.builds(
     SlotUse, server=texts, slot=counts, state=st.sampled_from(SlotState), restored=counts,
     restore_ms=st.floats(allow_nan=False, allow_infinity=False), reason=texts,
 )
-# What actors.inference.server_values keeps of a server's timings (and a log's, read back).
+# What actors.log.server_values keeps of a server's timings (and a log's, read back).
 timings = st.dictionaries(
     st.text(max_size=64),
     counts | st.floats(min_value=0, allow_nan=False, allow_infinity=False),

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.records import Assistant, Record, ToolCall, ToolResult, User
+from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
-from tests.test_embedded_turn import _require_embedded
+from tests.inference.embedded.test_embedded_turn import _require_embedded
 
 NOTES = "The garden club meets on Saturday at 10 am by the greenhouse."
 

@@ -1,14 +1,22 @@
-"""The layer rules of design section 13, checked by walking the imports of every module.
+"""The layout's rule: a path names its process, and each folder imports only what is below it.
 
-- A tool host process (``actors.tools.host``, ``actors.tools.providers``, and the protocol
-  both sides share) never reaches session, log, turn, inference, records or pykka code:
-  what runs tools must not be able to touch a session.
-- ``actors.tools.protocol`` imports nothing of the daemon side either (it is the contract).
-- Nothing below the CLI imports ``actors.cli`` or ``actors.view`` (the terminal is the top).
-- The daemon's client side (``actors.client`` and the protocol and places it shares with
-  ``actors.daemon``) reaches the daemon only through the protocol: never the daemon's
-  server, sessions, the App, a session, the turn, inference, the tool client or pykka. A
-  ``loopd run`` that finds a daemon loads none of the world it would otherwise build.
+Every module of ``actors`` may reach (directly or through what it imports) only the
+folders its row of :data:`MAY_REACH` names, checked by walking the imports. The rows, from
+the bottom up (README, "Architecture", draws the same picture):
+
+- ``base``: every process (errors, config, cancel, events, rules, text cuts, durable writes);
+- ``wire``: every process that speaks ZeroMQ (codec, field checks, CURVE, process trees);
+- ``tools.protocol``, ``tools.providers``, ``tools.host``: the tool host process. What runs
+  tools never reaches a session, a log, inference, approval, the daemon or pykka;
+- ``log``: the records and their file; ``inference``: the model server's side;
+  ``tools`` (port, registry, search, toolbox): the session process's side of the tool wire;
+  ``approval``: the gate and the rules file; ``session``: the actor, the turn, the world;
+- ``daemon`` (``protocol``, ``address``, ``client``): what a client of ``loopd serve`` runs.
+  It reaches the records (a client reads a log) but never the log file, a session, the
+  turn, inference, the tool port or pykka: a ``loopd run`` that finds a daemon loads none
+  of the world it would otherwise build;
+- ``daemon.server``: ``loopd serve``; ``cli``: the person's command, the top: nothing
+  below it imports it.
 
 Every ``import`` counts, including ones inside functions and under TYPE_CHECKING: a lazy
 import still runs in the process that calls it.
@@ -24,39 +32,43 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HOST_SIDE = ("actors.tools.host", "actors.tools.providers", "actors.tools.protocol")
-FORBIDDEN_IN_HOST = (
-    "actors.session",
-    "actors.log",
-    "actors.turn",
-    "actors.inference",
-    "actors.records",
-    "actors.render",
-    "actors.app",
-    "actors.tools.client",
-    "actors.tools.registry",
-    "actors.tools.toolbox",
-    "pykka",
+_HOST = ("actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers")
+_CLIENT = (
+    "actors.base", "actors.wire", "actors.tools.protocol.wire", "actors.tools.protocol.spec",
+    "actors.log.records", "actors.log.outcome", "actors.log.server_values",
+    "actors.daemon.protocol", "actors.daemon.address", "actors.daemon.client",
 )
-TOP = ("actors.cli", "actors.view", "actors.prompt")
-CLIENT_SIDE = ("actors.client", "actors.daemon.protocol", "actors.daemon.place")
-FORBIDDEN_IN_CLIENT = (
-    "actors.daemon.server",
-    "actors.daemon.sessions",
-    "actors.daemon.main",
-    "actors.app",
-    "actors.session",
-    "actors.log",
-    "actors.turn",
-    "actors.inference",
-    "actors.tools.client",
-    "actors.tools.registry",
-    "actors.tools.toolbox",
-    "pykka",
+# folder -> the folders (or modules) of loopd it may reach, its own included; the most
+# specific folder of a module decides. Third-party packages are free but for pykka.
+MAY_REACH: dict[str, tuple[str, ...]] = {
+    "actors.base": ("actors.base",),
+    "actors.wire": ("actors.base", "actors.wire"),
+    "actors.tools.protocol": ("actors.base", "actors.wire", "actors.tools.protocol"),
+    "actors.tools.providers": _HOST,
+    "actors.tools.host": (*_HOST, "actors.tools.host"),
+    "actors.log": ("actors.base", "actors.wire", "actors.tools.protocol", "actors.log"),
+    "actors.inference": (
+        "actors.base", "actors.wire", "actors.tools.protocol", "actors.log", "actors.inference",
+    ),
+    "actors.tools": ("actors.base", "actors.wire", "actors.tools"),
+    "actors.approval": (
+        "actors.base", "actors.wire", "actors.log", "actors.tools.protocol", "actors.approval",
+    ),
+    "actors.session": (
+        "actors.base", "actors.wire", "actors.log", "actors.inference", "actors.tools",
+        "actors.approval", "actors.session",
+    ),
+    "actors.daemon": _CLIENT,
+    "actors.daemon.server": (*_CLIENT, "actors.log", "actors.inference", "actors.tools",
+                             "actors.approval", "actors.session", "actors.daemon.server"),
+    "actors.cli": ("actors",),
+    "actors": _CLIENT,  # the package's public face: the client, the config, the errors
+}
+NO_PYKKA = (
+    "actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers",
+    "actors.tools.host", "actors.log", "actors.daemon.protocol", "actors.daemon.address",
+    "actors.daemon.client", "actors.inference.smallmodel",
 )
-# The records check the server's numbers with these (pure functions), so a client reading a
-# log reaches them; the package's __init__ is empty.
-ALLOWED_IN_CLIENT = ("actors.inference", "actors.inference.server_values")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -116,26 +128,37 @@ def reach(imports: dict[str, set[str]], start: str) -> dict[str, str]:
     return seen
 
 
-def violations(imports: dict[str, set[str]]) -> list[str]:
+def packages(root: Path, package: str = "actors") -> set[str]:
+    return {module_name(root, p) for p in (root / package).rglob("__init__.py")}
+
+
+def rule_of(module: str) -> str:
+    """The most specific folder of MAY_REACH that holds ``module``."""
+    return max((f for f in MAY_REACH if _within(module, (f,))), key=len)
+
+
+def violations(imports: dict[str, set[str]], pkgs: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
     bad: list[str] = []
     for module in sorted(imports):
-        if _within(module, HOST_SIDE):
-            for target, via in reach(imports, module).items():
-                if _within(target, FORBIDDEN_IN_HOST):
-                    bad.append(f"{module} reaches {target} (imported by {via})")
-        if _within(module, CLIENT_SIDE):
-            for target, via in reach(imports, module).items():
-                if _within(target, FORBIDDEN_IN_CLIENT) and target not in ALLOWED_IN_CLIENT:
-                    bad.append(f"{module} reaches {target} (imported by {via})")
-        if not _within(module, TOP):
-            for target in imports[module]:
-                if _within(target, TOP):
-                    bad.append(f"{module} imports {target}, which only the CLI may use")
+        rule = rule_of(module)
+        for target, via in sorted(reach(imports, module).items()):
+            if target == "pykka" and _within(module, NO_PYKKA):
+                bad.append(f"{module} reaches pykka (imported by {via})")
+            if not _within(target, ("actors",)) or target in pkgs:
+                continue  # third-party; a package's __init__ is followed for what it imports
+            if not _within(target, MAY_REACH[rule]):
+                bad.append(f"{module} reaches {target} (imported by {via}); {rule} may not")
     return bad
 
 
 def test_the_layers_hold() -> None:
-    assert violations(graph(ROOT)) == []
+    assert violations(graph(ROOT), packages(ROOT)) == []
+
+
+def test_every_module_has_a_rule() -> None:
+    """A new top-level folder must be given its row (else it would fall to ``actors``'s)."""
+    tops = {m.split(".")[1] for m in graph(ROOT) if m.count(".") >= 1}
+    assert tops <= {f.split(".")[1] for f in MAY_REACH if f != "actors"}, tops
 
 
 def test_the_walk_sees_the_hosts_real_imports() -> None:
@@ -144,38 +167,47 @@ def test_the_walk_sees_the_hosts_real_imports() -> None:
     assert "actors.tools.protocol.wire" in reached
     assert "actors.tools.host.server" in reached
     assert "zmq" in reached
-    client = reach(graph(ROOT), "actors.client")
-    assert "actors.daemon.protocol" in client and "actors.codec" in client
+    client = reach(graph(ROOT), "actors.daemon.client")
+    assert "actors.daemon.protocol" in client and "actors.wire.codec" in client
 
 
 _MINI = (
-    "actors/__init__.py", "actors/tools/__init__.py", "actors/log.py", "actors/turn.py",
-    "actors/view.py", "actors/cli.py", "actors/session.py", "actors/records.py",
-    "actors/inference/__init__.py", "actors/tools/host/__init__.py",
+    "actors/__init__.py", "actors/base/__init__.py", "actors/base/errors.py",
+    "actors/wire/__init__.py", "actors/wire/codec.py",
+    "actors/log/__init__.py", "actors/log/file.py", "actors/log/records.py",
+    "actors/session/__init__.py", "actors/session/turn.py", "actors/session/actor.py",
+    "actors/cli/__init__.py", "actors/cli/view.py", "actors/cli/main.py",
+    "actors/inference/__init__.py", "actors/inference/llama.py",
+    "actors/tools/__init__.py", "actors/tools/host/__init__.py",
     "actors/tools/providers/__init__.py", "actors/tools/protocol/__init__.py",
     "actors/tools/protocol/wire.py", "actors/tools/protocol/relay.py",
-    "actors/client.py", "actors/daemon/__init__.py", "actors/daemon/protocol.py",
-    "actors/daemon/server.py",
+    "actors/daemon/__init__.py", "actors/daemon/client.py", "actors/daemon/protocol.py",
+    "actors/daemon/server/__init__.py", "actors/daemon/server/loop.py",
 )
 
 
 @pytest.mark.parametrize(
     ("module", "line", "caught"),
     [
-        ("actors/tools/providers/evil.py", "from actors.session import open_session",
-         "reaches actors.session"),
+        ("actors/tools/providers/evil.py", "from actors.session.actor import open_session",
+         "reaches actors.session.actor"),
         ("actors/tools/providers/evil.py", "def f():\n    import pykka", "reaches pykka"),
-        ("actors/tools/protocol/wire.py", "from actors.records import Usage",
-         "reaches actors.records"),
+        ("actors/tools/protocol/wire.py", "from actors.log.records import Usage",
+         "reaches actors.log.records"),
         # indirect: the host imports the protocol, whose relay imports inference
-        ("actors/tools/protocol/relay.py", "from actors.inference import x",
-         "actors.tools.host reaches actors.inference"),
-        ("actors/log.py", "from actors import view", "only the CLI may use"),
-        ("actors/turn.py", "from actors.cli import main", "only the CLI may use"),
-        ("actors/client.py", "from actors.daemon import server", "reaches actors.daemon.server"),
+        ("actors/tools/protocol/relay.py", "from actors.inference import llama",
+         "actors.tools.host reaches actors.inference.llama"),
+        ("actors/log/file.py", "from actors.cli import view", "reaches actors.cli.view"),
+        ("actors/session/turn.py", "from actors.cli.main import main", "reaches actors.cli"),
+        ("actors/base/errors.py", "from actors.wire import codec", "actors.base may not"),
+        ("actors/wire/codec.py", "from actors.log import records", "actors.wire may not"),
+        ("actors/inference/llama.py", "from actors.session import turn", "reaches actors"),
+        ("actors/daemon/client.py", "from actors.daemon.server import loop",
+         "reaches actors.daemon.server.loop"),
+        ("actors/daemon/client.py", "from actors.log import file", "reaches actors.log.file"),
         # indirect: the protocol the client shares imports the session
-        ("actors/daemon/protocol.py", "from actors.session import x",
-         "actors.client reaches actors.session"),
+        ("actors/daemon/protocol.py", "from actors.session.actor import x",
+         "actors.daemon.client reaches actors.session.actor"),
         ("actors/daemon/protocol.py", "def f():\n    import pykka", "reaches pykka"),
     ],
 )
@@ -187,10 +219,11 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     (tmp_path / "actors/tools/host/__init__.py").write_text(
         "from actors.tools.protocol import relay, wire\n"
     )
-    (tmp_path / "actors/client.py").write_text("from actors.daemon import protocol\n")
-    assert violations(graph(tmp_path)) == []
+    (tmp_path / "actors/daemon/client.py").write_text("from actors.daemon import protocol\n")
+    (tmp_path / "actors/cli/main.py").write_text("from actors.session import turn\n")
+    assert violations(graph(tmp_path), packages(tmp_path)) == []
     target = tmp_path / module
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(line + "\n")
-    found = violations(graph(tmp_path))
+    found = violations(graph(tmp_path), packages(tmp_path))
     assert any(caught in v for v in found), found

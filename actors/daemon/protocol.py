@@ -1,7 +1,8 @@
 """The loopd client protocol, version 1: how a client talks to ``loopd serve``.
 
 This docstring is the protocol document: a client in any language can be written from it.
-The Python client is :mod:`actors.client`; the daemon's side is :mod:`actors.daemon.server`.
+The Python client is :mod:`actors.daemon.client`; the daemon's side is
+:mod:`actors.daemon.server.loop`.
 
 Transport
 ---------
@@ -73,7 +74,7 @@ Messages, daemon to client
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
   ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
-  ``torn_tail``, ``approval_requested`` and ``approval_decided`` (see ``actors/events.py``
+  ``torn_tail``, ``approval_requested`` and ``approval_decided`` (see ``actors/base/events.py``
   for each one's fields; a new event is a new protocol version).
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
@@ -110,13 +111,13 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-from actors import events as ev
-from actors.approval import Choice
-from actors.checks import Check, exact, json_data, json_object, member, wire_id
-from actors.codec import MessageCodec
-from actors.errors import WireError
-from actors.records import SlotUse, check_slot_use
+from actors.base import events as ev
+from actors.base.errors import WireError
+from actors.base.events import Choice
+from actors.log.records import SlotUse, check_slot_use
 from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both protocols
+from actors.wire.codec import MessageCodec
+from actors.wire.fieldchecks import Check, exact, json_data, json_object, member, wire_id
 
 __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Done", "Error",

@@ -3,7 +3,7 @@
 The session asks an inference actor for a completion and blocks on the reply while the
 actor streams in its own thread, sending events straight to the request's sink. Before
 that, the handle (:class:`Inference`) takes a lease on a slot from the slot keeper
-(:mod:`actors.inference.slots`: the session's own slot, or a slot its state is restored
+(:mod:`actors.inference.slots.keeper`: the session's own slot, or a slot its state is restored
 into), then lends the request an idle actor, streams on that server and slot, and gives the
 lease back. When no slot or no actor is free the request emits ``Queued`` (saying which it
 waits for) and waits in one loop, where cancel and the deadline apply. At most
@@ -36,11 +36,11 @@ from typing import Any, TypeVar
 import httpx
 import pykka
 
-from actors.cancel import CancelToken
-from actors.config import InferenceConfig
-from actors.events import Queued, Sink
-from actors.inference.client import LlamaClient
-from actors.inference.slots import KeeperSettings, Lease, ServerSpec, SlotKeeper
+from actors.base.cancel import CancelToken
+from actors.base.config import InferenceConfig
+from actors.base.events import Queued, Sink
+from actors.inference.llama import LlamaClient
+from actors.inference.slots.keeper import KeeperSettings, Lease, ServerSpec, SlotKeeper
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 
 T = TypeVar("T")

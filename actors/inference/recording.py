@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from actors.errors import RecordingError
+from actors.base.errors import RecordingError
 
 __all__ = [
     "Exchange",

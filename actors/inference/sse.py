@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from actors.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
-from actors.inference import server_values
+from actors.base.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
-from actors.log import MAX_RECORD
-from actors.records import ToolCall
+from actors.log import server_values
+from actors.log.file import MAX_RECORD
+from actors.log.records import ToolCall
 
 __all__ = ["DONE", "MAX_RESPONSE_CHARS", "StreamAssembler"]
 

@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from actors.errors import ServerError
-from actors.inference import server_values
-from actors.records import SlotUse, ToolCall
+from actors.base.errors import ServerError
+from actors.log import server_values
+from actors.log.records import SlotUse, ToolCall
 
 __all__ = [
     "MAX_ERROR_BODY",

@@ -25,7 +25,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from actors.cancel import CancelToken
+from actors.base.cancel import CancelToken
 
 __all__ = ["Watch", "Watchdog", "tracked_transport"]
 

@@ -28,11 +28,11 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
-from actors.checks import parse_json
-from actors.tools.client import ToolPort
+from actors.tools.port import ToolPort
 from actors.tools.protocol.argcheck import ArgumentCheck
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.search import find
+from actors.wire.fieldchecks import parse_json
 
 __all__ = ["META_TOOLS", "Local", "Registry", "Remote", "baseline_tools", "dispatch"]
 

@@ -15,7 +15,7 @@ that does not come up is not a hang and not fatal: it is named in :attr:`Toolbox
 (with the end of its log) and its port keeps trying, so its tools appear when it does.
 
 Each local host is supervised by its port actor (restarted with backoff when it dies, see
-:mod:`actors.tools.client.port`), runs with ``--parent-pid`` so it exits if the daemon is killed,
+:mod:`actors.tools.port.handle`), runs with ``--parent-pid`` so it exits if the daemon is killed,
 and leads a process session of its own, so :meth:`Toolbox.close` can kill everything it
 and its tools started. Nothing is left running after ``close``.
 """
@@ -35,10 +35,10 @@ from types import TracebackType
 
 import psutil
 
-from actors.config import Config, HostConfig, ToolsConfig
-from actors.errors import ConfigError, KeyFileError
-from actors.rules import host_allow
-from actors.tools.client import (
+from actors.base.config import Config, HostConfig, ToolsConfig
+from actors.base.errors import ConfigError, KeyFileError
+from actors.base.rules import host_allow
+from actors.tools.port import (
     CurveClient,
     HostLauncher,
     PortSettings,
@@ -47,11 +47,11 @@ from actors.tools.client import (
     start_port,
     stop_ports,
 )
-from actors.tools.keys import load_public, load_secret
-from actors.tools.procs import kill_session, kill_tree, loopd_env
 from actors.tools.providers.sandbox import Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
+from actors.wire.curve import load_public, load_secret
+from actors.wire.procs import kill_session, kill_tree, loopd_env
 
 __all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
 

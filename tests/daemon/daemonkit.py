@@ -21,9 +21,9 @@ from typing import Any
 
 import psutil
 
-from actors import config as cfg
-from actors.client import Client, find_daemon
-from actors.tools.procs import is_alive, kill_tree
+from actors.base import config as cfg
+from actors.daemon.client import Client, find_daemon
+from actors.wire.procs import is_alive, kill_tree
 from tests.support.watch import wait_until
 
 __all__ = ["ROOT", "Daemon", "cli", "daemon_config", "env"]

@@ -21,14 +21,14 @@ import psutil
 import pytest
 import zmq
 
-from actors import config as cfg
-from actors.client import Client, find_daemon
+from actors.base import config as cfg
+from actors.base.errors import Cancelled, SessionInUse
 from actors.daemon import protocol as p
-from actors.daemon.place import endpoint
-from actors.errors import Cancelled, SessionInUse
-from actors.records import Assistant, ToolResult, User
-from actors.tools.keys import load_public, load_secret, write_keypair
-from actors.tools.procs import is_alive, kill_tree
+from actors.daemon.address import endpoint
+from actors.daemon.client import Client, find_daemon
+from actors.log.records import Assistant, ToolResult, User
+from actors.wire.curve import load_public, load_secret, write_keypair
+from actors.wire.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent

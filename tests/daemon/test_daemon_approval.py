@@ -2,7 +2,7 @@
 
 The daemon's tool host runs write_file, which needs approval here (``tools.allow`` has only
 run_command); the client's ``on_approval`` is the same Approver interface a turn takes
-in-process (:mod:`actors.approval`).
+in-process (:mod:`actors.approval.gate`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.approval import NO_APPROVER, Choice, Decision
-from actors.cancel import CancelToken
-from actors.events import ApprovalDecided, ApprovalRequested
-from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
+from actors.base.cancel import CancelToken
+from actors.base.events import NO_APPROVER, ApprovalDecided, ApprovalRequested, Choice, Decision
+from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
 from tests.daemon.daemonkit import ROOT, Daemon, cli, env
 from tests.support.watch import wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pexpect
 
-from actors.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
+from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
 from tests.daemon.daemonkit import ROOT, Daemon
 from tests.support.watch import wait_until
 

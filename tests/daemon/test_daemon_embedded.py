@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.log import read_records
-from actors.records import CacheLoss, SlotState, Usage
+from actors.log.file import read_records
+from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
-from tests.test_embedded_turn import _require_embedded
-from tests.test_slots_embedded import FEW, flat
+from tests.inference.embedded.test_embedded_turn import _require_embedded
+from tests.inference.slots.test_slots_embedded import FEW, flat
 from tests.tools.hostkit import short_dir
 
 

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import pytest
 
-from actors import config as cfg
-from actors.client import Client
-from actors.errors import LoopdError
-from actors.records import Assistant, ToolResult, Usage, User
-from actors.tools.procs import kill_tree
+from actors.base import config as cfg
+from actors.base.errors import LoopdError
+from actors.daemon.client import Client
+from actors.log.records import Assistant, ToolResult, Usage, User
+from actors.wire.procs import kill_tree
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
 from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import message

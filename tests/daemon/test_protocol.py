@@ -9,14 +9,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors import errors
-from actors import events as ev
-from actors.approval import Choice
-from actors.client import remote_error
+from actors.base import errors
+from actors.base import events as ev
+from actors.base.errors import WireError
+from actors.base.events import Choice
 from actors.daemon import protocol as p
-from actors.errors import WireError
-from actors.records import SlotState, SlotUse, Usage
-from actors.records import encode as encode_record
+from actors.daemon.client import remote_error
+from actors.log.records import SlotState, SlotUse, Usage
+from actors.log.records import encode as encode_record
 
 LIMIT = 1 << 20
 USAGE = encode_record(Usage(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 import time
 
-from actors import config as cfg
-from actors.client import Client
-from actors.errors import LoopdError
-from actors.events import event_name
+from actors.base import config as cfg
+from actors.base.errors import LoopdError
+from actors.base.events import event_name
+from actors.daemon.client import Client
 
 
 def _hang(request: object, cancel: object, deadline: float) -> None:

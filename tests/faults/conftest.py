@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from actors.config import Config, InferenceConfig, parse
-from actors.events import Event
+from actors.base.config import Config, InferenceConfig, parse
+from actors.base.events import Event
 from actors.inference.actor import Inference
-from actors.log import SessionLog, read_records
-from actors.records import Baseline, Record, now
+from actors.log.file import SessionLog, read_records
+from actors.log.records import Baseline, Record, now
+from actors.session.turn import Runtime, TurnOutcome, run_turn
 from actors.tools.registry import META_TOOLS, Registry
-from actors.turn import Runtime, TurnOutcome, run_turn
 
 __all__ = ["MakeRig", "TurnRig", "turn_config"]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from actors import config as cfg
-from actors.cli import main
-from actors.errors import ConfigError
+from actors.base import config as cfg
+from actors.base.errors import ConfigError
+from actors.cli.main import main
 
 CRAFTED: dict[str, tuple[bytes, str]] = {
     "a timeout of 1e308 s": (

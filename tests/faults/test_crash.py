@@ -1,6 +1,6 @@
 """Crash consistency: a loopd daemon SIGKILLed at random moments, many times, loses nothing.
 
-A child process (:mod:`tests.support.crash_driver`: ``start_app``, its own tool host, fsync
+A child process (:mod:`tests.support.crash_driver`: ``start_world``, its own tool host, fsync
 "always") runs numbered turns on one session against the fake llama-server in this process,
 and is killed with SIGKILL at a seeded random moment: most often a random time after its
 first turn of this life (so mid-turn, mid-stream, mid-tool-call or mid-append), sometimes
@@ -36,9 +36,9 @@ from types import TracebackType
 
 import psutil
 
-from actors.log import read_records
-from actors.records import Assistant, ToolResult, Usage, User
-from actors.tools.procs import is_alive, kill_tree
+from actors.log.file import read_records
+from actors.log.records import Assistant, ToolResult, Usage, User
+from actors.wire.procs import is_alive, kill_tree
 from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama

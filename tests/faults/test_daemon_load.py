@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from actors import config as cfg
-from actors.client import Client
-from actors.events import Event
-from actors.log import read_records
+from actors.base import config as cfg
+from actors.base.events import Event
+from actors.daemon.client import Client
+from actors.log.file import read_records
 from actors.tools.toolbox import Toolbox
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.load import SLOTS, TOOLS, check_log, check_reopen, expected_results, message

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.tools.client import PortSettings, start_port
+from actors.tools.port import PortSettings, start_port
 from actors.tools.protocol import wire
 from actors.tools.providers import web
 from tests.tools.hostkit import short_dir, spawn_host

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import pytest
 import zmq
 
-from actors.tools.client import PortSettings, ToolPort, start_port
+from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from tests.tools.hostkit import short_dir, spawn_host
 

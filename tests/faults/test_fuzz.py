@@ -41,10 +41,10 @@ import zmq
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from actors import config as cfg
-from actors.errors import ConfigError, RecordError, SessionError
-from actors.log import HEADER, SessionLog, frame, read_records
-from actors.records import (
+from actors.base import config as cfg
+from actors.base.errors import ConfigError, RecordError, SessionError
+from actors.log.file import HEADER, SessionLog, frame, read_records
+from actors.log.records import (
     Assistant,
     Baseline,
     CacheLoss,
@@ -56,10 +56,10 @@ from actors.records import (
     decode,
     to_json,
 )
-from actors.tools.procs import kill_tree
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import Local, Registry, Remote, dispatch
+from actors.wire.procs import kill_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)

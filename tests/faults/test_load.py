@@ -27,16 +27,16 @@ import psutil
 import pykka
 import pytest
 
-from actors.config import Config
-from actors.events import Event
+from actors.base.config import Config
+from actors.base.events import Event
 from actors.inference.actor import Inference
-from actors.log import read_records
-from actors.records import Baseline, now
-from actors.session import open_session
-from actors.tools.procs import is_alive
+from actors.log.file import read_records
+from actors.log.records import Baseline, now
+from actors.session.actor import open_session
+from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
-from actors.turn import Runtime
+from actors.wire.procs import is_alive
 from tests.support.load import SLOTS, check_log, check_reopen, expected_results, message
 from tests.support.load import load_config as shared_config
 from tests.support.scripted_llama import serve_in_process

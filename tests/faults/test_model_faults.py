@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import pytest
 
-from actors.events import Retrying
+from actors.base.events import Retrying
 from actors.inference.types import InferError, InferErrorKind
-from actors.records import Assistant, Baseline, User
+from actors.log.records import Assistant, Baseline, User
 from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import (
     FakeLlama,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from actors.tools.protocol import wire
 from tests.tools.hostkit import ask, raw_dealer, recv
-from tests.tools.test_curve import Remote, _curve_options, _touch, remote
+from tests.wire.test_curve import Remote, _curve_options, _touch, remote
 
 __all__ = ["remote"]  # the fixture, shared with the CURVE tests
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from actors.errors import TurnLimit
-from actors.events import Reasoning
-from actors.inference.client import CONTROL_GRACE
+from actors.base.errors import TurnLimit
+from actors.base.events import Reasoning
+from actors.inference.llama import CONTROL_GRACE
 from actors.inference.sse import MAX_RESPONSE_CHARS
 from actors.inference.types import InferError, InferErrorKind
-from actors.records import ToolResult
+from actors.log.records import ToolResult
 from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import Conn, FakeLlama, Reply, answer
 
@@ -164,8 +164,8 @@ def test_a_flood_of_tiny_tool_calls_counts_each_calls_own_fields(
     """Many one-letter calls are little text but a large record: each call's own fields are
     counted, so what the assembler lets through always fits (scaled down from 16 Mi)."""
     from actors.inference import sse
-    from actors.log import frame
-    from actors.records import Assistant
+    from actors.log.file import frame
+    from actors.log.records import Assistant
 
     limit = 20_000
     monkeypatch.setattr(sse, "MAX_RESPONSE_CHARS", limit)

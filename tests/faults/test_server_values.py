@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from actors.inference import server_values
 from actors.inference.types import InferError, InferErrorKind
-from actors.log import SessionLog
-from actors.records import Assistant, Usage, User
+from actors.log import server_values
+from actors.log.file import SessionLog
+from actors.log.records import Assistant, Usage, User
 from tests.faults.conftest import MakeRig
 from tests.support.fake_llama import FakeLlama, answer
 

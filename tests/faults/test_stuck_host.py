@@ -13,8 +13,8 @@ import sys
 
 import zmq
 
-from actors.tools.client import HostLauncher, PortSettings, start_port
 from actors.tools.host.server import STUCK_S
+from actors.tools.port import HostLauncher, PortSettings, start_port
 from actors.tools.protocol import wire
 from tests.support.watch import wait_until
 from tests.tools.hostkit import FAKE, ask, host_env, raw_dealer, short_dir, spawn_host

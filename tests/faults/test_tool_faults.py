@@ -25,9 +25,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.config import Config, HostConfig
-from actors.records import ToolResult
-from actors.tools.client import HostLauncher, PortSettings, ToolPort, start_port
+from actors.base.config import Config, HostConfig
+from actors.log.records import ToolResult
+from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
 from tests.faults.conftest import MakeRig, TurnRig

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from actors import tailscan
-from actors.cli import main
-from actors.errors import LogCorrupt
-from actors.log import HEADER, SessionLog, frame
-from actors.records import User
+from actors.base.errors import LogCorrupt
+from actors.cli.main import main
+from actors.log import tailscan
+from actors.log.file import HEADER, SessionLog, frame
+from actors.log.records import User
+from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer
-from tests.turn.conftest import baseline
 
 TORN = frame(User(content="a message the crash interrupted " * 20))[:-7]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from actors.cancel import CancelToken
-from actors.config import InferenceConfig
-from actors.events import Event
-from actors.inference.client import LlamaClient
+from actors.base.cancel import CancelToken
+from actors.base.config import InferenceConfig
+from actors.base.events import Event
+from actors.inference.llama import LlamaClient
 from actors.inference.types import ChatRequest, Completion
 from tests.support.fake_llama import FakeLlama, Reply
 

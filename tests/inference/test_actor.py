@@ -17,8 +17,8 @@ import httpx
 import pykka
 import pytest
 
-from actors.cancel import CancelToken
-from actors.events import Content, Event, Progress, Waiting
+from actors.base.cancel import CancelToken
+from actors.base.events import Content, Event, Progress, Waiting
 from actors.inference.actor import Inference
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request

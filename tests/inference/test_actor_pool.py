@@ -18,8 +18,8 @@ import httpx
 import pykka
 import pytest
 
-from actors.cancel import CancelToken
-from actors.events import Event, Queued, Waiting
+from actors.base.cancel import CancelToken
+from actors.base.events import Event, Queued, Waiting
 from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request

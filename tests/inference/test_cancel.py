@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from actors.events import Content, Event, Retrying, Waiting
+from actors.base.events import Content, Event, Retrying, Waiting
 from actors.inference.types import InferError, InferErrorKind
 from tests.inference.conftest import MakeRig
 from tests.support.fake_llama import Conn, Reply, answer, hang, http_error

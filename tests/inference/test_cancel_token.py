@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from actors.cancel import CancelToken
+from actors.base.cancel import CancelToken
 
 WAIT = 10.0
 

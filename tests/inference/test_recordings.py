@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.errors import RecordingError
-from actors.events import Content, Progress, Retrying, ToolCallDelta
+from actors.base.errors import RecordingError
+from actors.base.events import Content, Progress, Retrying, ToolCallDelta
 from actors.inference import recording
 from actors.inference.types import Completion, InferError, InferErrorKind, is_context_full
 from scripts import record

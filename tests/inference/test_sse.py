@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cancel import CancelToken
-from actors.events import Progress, ToolCallDelta
-from actors.inference.client import LlamaClient
+from actors.base.cancel import CancelToken
+from actors.base.events import Progress, ToolCallDelta
+from actors.inference.llama import LlamaClient
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import InferError, InferErrorKind
-from actors.records import ToolCall
+from actors.log.records import ToolCall
 from tests.inference.conftest import config, request
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.events import Content, Event, Reasoning, ThinkingCapped
-from actors.inference.client import CONTROL_GRACE
+from actors.base.events import Content, Event, Reasoning, ThinkingCapped
+from actors.inference.llama import CONTROL_GRACE
 from tests.inference.conftest import USER, MakeRig, request
 from tests.support.fake_llama import Conn, Control, Reply, answer
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors.cancel import CancelToken
+from actors.base.cancel import CancelToken
 from actors.inference.watchdog import Watchdog
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,8 @@
 """A loopd daemon that runs numbered turns on one session until it is killed (crash tests).
 
 ``python -m tests.support.crash_driver --url URL --log-dir DIR --workspace DIR --turns N``
-opens (or creates) session ``crash`` the way ``loopd`` does (:func:`actors.app.start_app`,
+opens (or creates) session ``crash`` the way ``loopd`` does
+(:func:`actors.session.world.start_world`,
 its own local tool host, fsync "always"), prints ``ready {"hosts": [pids]}``, then runs turn
 *n* for every *n* after the last User record of the log, printing ``done n`` after each, and
 ``finished`` at the end. Turn *n* is :func:`message` (n): one tool call (run_command,
@@ -19,9 +20,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from actors.app import start_app
-from actors.config import Config, parse
-from actors.records import User
+from actors.base.config import Config, parse
+from actors.log.records import User
+from actors.session.world import start_world
 
 __all__ = ["SESSION", "config", "drive", "main", "message"]
 
@@ -56,7 +57,7 @@ def config(url: str, log_dir: str, workspace: str) -> Config:
 
 def drive(cfg: Config, turns: int, say: Callable[[str], None]) -> None:
     """Run the turns after the last one in the log, up to ``turns``; ``say`` reports progress."""
-    with start_app(cfg) as app:
+    with start_world(cfg) as app:
         session = app.session(SESSION)
         hosts = _host_pids(app)
         say("ready " + json.dumps({"hosts": hosts}))

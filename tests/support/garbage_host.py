@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.errors import WireError
+from actors.base.errors import WireError
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
 

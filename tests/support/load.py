@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.config import Config, HostConfig, parse
-from actors.log import SessionLog
-from actors.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User
+from actors.base.config import Config, HostConfig, parse
+from actors.log.file import SessionLog
+from actors.log.records import Assistant, Baseline, CacheLoss, Record, ToolResult, User
 from actors.tools.toolbox import Toolbox
 from tests.support.scripted_llama import call_id
 

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 import psutil
 
-from actors.tools.procs import is_alive
+from actors.wire.procs import is_alive
 
 __all__ = ["Background", "Peak", "living", "wait_until"]
 

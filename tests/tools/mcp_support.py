@@ -1,9 +1,9 @@
 """Starting an MCP tool host behind a real tool port, for tests (and the turn's tests).
 
 ``mcp_port(command=[...])`` is a context manager: it starts ``python -m actors.tools.host
---mcp "COMMAND"`` through :func:`actors.tools.client.port.start_port` (so the port supervises and
+--mcp "COMMAND"`` through :func:`actors.tools.port.handle.start_port` (so the port supervises and
 restarts the host, as the daemon does), waits until the host has listed its tools, yields
-the :class:`~actors.tools.client.ToolPort`, and stops the port and host on the way out, even
+the :class:`~actors.tools.port.ToolPort`, and stops the port and host on the way out, even
 when the test fails. The host's log goes to ``host.log`` in a fresh short directory (ipc
 paths must stay under ~100 bytes), printed if the host does not come up.
 """
@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from actors.tools.client import HostLauncher, PortSettings, ToolPort, start_port
+from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 
 __all__ = ["TEST_SERVER", "TIME_SERVER", "mcp_host_argv", "mcp_port"]
 

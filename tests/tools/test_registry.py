@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.tools.client import PortSettings, ToolPort, start_port
+from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.registry import META_TOOLS, Local, Registry, Remote, baseline_tools, dispatch
 from tests.tools.fake_host import FakeHost

@@ -15,13 +15,13 @@ from typing import Any
 import psutil
 import pytest
 
-from actors.config import Config, HostConfig, ShellConfig
-from actors.errors import ConfigError
-from actors.tools.client import PortState, ToolPort
-from actors.tools.keys import write_keypair
-from actors.tools.procs import is_alive
+from actors.base.config import Config, HostConfig, ShellConfig
+from actors.base.errors import ConfigError
+from actors.tools.port import PortState, ToolPort
 from actors.tools.protocol import wire
 from actors.tools.toolbox import Toolbox, host_argv
+from actors.wire.curve import write_keypair
+from actors.wire.procs import is_alive
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
 
 Make = Callable[..., Toolbox]
@@ -156,7 +156,7 @@ def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
 
 _DAEMON = """
 import json, sys, time
-from actors.config import Config
+from actors.base.config import Config
 from actors.tools.toolbox import Toolbox, host_argv
 box = Toolbox.start(Config().replace("tools", workspace=sys.argv[1]))
 print(json.dumps([s.pid for s in box.status().values()]), flush=True)

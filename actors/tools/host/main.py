@@ -28,12 +28,12 @@ from typing import Any
 import psutil
 import zmq
 
-from actors.errors import KeyFileError, McpError, UsageError
+from actors.base.errors import KeyFileError, McpError, UsageError
 from actors.tools.host.server import Host, home_cpu, pin
-from actors.tools.keys import curve_server
-from actors.tools.procs import is_alive
 from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ToolProvider
+from actors.wire.curve import curve_server
+from actors.wire.procs import is_alive
 
 __all__ = ["main"]
 
@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
 def _providers(args: argparse.Namespace) -> list[ToolProvider]:
     providers: list[ToolProvider] = []
     if args.tools:
-        from actors.tools.providers.sandbox import DEFAULT_ENV, Sandbox
+        from actors.base.config import DEFAULT_ENV
+        from actors.tools.providers.sandbox import Sandbox
         from actors.tools.providers.standard import StandardTools
         from actors.tools.providers.workspace import Workspace
 

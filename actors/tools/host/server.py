@@ -35,9 +35,8 @@ import jsonschema.exceptions
 import psutil
 import zmq
 
-from actors.cut import cut
-from actors.errors import UsageError, WireError
-from actors.tools.procs import kill_tree
+from actors.base.errors import UsageError, WireError
+from actors.base.textcut import cut
 from actors.tools.protocol import wire
 from actors.tools.protocol.argcheck import ArgumentCheck
 from actors.tools.protocol.provider import ToolProvider
@@ -52,6 +51,8 @@ from actors.tools.protocol.wire import (
     Result,
     ToolRequest,
 )
+from actors.wire.complaints import Complaints
+from actors.wire.procs import kill_tree
 
 __all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
 
@@ -82,28 +83,6 @@ class _Call:
     tool: str
     deadline: float
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-
-class Complaints:
-    """Logs bad frames at WARNING, ``burst`` per ``window_s`` at most: a flood fills no disk."""
-
-    def __init__(
-        self, burst: int = 20, window_s: float = 10.0, logger: logging.Logger = log
-    ) -> None:
-        self.burst, self.window_s, self.log = burst, window_s, logger
-        self.start, self.count, self.dropped = 0.0, 0, 0
-
-    def __call__(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self.start > self.window_s:
-            if self.dropped:
-                self.log.warning("%d more bad frames were not logged", self.dropped)
-            self.start, self.count, self.dropped = now, 0, 0
-        self.count += 1
-        if self.count <= self.burst:
-            self.log.warning(message, *args)
-        else:
-            self.dropped += 1
 
 
 class Host:

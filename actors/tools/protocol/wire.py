@@ -1,8 +1,8 @@
 """The messages between a tool port (DEALER) and a tool host (ROUTER), and their codec.
 
-A table of kinds for :class:`~actors.codec.MessageCodec` (one frame, one msgpack map with
+A table of kinds for :class:`~actors.wire.codec.MessageCodec` (one frame, one msgpack map with
 ``v``, ``kind`` and the fields by name; ``class`` for :attr:`Result.class_`), which trusts
-nothing it decodes and raises only :class:`~actors.errors.WireError`. ``ToolRequest``, the
+nothing it decodes and raises only :class:`~actors.base.errors.WireError`. ``ToolRequest``, the
 most frequent message, has a fast path that skips the general loop when every field is
 already plain.
 
@@ -17,10 +17,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-from actors.checks import SCALARS, Check, exact, json_object, member, wire_id
-from actors.codec import MessageCodec
-from actors.errors import WireError
+from actors.base.errors import WireError
 from actors.tools.protocol.spec import ResultClass, ToolSpec
+from actors.wire.codec import MessageCodec
+from actors.wire.fieldchecks import SCALARS, Check, exact, json_object, member, wire_id
 
 __all__ = [
     "CODEC",

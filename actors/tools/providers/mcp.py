@@ -9,7 +9,7 @@ Policy (the server's annotations are hints from a program we did not write, so t
 ever choose the stricter side of MCP's defaults; only loopd's config allows a tool). The
 annotations become the ToolSpec's ``needs_approval`` and ``untrusted``, and approval works
 as for any other tool (the host answers ``PendingApproval``; the session's rules or the
-person decide, actors.approval):
+person decide, actors.approval.gate):
 
 - approval: a tool runs without approval only if it says ``readOnlyHint: true`` and does
   not also say ``destructiveHint: true``. Everything else (no annotations, additive writes
@@ -45,10 +45,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from actors.cut import cut
-from actors.errors import McpError
+from actors.base.errors import McpError
+from actors.base.textcut import cut
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.protocol.wire import Answer, Failed, Result
+from actors.wire.tether import SCRIPT as TETHER_SCRIPT
 
 try:
     import anyio
@@ -72,7 +73,7 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
-_CHILD = Path(__file__).parents[2] / "tether.py"  # actors/tether.py
+_CHILD = Path(TETHER_SCRIPT)
 _CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 

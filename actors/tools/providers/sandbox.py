@@ -29,10 +29,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["DEFAULT_ENV", "INSTALL", "Sandbox"]
+from actors.base.config import DEFAULT_ENV
+
+__all__ = ["INSTALL", "Sandbox"]
 
 # Names (fnmatch patterns) of the variables a command gets from the host's environment.
-DEFAULT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_*", "TERM", "TZ")
 INSTALL = "apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora)"
 _DNS = "/run/systemd/resolve"  # where /etc/resolv.conf often points, masked with /run
 

@@ -9,7 +9,7 @@ linear in the text: no pattern can stall a worker.
 Outputs are cut at ``max_output_bytes`` with a note saying how much was cut and how to read
 on. ``write_file`` and ``run_command`` change things, so their specs say
 ``needs_approval``; the host answers ``PendingApproval`` unless its ``--allow`` names them
-or the call comes approved (the session's rules or the person said yes: actors.approval).
+or the call comes approved (the session's rules or the person said yes: actors.approval.gate).
 ``fetch_url``'s results come from outside and are marked ``untrusted``.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import re2
 
-from actors.cut import cut
-from actors.errors import UsageError
+from actors.base.errors import UsageError
+from actors.base.textcut import cut
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
@@ -48,7 +48,7 @@ def _schema(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 # A path never holds a control character or a glob's * or ?: the schema check refuses one
 # (a small model writes ".\n" or "./*"; Python's $ lets one newline at the end pass), and
 # under inference.constrained_calls the grammar cannot produce one at all
-# (actors.inference.grammar holds a string to a pattern of one negated class).
+# (actors.inference.smallmodel.grammar holds a string to a pattern of one negated class).
 PATH_PATTERN = "^[^*?\\x00-\\x1f]*$"
 _PATH = {
     "type": "string",

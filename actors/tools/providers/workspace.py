@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeAlias
 
-from actors.errors import UsageError
+from actors.base.errors import UsageError
 
 __all__ = [
     "MAX_DEPTH",

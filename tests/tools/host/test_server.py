@@ -14,7 +14,7 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools.client import PortSettings, ToolPort, start_port
+from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from tests.tools.hostkit import (
     FAKE,

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.checks import MAX_DEPTH
-from actors.errors import WireError
+from actors.base.errors import WireError
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
+from actors.wire.fieldchecks import MAX_DEPTH
 
 json_leaf = (
     st.none()

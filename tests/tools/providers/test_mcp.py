@@ -40,7 +40,7 @@ _need("mcp")
 
 import mcp_types  # noqa: E402
 
-from actors.errors import McpError  # noqa: E402
+from actors.base.errors import McpError  # noqa: E402
 from actors.tools.protocol.spec import ResultClass  # noqa: E402
 from actors.tools.protocol.wire import Failed, PendingApproval, Result  # noqa: E402
 from actors.tools.providers.mcp import (  # noqa: E402
@@ -506,7 +506,7 @@ def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_pat
     _need("mcp_server_time")
     import tomllib
 
-    from actors.config import parse
+    from actors.base.config import parse
     from actors.tools.registry import Local, Remote, dispatch
     from actors.tools.toolbox import Toolbox
 

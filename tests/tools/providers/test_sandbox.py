@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from actors.base.config import DEFAULT_ENV
 from actors.tools.providers.command import run_shell
-from actors.tools.providers.sandbox import DEFAULT_ENV, Sandbox
+from actors.tools.providers.sandbox import Sandbox
 
 SOURCE = {
     "PATH": "/usr/bin:/bin", "HOME": "/home/me", "LANG": "C.UTF-8", "LC_TIME": "C",

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
-from actors.errors import UsageError
+from actors.base.errors import UsageError
 from actors.tools.providers.workspace import (
     MAX_DEPTH,
     MultiplyLinked,

@@ -1,0 +1,174 @@
+"""Approval that waits for the person (design section 11): the approver and the gate.
+
+**The approver** is supplied by whoever drives the turn (the chat prompt, ``loopd run``'s
+``--json`` or no-terminal answers, a daemon client forwarding the question over its
+socket). It is any callable::
+
+    approver(request: ApprovalRequested, cancel: CancelToken, deadline: float) -> Decision | None
+
+- It is called in the session actor's thread, which waits for it; everything else the turn
+  does (records, limits) stays in the session actor. ``request`` is also emitted to the
+  turn's sink just before, so a view can show it with the rest of the turn.
+- It returns a :class:`Decision`: ``ONCE`` (allow this call), ``SESSION`` (allow this and
+  the calls ``request.rule`` matches for the rest of the session, kept in the log and
+  re-read when the session reopens), ``ALWAYS`` (the same, saved as a rule in the rules
+  file for every session), or ``DENY`` with an optional ``reason`` the model reads.
+  ``SESSION``/``ALWAYS`` on a request whose ``rule`` is empty count as ``ONCE``.
+- It returns None when no answer came: by ``deadline`` (a ``time.monotonic()`` value,
+  ``math.inf`` for no limit; a remote approver sends ``deadline - time.monotonic()`` as
+  seconds), or as soon as ``cancel`` is set (Ctrl-C, a client gone). It must not block past
+  either. The gate turns None into a denial that says no answer came in time, or into
+  :class:`~actors.base.errors.Cancelled` when the token is set: then nothing runs.
+
+**The gate** (:class:`Gate`) is what the turn calls for every call that goes to a tool
+host. A deny rule stops the call before it is sent. Otherwise the call is sent; when the
+host answers ``PendingApproval``, an allow rule, an earlier "for this session" answer, or
+the approver decides, and an allowed call is sent again with ``approved`` set. Every
+decision is an :class:`~actors.log.records.Approval` record, appended before the call's
+ToolResult, and an :class:`~actors.base.events.ApprovalDecided` event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from actors.approval.rulesfile import RuleStore
+from actors.base.cancel import CancelToken
+from actors.base.config import ToolsConfig
+from actors.base.errors import Cancelled, RulesError
+from actors.base.events import (
+    NO_APPROVER,
+    ApprovalDecided,
+    ApprovalRequested,
+    Approver,
+    Choice,
+    Decision,
+    Event,
+)
+from actors.base.rules import Rule, RuleBook, Verdict, grant_for, parse_rule, verdict
+from actors.log.records import Approval, ApprovalDecision, ApprovalScope, Record
+from actors.tools.protocol import wire
+
+__all__ = ["Gate", "session_grants"]
+
+def session_grants(records: Iterable[Record]) -> tuple[Rule, ...]:
+    """The rules granted by "for this session" answers in the log (whoever answered: the
+    person, a remote client, a harness; not the records of the grants being used)."""
+    grants = []
+    for r in records:
+        if (isinstance(r, Approval) and r.decision is ApprovalDecision.ALLOW
+                and r.scope is ApprovalScope.SESSION and r.by != "session" and r.rule):
+            try:
+                grants.append(parse_rule(r.rule))
+            except ValueError:  # a rule this version no longer reads: ask again
+                continue
+    return tuple(grants)
+
+
+Send = Callable[[bool], wire.Answer]  # send the call; True: it was approved
+
+
+class Gate:
+    """Rules, earlier answers and the approver between one turn's calls and the tool hosts."""
+
+    def __init__(
+        self,
+        *,
+        tools: ToolsConfig,
+        store: RuleStore,
+        records: Callable[[], tuple[Record, ...]],
+        append: Callable[[Record], None],
+        emit: Callable[[Event], None],
+        approver: Approver | None,
+        cancel: CancelToken,
+    ) -> None:
+        self.tools, self.store = tools, store
+        self.records, self.append, self.emit = records, append, emit
+        self.approver, self.cancel = approver, cancel
+
+    def run(self, call: int, tool: str, arguments: Mapping[str, Any], send: Send) -> wire.Answer:
+        """The host's answer to the call, after whatever approval it needed."""
+        rules = RuleBook.of(self.tools.allow, self.tools.deny) + self.store.book()
+        said, rule = verdict(rules, tool, arguments)
+        if said is Verdict.DENY:
+            reason = f'the rule "{rule}" (tools.deny or the rules file) forbids it'
+            self._decide(call, tool, ApprovalDecision.DENY, ApprovalScope.ALWAYS, "rule",
+                         reason, str(rule))
+            return wire.Denied(reason=reason)
+        answer = send(False)
+        if not isinstance(answer, wire.PendingApproval):
+            return answer
+        if said is Verdict.ALLOW:
+            self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.ALWAYS, "rule",
+                         "", str(rule))
+            return send(True)
+        granted = RuleBook(session_grants(self.records()), rules.deny)
+        said, rule = verdict(granted, tool, arguments)
+        if said is Verdict.ALLOW:
+            self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.SESSION, "session",
+                         "", str(rule))
+            return send(True)
+        return self._ask(call, tool, arguments, answer.prompt, grant_for(rules, tool, arguments),
+                         send)
+
+    def _ask(
+        self, call: int, tool: str, arguments: Mapping[str, Any], prompt: str,
+        grant: Rule | None, send: Send,
+    ) -> wire.Answer:
+        timeout = self.tools.approval_timeout_s
+        request = ApprovalRequested(
+            call=call, tool=tool, arguments=json.dumps(arguments, ensure_ascii=False),
+            prompt=prompt, rule="" if grant is None else str(grant), timeout_s=timeout,
+        )
+        self.emit(request)
+        deadline = time.monotonic() + timeout if timeout > 0 else math.inf
+        if self.approver is None:
+            decision: Decision | None = Decision(Choice.DENY, NO_APPROVER, by="no approver")
+        else:
+            decision = self.approver(request, self.cancel, deadline)
+        once = ApprovalScope.ONCE
+        if self.cancel.cancelled:
+            self._decide(call, tool, ApprovalDecision.DENY, once, "cancel",
+                         "the turn was cancelled while waiting for approval", "")
+            raise Cancelled()
+        if decision is None:
+            reason = (f"no answer within {timeout:g} s (tools.approval_timeout_s), so it did "
+                      "not run")
+            self._decide(call, tool, ApprovalDecision.DENY, once, "timeout", reason, "")
+            return wire.Denied(reason=reason)
+        if decision.choice is Choice.DENY:
+            said = decision.reason.strip()
+            reason = f"the person said no: {said}" if said else "the person said no"
+            if decision.by != "person":
+                reason = said or f"denied ({decision.by})"
+            self._decide(call, tool, ApprovalDecision.DENY, once, decision.by, reason, "")
+            return wire.Denied(reason=reason)
+        scope, note = _SCOPES[decision.choice], ""
+        if grant is None:
+            scope = once
+        elif scope is ApprovalScope.ALWAYS:
+            try:
+                self.store.save(grant)
+            except RulesError as e:
+                scope, note = ApprovalScope.SESSION, f"kept for this session only: {e}"
+        rule = "" if scope is once else str(grant)
+        self._decide(call, tool, ApprovalDecision.ALLOW, scope, decision.by, note, rule)
+        return send(True)
+
+    def _decide(
+        self, call: int, tool: str, decision: ApprovalDecision, scope: ApprovalScope, by: str,
+        reason: str, rule: str,
+    ) -> None:
+        record = Approval(call=call, tool=tool, decision=decision, scope=scope, by=by,
+                          reason=reason, rule=rule)
+        self.append(record)
+        self.emit(ApprovalDecided(call=call, tool=tool, decision=decision.value,
+                                  scope=scope.value, by=by, reason=reason, rule=rule))
+
+
+_SCOPES = {Choice.ONCE: ApprovalScope.ONCE, Choice.SESSION: ApprovalScope.SESSION,
+           Choice.ALWAYS: ApprovalScope.ALWAYS}

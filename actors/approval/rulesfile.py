@@ -1,0 +1,161 @@
+"""The rules file (``tools.rules_file``; by default ``~/.config/loopd/rules.toml``, or under
+``$XDG_CONFIG_HOME``).
+
+It holds the "always" answers, and any rule a person writes there by hand::
+
+    allow = ["run_command: git status", "write_file: docs"]
+    deny = ["run_command: rm"]
+
+The syntax of each entry is that of ``tools.allow`` / ``tools.deny`` (:mod:`actors.base.rules`).
+A missing file is no rules. A malformed one is a :class:`~actors.base.errors.RulesError` naming
+the file and the line, so a typo never silently allows or denies anything. Saving an
+"always" answer adds one entry to ``allow`` with tomlkit, so the person's comments and
+layout stay, and replaces the file atomically under a lock (two loopd processes saving at
+once both keep their rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from actors.base.durable import fsync_dir, write_all
+from actors.base.errors import RulesError
+from actors.base.rules import Rule, RuleBook, parse_rule
+
+__all__ = ["RuleStore", "load_rules", "save_rule"]
+
+_KEYS = ("allow", "deny")
+_NEW = """\
+# loopd approval rules: the "always" answers, and rules written by hand.
+# Each entry is TOOL or "TOOL: PREFIX" (for run_command, the command's first words).
+# Deny beats allow. Syntax and meaning as tools.allow / tools.deny in loopd.toml.
+allow = []
+deny = []
+"""
+
+
+def load_rules(path: Path) -> RuleBook:
+    """The rules in ``path`` (none when it does not exist); RulesError names the bad line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return RuleBook()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RulesError(f"rules file {path}: cannot read it: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:  # its message says "(at line N, column M)"
+        where = str(e).replace("at end of document", f"at line {len(text.splitlines())}, "
+                               "the end of the file: something opened was not closed")
+        raise RulesError(f"rules file {path}: not valid TOML: {where}; fix that line") from None
+    unknown = set(data) - set(_KEYS)
+    if unknown:
+        key = sorted(unknown)[0]
+        raise RulesError(
+            f"rules file {path}, line {_line_of(text, key)}: unknown key {key!r}; "
+            "the file holds only allow = [...] and deny = [...]"
+        )
+    lists: dict[str, tuple[Rule, ...]] = {}
+    for key in _KEYS:
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            raise RulesError(
+                f"rules file {path}, line {_line_of(text, key)}: {key} must be a list of "
+                f'rules, e.g. {key} = ["run_command: git status"]'
+            )
+        rules = []
+        for entry in value:
+            try:
+                rules.append(parse_rule(entry))
+            except ValueError as e:
+                raise RulesError(
+                    f"rules file {path}, line {_line_of(text, entry)}: {e}"
+                ) from None
+        lists[key] = tuple(rules)
+    return RuleBook(lists["allow"], lists["deny"])
+
+
+def _line_of(text: str, needle: Any) -> int | str:
+    """The first line holding ``needle`` (a key or an entry), for the message."""
+    if isinstance(needle, bool):
+        token = str(needle).lower()
+    else:
+        token = needle if isinstance(needle, str) else str(needle)
+    for number, line in enumerate(text.splitlines(), 1):
+        if token in line:
+            return number
+    return "?"
+
+
+def save_rule(path: Path, rule: Rule) -> None:
+    """Add ``rule`` to the file's ``allow`` list (creating the file); RulesError if it cannot."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            load_rules(path)  # refuse to add to a file that is already malformed
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                text = _NEW
+            doc = tomlkit.parse(text)
+            allow = doc.setdefault("allow", tomlkit.array())
+            if str(rule) not in [str(v) for v in allow]:
+                allow.append(str(rule))
+            _replace(path, tomlkit.dumps(doc).encode())
+    except OSError as e:
+        raise RulesError(f"rules file {path}: cannot save the rule {str(rule)!r}: {e}") from None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class RuleStore:
+    """The rules of one loopd process besides the config's: the rules file and the
+    command's own (``--approve``), shared by its sessions. An "always" answer is saved to
+    the file and is in force at once for every session of the process. Without a path
+    (tests, tools driving turns directly) the rules live in memory only."""
+
+    def __init__(self, path: Path | None = None, extra: RuleBook | None = None) -> None:
+        self.path = path
+        self._book = (load_rules(path) if path is not None else RuleBook()) + (extra or RuleBook())
+        self._lock = threading.Lock()
+
+    def book(self) -> RuleBook:
+        with self._lock:
+            return self._book
+
+    def save(self, rule: Rule) -> None:
+        """Keep ``rule`` as an allow rule (in the file, when there is one); RulesError if not."""
+        with self._lock:
+            if self.path is not None:
+                save_rule(self.path, rule)
+            if rule not in self._book.allow:
+                self._book = RuleBook((*self._book.allow, rule), self._book.deny)

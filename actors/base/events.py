@@ -1,0 +1,215 @@
+"""Events a turn emits to its sink while it runs: what the person sees live.
+
+Chat events come from the inference actor (design 4), turn events from the session actor
+(design 6). All are frozen dataclasses, so they can cross threads safely, and
+:func:`to_json` gives the ``--json`` line of any of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol, TypeAlias
+
+from actors.base.cancel import CancelToken
+
+__all__ = [
+    "NO_APPROVER",
+    "ApprovalDecided",
+    "ApprovalRequested",
+    "Approver",
+    "CacheLossEvent",
+    "ChatEvent",
+    "Choice",
+    "Content",
+    "Decision",
+    "Event",
+    "Progress",
+    "Queued",
+    "Reasoning",
+    "Retrying",
+    "Sink",
+    "ThinkingCapped",
+    "ToolCallDelta",
+    "ToolCallStarted",
+    "ToolResultEvent",
+    "TornTail",
+    "TurnEvent",
+    "Waiting",
+    "event_name",
+    "to_json",
+]
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits: for a free slot (all are leased) or an idle inference actor."""
+
+    ahead: int = 1
+    waiting_for: str = "an inference actor"  # or "a free slot"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Waiting:
+    """Sent; nothing back yet."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Progress:
+    processed: int
+    total: int
+    cache: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reasoning:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Content:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThinkingCapped:
+    tokens: int
+    cap: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retrying:
+    attempt: int
+    delay: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    name: str
+    call: int
+    arguments: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolResultEvent:
+    name: str
+    call: int
+    class_: str
+    truncated: bool
+    outcome: str  # result | failed | denied | local | repeat | invalid
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheLossEvent:
+    expected: int
+    got: int
+    cause: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """Call ``call`` waits for the person: whoever drives the turn answers (actors.approval.gate).
+
+    ``arguments`` is the tool's arguments as JSON text; ``rule`` what an "allow for this
+    session" or "always" answer would grant ("" when only once or deny can be chosen, e.g. a
+    command with shell operators); ``timeout_s`` how long the turn waits (0: no limit).
+    """
+
+    call: int
+    tool: str
+    arguments: str
+    prompt: str
+    rule: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApprovalDecided:
+    """What was decided for a call that needed approval (as its Approval record says)."""
+
+    call: int
+    tool: str
+    decision: str  # allow | deny
+    scope: str  # once | session | always
+    by: str  # person | rule | session | timeout | cancel | what the approver said
+    reason: str = ""
+    rule: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TornTail:
+    """Opening the session cut a torn last record (a write a crash interrupted)."""
+
+    session: str
+    cut_bytes: int
+
+
+ChatEvent: TypeAlias = (
+    Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+)
+TurnEvent: TypeAlias = (
+    ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
+)
+Event: TypeAlias = ChatEvent | TurnEvent | TornTail
+Sink: TypeAlias = Callable[[Event], None]
+
+_NAMES = {
+    ToolResultEvent: "tool_result",
+    CacheLossEvent: "cache_loss",
+    ToolCallStarted: "tool_call_started",
+    ToolCallDelta: "tool_call_delta",
+    ThinkingCapped: "thinking_capped",
+    ApprovalRequested: "approval_requested",
+    ApprovalDecided: "approval_decided",
+    TornTail: "torn_tail",
+}
+
+
+def event_name(event: Event) -> str:
+    """The snake_case name of an event, as in ``--json`` output."""
+    cls = type(event)
+    return _NAMES.get(cls) or cls.__name__.lower()
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    """A JSON-ready map: ``{"event": name, ...fields}`` (``class_`` becomes ``class``)."""
+    out: dict[str, Any] = {"event": event_name(event)}
+    for f in dataclasses.fields(event):
+        out[f.name.rstrip("_")] = getattr(event, f.name)
+    return out
+
+
+# --- what whoever drives a turn answers: approval decisions (the gate: actors.approval.gate)
+
+NO_APPROVER = "nobody can answer approvals here: allow it with a rule (tools.allow)"
+
+
+class Choice(enum.StrEnum):
+    ONCE = "once"
+    SESSION = "session"
+    ALWAYS = "always"
+    DENY = "deny"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """An approver's answer; ``by`` says who gave it (``person``, or e.g. ``no terminal``)."""
+
+    choice: Choice
+    reason: str = ""
+    by: str = "person"
+
+
+class Approver(Protocol):
+    def __call__(
+        self, request: ApprovalRequested, cancel: CancelToken, deadline: float
+    ) -> Decision | None: ...

@@ -1,0 +1,401 @@
+"""The ``loopd`` command.
+
+Exit codes say what happened: 0 answered, else the ``exit_code`` of the
+:class:`~actors.base.errors.LoopdError` that ended the command (2 bad usage or config, 3 a limit
+ended the turn, 4 the model server failed, 5 the session cannot be used, 130 cancelled).
+Only LoopdError is caught here: anything else is a bug, and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pykka
+from rich.console import Console
+from rich.markup import escape
+
+from actors.base import config as cfg
+from actors.base.cancel import CancelToken
+from actors.base.errors import DaemonError, LoopdError, UsageError
+from actors.base.events import Approver, TornTail
+from actors.base.rules import RuleBook, parse_rules
+from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
+from actors.cli.view import JsonView, LiveView, describe, summary, torn_tail_left
+from actors.log.file import read_log
+from actors.log.outcome import TurnOutcome
+from actors.log.records import kind_of, to_json
+from actors.session.actor import list_sessions, remove_session, session_path
+
+__all__ = ["main"]
+
+OK, CANCELLED = 0, 130
+_STOP_WAIT_S = 120  # `loopd stop`: turns wind down, KV state is saved, hosts stop
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML config file (default: $LOOPD_CONFIG or built-in)")
+    common.add_argument("--url", help="llama-server URL (overrides inference.url)")
+    common.add_argument("--workspace", help="root of the file tools (overrides tools.workspace)")
+    common.add_argument("--log-dir", help="where sessions live (overrides log.dir)")
+
+    p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
+    sub = p.add_subparsers(dest="command", required=True)
+    local = ("run in this process even when a daemon (loopd serve) answers (--url, "
+             "--workspace and --log-dir do this too)")
+    approve = argparse.ArgumentParser(add_help=False)
+    approve.add_argument(
+        "--approve", action="append", default=[], metavar="TOOL[:PREFIX]",
+        help="let calls this rule matches run without asking, in this command only (like "
+        "tools.allow; e.g. --approve 'run_command:git status'); may be repeated",
+    )
+    chat = sub.add_parser("chat", parents=[common, approve],
+                          help="talk with the model, turn by turn")
+    chat.add_argument("--session", default="default", help="session name (default: default)")
+    chat.add_argument("--local", action="store_true", help=local)
+    run = sub.add_parser("run", parents=[common, approve],
+                         help="one turn: the answer on stdout")
+    run.add_argument("message")
+    run.add_argument("--session", default="default", help="session name (default: default)")
+    run.add_argument("--json", action="store_true",
+                     help="print the events as JSON lines; approvals are answered with a JSON "
+                     'line on stdin, e.g. {"decision": "once"}')
+    run.add_argument("--local", action="store_true", help=local)
+    serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
+    serve.add_argument("--detach", action="store_true", help="run it in the background")
+    sub.add_parser("status", parents=[common], help="what the daemon is doing")
+    sub.add_parser("stop", parents=[common], help="stop the daemon")
+    sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command")
+    rm = sessions_sub.add_parser(
+        "rm", parents=[common], help="delete a session: its log and its saved KV state"
+    )
+    rm.add_argument("name")
+    log = sub.add_parser("log", help="read a session's log")
+    log_sub = log.add_subparsers(dest="log_command", required=True)
+    show = log_sub.add_parser("show", parents=[common], help="every record of a session")
+    show.add_argument("session")
+    show.add_argument("--json", action="store_true", help="one JSON object per record")
+    sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
+    sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
+    return p
+
+
+def _load(args: argparse.Namespace) -> cfg.Config:
+    config = cfg.load(args.config)
+    if args.url:
+        config = config.replace("inference", url=args.url, servers=())
+    if args.workspace:
+        config = config.replace("tools", workspace=args.workspace)
+    if args.log_dir:
+        config = config.replace("log", dir=args.log_dir)
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["toolhost"]:
+        from actors.tools.host import main as toolhost
+
+        return toolhost(argv[1:])
+    if argv[:1] == ["keys"]:
+        from actors.wire.curve import main as keys
+
+        return keys(argv[1:])
+    args = _parser().parse_args(argv)
+    args.argv = argv
+    err = Console(stderr=True)
+    # SIGTERM ends the command like Ctrl-C does: the turn is cancelled, the embedded
+    # server and the tool hosts are stopped on the way out.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        config = _load(args)
+        command: Callable[[argparse.Namespace, cfg.Config, Console], int] = _COMMANDS[
+            args.command if args.command != "log" else "log_show"
+        ]
+        return command(args, config, err)
+    except KeyboardInterrupt:
+        err.print("[yellow]cancelled[/]")
+        return CANCELLED
+    except LoopdError as e:
+        err.print(f"[red]loopd: {escape(str(e))}[/]", highlight=False, soft_wrap=True)
+        return e.exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: like Ctrl-C for the turn in flight, but it ends the command too (chat's
+    prompt and a turn's wait re-raise it where a plain Ctrl-C is taken as "cancel this")."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    if args.sessions_command == "rm":
+        remove_session(config, args.name)
+        err.print(f"session {args.name} deleted")
+        return OK
+    names = list_sessions(config)
+    for name in names:
+        print(name)
+    if not names:
+        err.print(f"no sessions in {escape(str(config.log_dir))}")
+    return OK
+
+
+def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    records, torn = read_log(session_path(config, args.session), name=args.session)
+    if torn:
+        err.print(f"[yellow]{escape(torn_tail_left(args.session, torn))}[/]", highlight=False,
+                  soft_wrap=True)
+    if args.json:
+        for r in records:
+            print(json.dumps(to_json(r), ensure_ascii=False))
+        return OK
+    out = Console()
+    for i, r in enumerate(records, 1):
+        when = r.time.strftime("%Y-%m-%d %H:%M:%S")
+        kind = kind_of(r)
+        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] ", end="", highlight=False)
+        out.print(describe(r), markup=False, highlight=False)
+    return OK
+
+
+@contextlib.contextmanager
+def _session(
+    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None], notice: Any,
+    approver: Approver,
+) -> Iterator[Callable[[str, Any], TurnOutcome]]:
+    """``turn(message, sink)`` on session ``args.session``: through the daemon when one
+    answers (and not ``--local``), else in this process. Both show the same events, the
+    same outcome and the same errors; Ctrl-C cancels the turn either way. Either way,
+    ``approver`` answers the calls that wait for approval (actors.cli.approvers), and the
+    ``--approve`` rules go with the turn."""
+    from actors.daemon.client import find_daemon
+
+    # --url, --workspace and --log-dir describe a world of this command's own: the daemon
+    # runs its own, so a command given one of them runs in this process.
+    local = args.local or bool(args.url or args.workspace or args.log_dir)
+    client = None if local else find_daemon(config)
+    if client is not None:
+        _approved(args)  # a bad --approve is refused here, as in-process
+        with client:
+            cut = client.open(args.session).cut_bytes
+            if cut:
+                notice(TornTail(session=args.session, cut_bytes=cut))
+            yield lambda message, sink: client.turn(
+                args.session, message, approver, tuple(args.approve)
+            ).run(sink)
+        return
+    from actors.session.world import start_world
+
+    with start_world(config, status, _approved(args)) as app:
+        session = app.session(args.session)
+        cut = session.ready().get().cut_bytes
+        if cut:
+            notice(TornTail(session=args.session, cut_bytes=cut))
+        yield lambda message, sink: _turn(session, app, message, sink, approver)
+
+
+def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    out = Console()
+    json_view = JsonView(sys.stdout) if args.json else None
+    live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
+    sink: Any = json_view or live
+    status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
+        lambda s: err.print(f"[dim]{escape(s)}[/]")
+    )
+    approver: Approver = (
+        JsonApprover(json_view.line) if json_view
+        else TerminalApprover(err) if sys.stdin.isatty() else NoTerminal()
+    )
+    with _session(args, config, status, sink, approver) as turn:
+        started = time.monotonic()
+        try:
+            outcome = turn(args.message, sink)
+        except LoopdError as e:
+            live.finish()
+            if json_view:
+                json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
+            else:
+                err.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
+            return e.exit_code
+        live.finish()
+        line = summary(outcome, time.monotonic() - started)
+        if json_view:
+            json_view.line({"event": "answer", "content": outcome.content, "cut": outcome.cut,
+                            "summary": line})
+            return OK
+        if live.answer is err:
+            print(outcome.content)
+        err.print(f"[dim]{line}[/]")
+        return OK
+
+
+def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    out = Console()
+    notices = LiveView(out)
+    approver: Approver = TerminalApprover(out) if sys.stdin.isatty() else NoTerminal()
+    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
+                  approver) as turn:
+        out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
+        while True:
+            try:
+                message = input("> ")
+            except EOFError:
+                out.print()
+                return OK
+            except Terminated:
+                raise
+            except KeyboardInterrupt:
+                out.print()
+                continue
+            if not message.strip():
+                continue
+            live = LiveView(out)
+            started = time.monotonic()
+            try:
+                outcome = turn(message, live)
+                live.finish()
+                out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
+            except LoopdError as e:
+                live.finish()
+                out.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
+
+
+def _approved(args: argparse.Namespace) -> RuleBook:
+    """The ``--approve`` rules, checked like tools.allow (UsageError naming the flag)."""
+    try:
+        return RuleBook(parse_rules(args.approve))
+    except ValueError as e:
+        raise UsageError(f"--approve: {e}") from None
+
+
+def _turn(session: Any, app: Any, message: str, sink: Any, approver: Approver) -> TurnOutcome:
+    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down
+    (also while a call waits for approval: ``approver`` sees the cancel, nothing runs).
+    SIGTERM does the same, then ends the command once the turn has wound down."""
+    cancel = CancelToken()
+    future = session.turn(app.runtime, message, sink, cancel, approver)
+    terminated = False
+    while True:
+        try:
+            result: TurnOutcome = future.get(timeout=0.2)
+        except pykka.Timeout:
+            continue
+        except Terminated:
+            terminated = True
+            cancel.cancel()
+            continue
+        except KeyboardInterrupt:
+            cancel.cancel()
+            continue
+        except LoopdError:
+            if terminated:
+                raise Terminated from None
+            raise
+        if terminated:
+            raise Terminated
+        return result
+
+
+# --- the daemon ------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    from actors.daemon.client import find_daemon
+    from actors.daemon.server.main import detach, serve
+
+    if not args.detach:
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+        )
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+        return serve(config, lambda s: err.print(f"[dim]{escape(s)}[/]", highlight=False))
+    running = find_daemon(config)
+    if running is not None:
+        with running:
+            pid = running.status().pid
+        raise UsageError(f"a loopd daemon is already running (pid {pid}); `loopd stop` ends it")
+
+    def answers() -> bool:
+        client = find_daemon(config)
+        if client is not None:
+            client.close()
+        return client is not None
+
+    pid = detach([a for a in args.argv[1:] if a != "--detach"], config, answers)
+    err.print(f"loopd daemon started (pid {pid})", highlight=False)
+    return OK
+
+
+def _daemon(config: cfg.Config) -> Any:
+    from actors.daemon.address import endpoint
+    from actors.daemon.client import find_daemon
+
+    client = find_daemon(config)
+    if client is None:
+        raise DaemonError(
+            f"no loopd daemon answers at {endpoint(config)}; start one with `loopd serve`"
+        )
+    return client
+
+
+def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    with _daemon(config) as client:
+        s = client.status()
+    print(f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
+          f"{s.clients} client{'s' if s.clients != 1 else ''}")  # fmt: skip
+    for row in s.sessions:
+        print(f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}")
+    return OK
+
+
+def _stop(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    import psutil
+
+    from actors.wire.procs import is_alive
+
+    with _daemon(config) as client:
+        pid = client.status().pid
+        try:
+            process = psutil.Process(pid)
+        except psutil.Error:
+            process = None
+        client.stop()
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while process is not None and is_alive(process):  # a zombie has stopped too
+        if time.monotonic() > deadline:
+            raise DaemonError(f"the loopd daemon (pid {pid}) did not stop within {_STOP_WAIT_S} s")
+        time.sleep(0.05)
+    err.print(f"loopd daemon (pid {pid}) stopped", highlight=False)
+    return OK
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] = {
+    "sessions": _sessions,
+    "log_show": _log_show,
+    "run": _run,
+    "chat": _chat,
+    "serve": _serve,
+    "status": _status,
+    "stop": _stop,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

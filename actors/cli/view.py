@@ -1,0 +1,238 @@
+"""What the person sees while a turn runs: rich output on the terminal, or JSON lines.
+
+Reasoning is dimmed, the answer streams as it comes, prompt processing shows as a bar,
+each tool call shows with the class of its result, and every turn ends with one summary
+line (prompt tokens, how many came from the cache, generated tokens, time, tool calls).
+Text from outside loopd (a model's, a tool's, a server's) is escaped before it meets rich
+markup: "[/]" in a tool's arguments would otherwise raise in the sink and end the turn.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import IO, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from actors.base import events as ev
+from actors.log import records as rec
+from actors.log.outcome import TurnOutcome
+
+__all__ = ["JsonView", "LiveView", "describe", "summary", "torn_tail", "torn_tail_left"]
+
+
+def summary(outcome: TurnOutcome, seconds: float) -> str:
+    """The one line that closes a turn."""
+    timings = outcome.usage.timings
+    cached = int(timings.get("cache_n", 0))
+    cut = " · answer cut at loop.max_tokens" if outcome.cut else ""
+    slot = outcome.restored
+    restored = (f"; restored {slot.restored:,} tokens in {slot.restore_ms:.0f} ms"
+                if slot is not None else "")
+    return (
+        f"{outcome.usage.prompt_tokens} prompt tokens ({cached} from cache{restored}) · "
+        f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
+        f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
+    )
+
+
+def torn_tail(session: str, cut_bytes: int) -> str:
+    """What opening a session says when it cut a torn last record."""
+    return (f"session {session}: the log ended in a torn record (a write cut short by a crash); "
+            f"cut {cut_bytes:,} bytes, every whole record kept")
+
+
+def torn_tail_left(session: str, torn_bytes: int) -> str:
+    """What ``loopd log show`` says of bytes after the last whole record (it cuts nothing)."""
+    return (f"session {session}: the log ends in {torn_bytes:,} bytes that are not a whole "
+            "record (a write cut short by a crash, or one being written now); not shown: the "
+            "session's next run or chat cuts them")
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    if text is None:
+        return "-"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def describe(record: rec.Record) -> str:
+    """One readable line for a record (``loopd log show``); ``--json`` has every field."""
+    match record:
+        case rec.Baseline():
+            names = ", ".join(t.get("function", {}).get("name", "?") for t in record.tools)
+            return f"model {record.model}; tools: {names}; system: {_short(record.system, 80)}"
+        case rec.User():
+            return _short(record.content)
+        case rec.Assistant():
+            calls = "; ".join(f"{c.name}({_short(c.arguments, 80)}) id={c.id}"
+                              for c in record.tool_calls)
+            thought = f" [reasoning: {len(record.reasoning)} chars]" if record.reasoning else ""
+            return f"{_short(record.content)}{thought}" + (f" -> {calls}" if calls else "")
+        case rec.Usage():
+            capped = ", thinking capped" if record.thinking_capped else ""
+            return (f"{record.prompt_tokens} prompt ({record.timings.get('cache_n', '?')} cached), "
+                    f"{record.completion_tokens} generated, {record.reasoning_tokens} reasoning, "
+                    f"finish {record.finish_reason}{capped}{_slot(record.slot)}")
+        case rec.CacheLoss():
+            cause = f" ({record.cause})" if record.cause else ""
+            return (f"prompt cache lost: expected {record.expected} tokens, "
+                    f"reused {record.got}{cause}")
+        case rec.ToolResult():
+            flags = "".join([" untrusted" if record.untrusted else "",
+                             " truncated" if record.truncated else ""])
+            return (f"call {record.call} (id {record.tool_call_id}) {record.class_.value}{flags}: "
+                    f"{_short(record.content)}")
+        case rec.Approval():
+            return (f"call {record.call} {record.tool}: " + _decided(
+                record.decision.value, record.scope.value, record.by, record.rule,
+                record.reason))
+    raise AssertionError(f"no description for {type(record).__name__}")
+
+
+def _decided(decision: str, scope: str, by: str, rule: str, reason: str) -> str:
+    """One line for an approval decision (the live view and ``loopd log show``)."""
+    if decision != "allow":
+        return f"denied ({by}): {reason}" if reason else f"denied ({by})"
+    if by == "rule":
+        line = f"allowed by the rule {rule}"
+    elif by == "session":
+        line = f"allowed by this session's earlier answer ({rule})"
+    elif scope == "once":
+        line = f"allowed once ({by})"
+    else:
+        line = f"allowed {'for this session' if scope == 'session' else 'always'}: {rule} ({by})"
+    return f"{line}; {reason}" if reason else line
+
+
+def _slot(use: rec.SlotUse | None) -> str:
+    """What the slot keeper did, for a Usage line; "" for logs written before it."""
+    if use is None:
+        return ""
+    where = f"; {use.server} slot {use.slot}"
+    if use.state is rec.SlotState.RESTORED:
+        return f"{where}: restored {use.restored:,} tokens in {use.restore_ms:.0f} ms"
+    if use.state is rec.SlotState.KEPT:
+        return f"{where}: state kept in the slot"
+    return f"{where}: nothing restored ({use.reason or 'nothing saved'})"
+
+
+class LiveView:
+    """A sink for turn events that draws them with rich; thread-safe (events come from actors)."""
+
+    def __init__(self, console: Console, answer: Console | None = None) -> None:
+        self.console = console  # the live view (stderr for `run`)
+        self.answer = answer or console  # where answer text streams
+        self._lock = threading.Lock()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._mode = ""  # "reasoning" | "content" | "": what the current line holds
+        self.started = time.monotonic()
+
+    def __call__(self, event: ev.Event) -> None:
+        with self._lock:
+            self._show(event)
+
+    def _show(self, event: ev.Event) -> None:
+        match event:
+            case ev.Progress(processed=done, total=total, cache=cache):
+                self._bar(done, total, cache)
+            case ev.Reasoning(text=text):
+                self._switch("reasoning")
+                self.console.print(text, style="dim", end="", markup=False, highlight=False)
+            case ev.Content(text=text):
+                self._switch("content")
+                self.answer.print(text, end="", markup=False, highlight=False)
+            case ev.ToolCallStarted(name=name, arguments=args):
+                self._switch("")
+                shown = args if len(args) <= 120 else args[:117] + "..."
+                self.console.print(f"[bold cyan]→ {escape(name)}[/] {escape(shown)}",
+                                   highlight=False)
+            case ev.ToolResultEvent(name=name, class_=cls, truncated=cut, outcome=outcome):
+                note = " (truncated)" if cut else ""
+                self.console.print(f"  [cyan]← {escape(name)}[/]: {escape(outcome)}, "
+                                   f"{escape(cls)}{note}")
+            case ev.Retrying(attempt=n, delay=delay, reason=reason):
+                streamed = self._mode in ("reasoning", "content")
+                self._switch("")
+                dropped = " (the partial answer above is dropped)" if streamed else ""
+                self.console.print(
+                    f"[yellow]retrying ({n}) in {delay:.1f} s: {escape(reason)}{dropped}[/]",
+                    highlight=False,
+                )
+            case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
+                self._switch("")
+                why = f" ({escape(cause)})" if cause else ""
+                self.console.print(
+                    f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
+                    highlight=False,
+                )
+            case ev.TornTail(session=session, cut_bytes=cut):
+                self._switch("")
+                self.console.print(f"[yellow]{escape(torn_tail(session, cut))}[/]")
+            case ev.ThinkingCapped(cap=cap):
+                self._switch("")
+                self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
+            case ev.ApprovalRequested():
+                self._switch("")  # the approver (actors.cli.approvers) asks on this console
+            case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
+                                    rule=rule):
+                self._switch("")
+                self.console.print(f"  [{'green' if decision == 'allow' else 'yellow'}]"
+                                   f"{escape(_decided(decision, scope, by, rule, reason))}[/]",
+                                   highlight=False)
+            case ev.Queued(ahead=ahead, waiting_for=what):
+                self.console.print(
+                    f"[dim]queued: waiting for {escape(what)} ({ahead} in line)[/]"
+                )
+            case _:
+                pass
+
+    def _bar(self, done: int, total: int, cache: int) -> None:
+        if self._progress is None:
+            self._switch("")
+            self._progress = Progress(
+                TextColumn("prompt"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TextColumn(f"({cache} cached)"), console=self.console, transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("prompt", total=max(total, 1))
+        assert self._task is not None
+        self._progress.update(self._task, completed=done, total=max(total, 1))
+        if done >= total:
+            self._stop_bar()
+
+    def _stop_bar(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _switch(self, mode: str) -> None:
+        self._stop_bar()
+        if self._mode and mode != self._mode:
+            (self.answer if self._mode == "content" else self.console).print()
+        self._mode = mode
+
+    def finish(self) -> None:
+        with self._lock:
+            self._switch("")
+
+
+class JsonView:
+    """A sink that writes every event as one JSON line (for scripts: ``--json``)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self._lock = threading.Lock()
+
+    def __call__(self, event: ev.Event) -> None:
+        self.line(ev.to_json(event))
+
+    def line(self, data: dict[str, Any]) -> None:
+        with self._lock:
+            self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+            self.out.flush()

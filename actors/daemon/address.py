@@ -1,0 +1,80 @@
+"""Where the daemon lives: its runtime directory, client socket and pid file.
+
+The daemon and the CLI both read them from ``[daemon]``, so a ``loopd run`` finds the
+``loopd serve`` of the same config without being told. The runtime directory is private
+(mode 0700, owned by this user): whoever can reach the ipc:// socket can run turns.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from actors.base.config import Config
+from actors.base.errors import ConfigError
+
+__all__ = [
+    "IPC_MAX", "endpoint", "ensure_runtime_dir", "not_private", "pid_file", "runtime_dir",
+]
+
+IPC_MAX = 107  # bytes of an ipc:// path on Linux (sun_path)
+
+
+def runtime_dir(config: Config) -> Path:
+    """``daemon.runtime_dir``, else ``$XDG_RUNTIME_DIR/loopd``, else ``/tmp/loopd-UID``."""
+    if config.daemon.runtime_dir:
+        return Path(config.daemon.runtime_dir).expanduser()
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return Path(xdg) / "loopd"
+    return Path(tempfile.gettempdir() if len(tempfile.gettempdir()) < 40 else "/tmp") / (
+        f"loopd-{os.getuid()}"
+    )
+
+
+def endpoint(config: Config) -> str:
+    """The client socket: ``daemon.endpoint``, else ``ipc://RUNTIME_DIR/loopd.sock``."""
+    if config.daemon.endpoint:
+        given = config.daemon.endpoint
+        if not given.startswith(("ipc://", "tcp://")):
+            raise ConfigError(
+                f"daemon.endpoint = {given!r}: use ipc:///path/loopd.sock or tcp://HOST:PORT"
+            )
+        return given
+    path = runtime_dir(config) / "loopd.sock"
+    if len(str(path).encode()) > IPC_MAX:
+        raise ConfigError(
+            f"daemon.runtime_dir: {path} is longer than an ipc:// socket path may be "
+            f"({IPC_MAX} bytes); choose a shorter daemon.runtime_dir"
+        )
+    return f"ipc://{path}"
+
+
+def pid_file(config: Config) -> Path:
+    return runtime_dir(config) / "loopd.pid"
+
+
+def not_private(path: Path) -> str | None:
+    """Why directory ``path`` is not this user's own (0700), or None when it is."""
+    try:
+        info = path.stat()
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to another user; choose a directory of your own"
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return (f"{path} can be reached by others (mode {stat.S_IMODE(info.st_mode):o}); "
+                f"run: chmod 700 {path}")  # fmt: skip
+    return None
+
+
+def ensure_runtime_dir(config: Config) -> Path:
+    """The runtime directory, created 0700; refused when others could reach it."""
+    path = runtime_dir(config)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    problem = not_private(path)
+    if problem is not None:
+        raise ConfigError(f"daemon.runtime_dir: {problem}")
+    return path

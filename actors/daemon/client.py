@@ -1,0 +1,478 @@
+"""The Python client of ``loopd serve``: what the CLI (and any script) uses to reach it.
+
+::
+
+    with Client.from_config(config) as client:
+        turn = client.turn("notes", "What does notes.txt say?")
+        for event in turn:          # the turn's events, as they happen
+            ...
+        print(turn.outcome.content)
+
+A thread of the client's own owns its DEALER socket (ZeroMQ sockets are not thread-safe):
+it sends what the caller asks, routes each answer to the request it belongs to by ``id``,
+and pings the daemon every ``daemon.heartbeat_s`` whatever the caller is doing (reading
+events slowly, or a person thinking about an approval), so the daemon never takes a busy
+client for a gone one. A daemon silent for three heartbeats is gone: every request waiting
+raises :class:`~actors.base.errors.DaemonError`. An ``error`` answer raises the LoopdError of
+the same name and exit code (``SessionInUse``, ``Cancelled``, ``TurnLimit``...), so the
+CLI shows a failure through the daemon the way it shows one in-process.
+
+The protocol is documented in :mod:`actors.daemon.protocol`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import itertools
+import math
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, cast
+
+import zmq
+
+from actors.base import errors
+from actors.base.cancel import CancelToken
+from actors.base.config import Config
+from actors.base.errors import DaemonError, LoopdError, WireError
+from actors.base.events import NO_APPROVER, ApprovalRequested, Approver, Choice, Decision, Event
+from actors.daemon import protocol as p
+from actors.daemon.address import endpoint as daemon_endpoint
+from actors.daemon.address import not_private, runtime_dir
+from actors.log.outcome import TurnOutcome
+from actors.log.records import Record, Usage
+from actors.log.records import decode as decode_record
+
+__all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
+
+CurveKeys = tuple[bytes, bytes, bytes]  # the daemon's public key, our public and secret keys
+
+
+class _Gone:
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class Client:
+    """One connection to a daemon; a context manager. Thread-safe."""
+
+    def __init__(
+        self, endpoint: str, *, curve: CurveKeys | None = None, heartbeat_s: float = 1.0,
+        max_frame_bytes: int = 4 * 1024 * 1024,
+    ) -> None:  # fmt: skip
+        self.endpoint = endpoint
+        self.heartbeat_s = heartbeat_s
+        self.max_frame = max_frame_bytes
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        if curve is not None:
+            self._sock.curve_serverkey, self._sock.curve_publickey, self._sock.curve_secretkey = (
+                curve
+            )
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, queue.SimpleQueue[Any]] = {}
+        self._pongs: list[queue.SimpleQueue[Any]] = []
+        self._tokens: dict[int, CancelToken] = {}  # per turn: set on its end or the daemon's
+        self._lock = threading.Lock()
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.gone: str | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="loopd-client", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: Config) -> Client:
+        """A client of the daemon that ``config``'s ``[daemon]`` names."""
+        d = config.daemon
+        curve = None
+        if d.server_key or d.client_key:
+            from actors.wire.curve import load_public, load_secret
+
+            if not (d.server_key and d.client_key):
+                raise errors.ConfigError(
+                    "daemon.server_key and daemon.client_key go together (the daemon's public "
+                    "key and this client's .key_secret file)"
+                )
+            public, secret = load_secret(d.client_key)
+            curve = (load_public(d.server_key), public, secret)
+        return cls(
+            daemon_endpoint(config), curve=curve, heartbeat_s=d.heartbeat_s,
+            max_frame_bytes=d.max_frame_bytes,
+        )  # fmt: skip
+
+    # --- requests ----------------------------------------------------------------------
+
+    def ping(self, timeout: float) -> bool:
+        """True when the daemon answers a ping within ``timeout`` seconds."""
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            self._pongs.append(q)
+        self._send(_PING)
+        try:
+            return not isinstance(q.get(timeout=timeout), _Gone)
+        except queue.Empty:
+            return False
+        finally:
+            with self._lock, contextlib.suppress(ValueError):
+                self._pongs.remove(q)
+
+    def open(self, session: str, create: bool = True) -> p.Opened:
+        """Attach ``session`` to this client (created when missing and ``create``)."""
+        answer: p.Opened = self._ask(lambda rid: p.Open(rid, session, create), p.Opened)
+        return answer
+
+    def close_session(self, session: str) -> None:
+        self._ask(lambda rid: p.Close(rid, session), p.Ok)
+
+    def sessions(self) -> list[str]:
+        answer: p.SessionList = self._ask(p.Sessions, p.SessionList)
+        return list(answer.names)
+
+    def read_log(self, session: str) -> list[Record]:
+        """Every record of ``session``, the Baseline first."""
+        records: list[Record] = []
+        start = 0
+        while True:
+            ask = functools.partial(_read_log, session=session, start=start)
+            page: p.Log = self._ask(ask, p.Log)
+            records.extend(decode_record(blob) for blob in page.records)
+            if page.done:
+                return records
+            start = page.next
+
+    def status(self) -> p.StatusReply:
+        answer: p.StatusReply = self._ask(p.Status, p.StatusReply)
+        return answer
+
+    def stop(self) -> None:
+        """Ask the daemon to stop (it cancels its turns, saves KV state, stops its hosts)."""
+        self._ask(p.Stop, p.Ok)
+
+    def turn(
+        self, session: str, text: str, on_approval: Approver | None = None,
+        approve: tuple[str, ...] = (),
+    ) -> RemoteTurn:
+        """Start a turn; iterate the result for its events, then read its ``outcome``.
+
+        ``on_approval`` answers the calls that need the person's approval, with the same
+        interface as in-process (:class:`actors.approval.gate.Approver`: the request, a cancel
+        token set when the turn ends or the daemon goes, a deadline); it is called in the
+        thread that iterates. Without one, such calls are denied (nobody to ask).
+        ``approve``: allow rules for this turn only (``loopd run --approve``)."""
+        rid, answers = self._request(lambda r: p.Turn(r, session, text, approve))
+        return RemoteTurn(self, rid, answers, on_approval)
+
+    def _request(self, make: Callable[[int], Any]) -> tuple[int, queue.SimpleQueue[Any]]:
+        rid = next(self._ids)
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            if self.gone is not None:
+                raise DaemonError(self.gone)
+            self._waiting[rid] = answers
+        self._send(p.encode(make(rid)))
+        return rid, answers
+
+    def _ask(self, make: Callable[[int], Any], expect: type[Any]) -> Any:
+        rid, answers = self._request(make)
+        try:
+            answer = _get(answers)
+        finally:
+            self._forget(rid)
+        if isinstance(answer, _Gone):
+            raise DaemonError(answer.why)
+        if isinstance(answer, p.Error):
+            raise remote_error(answer)
+        if not isinstance(answer, expect):
+            raise WireError(f"the daemon answered {type(answer).__name__} to a request")
+        return answer
+
+    def _forget(self, rid: int) -> None:
+        with self._lock:
+            self._waiting.pop(rid, None)
+            self._tokens.pop(rid, None)
+
+    def _token(self, rid: int) -> CancelToken:
+        token = CancelToken()
+        with self._lock:
+            if self.gone is not None:
+                token.cancel()
+            self._tokens[rid] = token
+        return token
+
+    def _send(self, frame: bytes) -> None:
+        self._outbox.append(frame)
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"!")
+
+    # --- the socket's thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        last_rx = last_ping = time.monotonic()
+        hb = self.heartbeat_s
+        try:
+            while not self._closing:
+                wait = max(0.0, min(last_ping + hb, last_rx + 3 * hb) - time.monotonic())
+                events = dict(poller.poll(int(wait * 1000) + 1))
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                while self._outbox:
+                    with contextlib.suppress(zmq.Again):  # not connected yet: heartbeats decide
+                        self._sock.send(self._outbox.popleft(), zmq.NOBLOCK)
+                if self._sock in events:
+                    while cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        self._deliver(self._sock.recv())
+                        last_rx = time.monotonic()
+                now = time.monotonic()
+                if now - last_rx > 3 * hb:
+                    self._end(f"the loopd daemon at {self.endpoint} stopped answering "
+                              f"(nothing for {now - last_rx:.1f} s)")  # fmt: skip
+                    return
+                if now - last_ping >= hb:
+                    with contextlib.suppress(zmq.Again):
+                        self._sock.send(_PING, zmq.NOBLOCK)
+                    last_ping = now
+        finally:
+            if self.gone is None:
+                self._end("the client was closed")
+            while self._outbox:  # the bye, at least
+                with contextlib.suppress(zmq.Again):
+                    self._sock.send(self._outbox.popleft(), zmq.NOBLOCK)
+            self._sock.close(linger=_LINGER_MS)
+
+    def _deliver(self, frame: bytes) -> None:
+        try:
+            msg = p.decode(frame, self.max_frame)
+        except WireError as e:
+            msg = p.Error(e.id or 0, "WireError", f"the daemon sent a bad message: {e}", 1)
+            if e.id is None:
+                return
+        if isinstance(msg, p.Pong):
+            with self._lock:
+                pongs = list(self._pongs)
+            for q in pongs:
+                q.put(msg)
+            return
+        rid = getattr(msg, "id", -1)
+        with self._lock:
+            target = self._waiting.get(rid)
+            token = self._tokens.get(rid) if isinstance(msg, p.Error | p.Done) else None
+        if target is not None:
+            target.put(msg)
+        if token is not None:  # an approver still asking the person stops asking
+            token.cancel()
+
+    def _end(self, why: str) -> None:
+        with self._lock:
+            self.gone = why
+            waiting = [*self._waiting.values(), *self._pongs]
+            tokens = list(self._tokens.values())
+        for q in waiting:
+            q.put(_Gone(why))
+        for token in tokens:
+            token.cancel()
+
+    def close(self) -> None:
+        """Stop the socket's thread; the daemon detaches this client's sessions."""
+        if self._thread.is_alive():
+            self._send(_BYE)
+        self._closing = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+        self._thread.join(10)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class RemoteTurn:
+    """A turn running in the daemon: iterate it for its events; then :attr:`outcome`.
+
+    Iterating raises the turn's LoopdError (Cancelled, TurnLimit...) when it ends without
+    an answer. :meth:`cancel` cancels it (Ctrl-C); the events up to the end still come.
+    """
+
+    def __init__(
+        self, client: Client, rid: int, answers: queue.SimpleQueue[Any],
+        on_approval: Approver | None,
+    ) -> None:  # fmt: skip
+        self.client, self.id, self._answers, self._on_approval = client, rid, answers, on_approval
+        self.outcome: TurnOutcome | None = None
+        self.ended = client._token(rid)  # set when the turn ends or the daemon goes
+
+    def cancel(self) -> None:
+        self.client._send(p.encode(p.Cancel(self.id)))
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            while (event := self._step()) is not None:
+                yield event
+        finally:
+            self._finish()
+
+    def _step(self) -> Event | None:
+        """The turn's next event; None once it answered (``outcome`` set); raises its error.
+
+        Ctrl-C while waiting here leaves the turn as it was: the caller may cancel, and
+        step on to its end."""
+        while True:
+            msg = _get(self._answers)
+            if isinstance(msg, p.EventMessage):
+                return p.decode_event(msg)
+            if isinstance(msg, p.Done):
+                self.outcome = _outcome(msg)
+                return None
+            if isinstance(msg, p.Approval):
+                self._approve(msg)
+            elif isinstance(msg, p.Error):
+                raise remote_error(msg)
+            elif isinstance(msg, _Gone):
+                raise DaemonError(msg.why)
+
+    def _finish(self) -> None:
+        self.ended.cancel()
+        self.client._forget(self.id)
+
+    def _approve(self, msg: p.Approval) -> None:
+        """Ask ``on_approval`` as the in-process turn would, and send its answer (if any)."""
+        request = ApprovalRequested(
+            call=msg.call, tool=msg.tool, arguments=msg.arguments, prompt=msg.prompt,
+            rule=msg.rule, timeout_s=msg.timeout_s,
+        )  # fmt: skip
+        if self._on_approval is None:
+            decision: Decision | None = Decision(Choice.DENY, NO_APPROVER, by="no approver")
+        else:
+            deadline = time.monotonic() + msg.timeout_s if msg.timeout_s > 0 else math.inf
+            decision = self._on_approval(request, self.ended, deadline)
+        if decision is not None:  # None: no answer; the daemon's wait ends by itself
+            answer = p.Approve(self.id, msg.call, decision.choice, decision.reason, decision.by)
+            self.client._send(p.encode(answer))
+
+    def run(self, sink: Callable[[Event], None]) -> TurnOutcome:
+        """Pass every event to ``sink``; the outcome. Ctrl-C cancels, and waits for the end.
+
+        A subclass of KeyboardInterrupt (the CLI's SIGTERM) cancels the same way and is
+        raised again once the turn has ended, so it ends the caller's command too."""
+        ending: KeyboardInterrupt | None = None
+        try:
+            while True:
+                try:
+                    event = self._step()
+                    if event is None:
+                        break
+                    sink(event)
+                except KeyboardInterrupt as e:  # in the wait, an approval prompt or the sink
+                    self.cancel()
+                    if type(e) is not KeyboardInterrupt:
+                        ending = e
+                    continue
+                except LoopdError:
+                    if ending is not None:
+                        raise ending from None
+                    raise
+        finally:
+            self._finish()
+        if ending is not None:
+            raise ending
+        assert self.outcome is not None
+        return self.outcome
+
+
+def _read_log(rid: int, *, session: str, start: int) -> p.ReadLog:
+    return p.ReadLog(rid, session, start)
+
+
+def _get(answers: queue.SimpleQueue[Any]) -> Any:
+    """The next answer; in short waits so that Ctrl-C reaches the caller."""
+    while True:
+        try:
+            return answers.get(timeout=0.2)
+        except queue.Empty:
+            continue
+
+
+def _outcome(msg: p.Done) -> TurnOutcome:
+    usage = decode_record(msg.usage)
+    if not isinstance(usage, Usage):
+        raise WireError(f"done.usage: expected a usage record, got {type(usage).__name__}", msg.id)
+    return TurnOutcome(
+        content=msg.content, usage=usage, iterations=msg.iterations,
+        tool_calls=msg.tool_calls, cut=msg.cut, restored=msg.restored,
+    )  # fmt: skip
+
+
+_BY_EXIT = {2: errors.UsageError, 3: errors.LimitError, 4: errors.ServerError,
+            5: errors.SessionError, 130: errors.Cancelled}  # fmt: skip
+_MADE: dict[str, type[LoopdError]] = {}
+
+
+def remote_error(msg: p.Error) -> LoopdError:
+    """The LoopdError an ``error`` answer names: its class when this side has it (else one
+    of that name under the class of its exit code), its message, its exit code."""
+    cls = getattr(errors, msg.error, None)
+    if not (isinstance(cls, type) and issubclass(cls, LoopdError)):
+        cls = _MADE.get(msg.error)
+        if cls is None:
+            base = _BY_EXIT.get(msg.exit_code, LoopdError)
+            name = msg.error if msg.error.isidentifier() else "RemoteError"
+            cls = _MADE[msg.error] = type(name, (base,), {"exit_code": msg.exit_code})
+    error: LoopdError = BaseException.__new__(cls)
+    BaseException.__init__(error, msg.message)
+    return error
+
+
+_PING, _BYE = p.encode(p.Ping()), p.encode(p.Bye())
+_LINGER_MS = 500  # at close: how long the bye may take to leave
+
+
+def _listening(path: str) -> bool:
+    """Whether a process listens on the unix socket ``path`` (a connect and a close)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:  # missing, or refused: a stale file left by a killed daemon
+            return False
+    return True
+
+
+def find_daemon(config: Config) -> Client | None:
+    """A client of the daemon when its socket answers within ``daemon.connect_timeout_s``.
+
+    The default socket is used only in a runtime directory of this user's own (0700): one
+    that others could write to may hold anybody's socket."""
+    where = daemon_endpoint(config)
+    if where.startswith("ipc://"):
+        path = where.removeprefix("ipc://")
+        if not config.daemon.endpoint and not_private(runtime_dir(config)) is not None:
+            return None  # a runtime directory others can reach is nobody's daemon to trust
+        if not _listening(path):
+            return None  # no socket, or a dead daemon's: no need to wait
+    client = Client.from_config(config)
+    if client.ping(config.daemon.connect_timeout_s):
+        return client
+    client.close()
+    return None

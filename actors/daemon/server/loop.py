@@ -1,0 +1,371 @@
+"""The daemon's request loop: one ROUTER socket, the clients' state, heartbeats, shutdown.
+
+The loop's thread owns the socket (ZeroMQ sockets are not thread-safe) and never waits on
+a session: it answers ``ping`` and ``status`` at once and hands every other request to a
+thread of its own (opening a session reads its log; a turn waits on its session actor).
+Those threads post their answers, and a turn's events as they happen, to one queue that
+the loop sends from, in order, woken through a pipe.
+
+A client is known by its ZeroMQ routing id. One silent for three ``daemon.heartbeat_s``
+(or whose socket stops taking messages) is gone: its turns are cancelled like Ctrl-C and
+its sessions detached once their turns end. A frame that is not a valid message is
+answered ``error`` (logged at a bounded rate) and the loop goes on.
+
+:meth:`Server.request_stop` (``stop`` from a client, or SIGTERM) ends the loop the clean
+way: every turn in flight is cancelled and its ``error`` sent, then the sessions close;
+the caller then stops the World (the slot keeper saves the KV states, the hosts stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import zmq
+
+from actors.base.cancel import CancelToken
+from actors.base.errors import DaemonError, LoopdError, SessionError, WireError
+from actors.base.events import Event, TornTail
+from actors.daemon import protocol as p
+from actors.log.file import read_records
+from actors.log.outcome import TurnOutcome
+from actors.log.records import encode as encode_record
+from actors.session.actor import list_sessions, session_path
+from actors.wire.complaints import Complaints
+
+from .approvals import RemoteApprover, TurnRules
+from .sessions import Sessions
+
+__all__ = ["SEND_QUEUE", "Server"]
+
+log = logging.getLogger("loopd.daemon")
+
+_WIND_DOWN_S = 30.0  # at stop: how long turns in flight get to end after their cancel
+SEND_QUEUE = 10_000  # messages queued for one client that does not read: it is gone
+
+
+@dataclasses.dataclass(slots=True)
+class _Client:
+    last_rx: float
+    turns: dict[int, CancelToken] = dataclasses.field(default_factory=dict)
+    approvers: dict[int, RemoteApprover] = dataclasses.field(default_factory=dict)
+
+
+class Server:
+    """Serves the client protocol on ``sock`` (bound by the caller) for the World's sessions."""
+
+    def __init__(
+        self, app: Any, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
+        max_frame_bytes: int,
+    ) -> None:  # fmt: skip
+        self.app = app
+        self.sock = sock
+        self.endpoint = endpoint
+        self.heartbeat_s = heartbeat_s
+        self.max_frame = max_frame_bytes
+        self.sessions = Sessions(app)
+        self.started = time.monotonic()
+        self._clients: dict[bytes, _Client] = {}
+        self._lock = threading.Lock()  # _clients' turns, touched by turn threads at their end
+        self._outbox: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self._wake_pending = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._threads: set[threading.Thread] = set()
+        self._stop = False
+        self._complain = Complaints(logger=log)
+
+    # --- from any thread ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """End :meth:`serve` the clean way (safe from a signal handler)."""
+        self._stop = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop already
+            os.write(self._wake_w, b"!")
+
+    def _post(self, peer: bytes, msg: p.Message) -> None:
+        self._post_frame(peer, p.encode(msg))
+
+    def _post_frame(self, peer: bytes, frame: bytes) -> None:
+        self._outbox.append((peer, frame))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake()
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    self._threads.discard(thread)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Answer until :meth:`request_stop`; then wind every turn down and close sessions."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        log.info("serving the client protocol on %s", self.endpoint)
+        try:
+            while not self._stop:
+                self._once(poller, int(self.heartbeat_s * 1000))
+            self._wind_down(poller)
+        finally:
+            self.sessions.close_all()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _once(self, poller: zmq.Poller, timeout_ms: int) -> None:
+        events = dict(poller.poll(timeout_ms))
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        if self.sock in events:
+            self._read()
+        self._wake_pending = False
+        self._send_outbox()
+        self._expire()
+
+    def _wind_down(self, poller: zmq.Poller) -> None:
+        with self._lock:
+            tokens = [t for c in self._clients.values() for t in c.turns.values()]
+        if tokens:
+            log.info("stopping: cancelling %d turn(s) in flight", len(tokens))
+        for token in tokens:
+            token.cancel()
+        deadline = time.monotonic() + _WIND_DOWN_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                threads = list(self._threads)
+            if not threads:
+                break
+            self._once(poller, 20)
+        self._send_outbox()
+
+    def _read(self) -> None:
+        for _ in range(256):
+            if not cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            peer = frames[0]
+            if len(frames) != 2:
+                self._complain("client %s sent %d frames", peer.hex(), len(frames) - 1)
+                self._refuse(peer, WireError("one message must be one frame"))
+                continue
+            try:
+                msg = p.decode(frames[1], self.max_frame)
+            except WireError as e:
+                self._complain("bad frame from client %s: %s", peer.hex(), e)
+                self._refuse(peer, e)
+                continue
+            client = self._clients.get(peer)
+            if client is None:
+                client = self._clients[peer] = _Client(time.monotonic())
+            client.last_rx = time.monotonic()
+            self._handle(peer, client, msg)
+
+    def _refuse(self, peer: bytes, e: WireError) -> None:
+        self._send(peer, p.encode(_error(e.id or 0, e)))
+
+    def _handle(self, peer: bytes, client: _Client, msg: p.Message) -> None:
+        match msg:
+            case p.Ping():
+                self._send(peer, _PONG)
+            case p.Bye():
+                self._gone(peer, "left")
+            case p.Status(id=rid):
+                self._send(peer, p.encode(self._status(rid)))
+            case p.Cancel(id=rid):
+                with self._lock:
+                    token = client.turns.get(rid)
+                if token is not None:
+                    token.cancel()
+            case p.Approve(id=rid):
+                with self._lock:
+                    approver = client.approvers.get(rid)
+                if approver is not None:  # else the turn has ended: nothing waits for it
+                    approver.answer(msg)
+            case p.Turn() | p.Open() if self._stop:
+                stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
+                self._send(peer, p.encode(_error(msg.id, stopping)))
+            case p.Turn():
+                self._start_turn(peer, client, msg)
+            case p.Open() | p.Close() | p.Sessions() | p.ReadLog():
+                self._spawn(f"daemon-{type(msg).__name__.lower()}", lambda: self._job(peer, msg))
+            case p.Stop(id=rid):
+                log.info("stop asked by client %s", peer.hex())
+                self._send(peer, p.encode(p.Ok(rid)))
+                self.request_stop()
+            case _:
+                rid = getattr(msg, "id", 0)
+                what = type(msg).__name__
+                refused = WireError(f"the daemon does not take {what} messages")
+                self._send(peer, p.encode(_error(rid, refused)))
+
+    def _send_outbox(self) -> None:
+        while self._outbox:
+            peer, frame = self._outbox.popleft()
+            self._send(peer, frame)
+
+    def _send(self, peer: bytes, frame: bytes) -> None:
+        try:
+            self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            self._gone(peer, "is not reading its messages")
+        except zmq.ZMQError:  # EHOSTUNREACH (ROUTER_MANDATORY): disconnected
+            self._gone(peer, "disconnected")
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        limit = 3 * self.heartbeat_s
+        for peer, client in list(self._clients.items()):
+            if now - client.last_rx > limit:
+                self._gone(peer, f"was silent for {now - client.last_rx:.1f} s")
+
+    def _gone(self, peer: bytes, why: str) -> None:
+        client = self._clients.pop(peer, None)
+        if client is None:
+            return
+        with self._lock:
+            tokens = list(client.turns.values())
+        if tokens:
+            log.info("client %s %s: cancelling its %d turn(s)", peer.hex(), why, len(tokens))
+        for token in tokens:
+            token.cancel()
+        self._spawn("daemon-release", lambda: self.sessions.release_client(peer))
+
+    def _status(self, rid: int) -> p.StatusReply:
+        return p.StatusReply(
+            id=rid, pid=os.getpid(), endpoint=self.endpoint,
+            uptime_s=time.monotonic() - self.started, clients=len(self._clients),
+            sessions=tuple(self.sessions.rows()),
+        )  # fmt: skip
+
+    # --- requests, each in a thread of its own -----------------------------------------
+
+    def _job(self, peer: bytes, msg: p.Message) -> None:
+        try:
+            for answer in self._answers(peer, msg):
+                self._post(peer, answer)
+        except LoopdError as e:
+            self._post(peer, _error(msg.id, e))
+        except Exception as e:  # a bug must still answer the request, and not end the daemon
+            log.exception("request %s failed", type(msg).__name__)
+            self._post(peer, _error(msg.id, e))
+
+    def _answers(self, peer: bytes, msg: p.Message) -> list[p.Message]:
+        match msg:
+            case p.Open(id=rid, session=name, create=create):
+                created, count, cut = self.sessions.attach(peer, name, create)
+                return [p.Opened(rid, name, created, count, cut)]
+            case p.Close(id=rid, session=name):
+                self.sessions.detach(peer, name)
+                return [p.Ok(rid)]
+            case p.Sessions(id=rid):
+                return [p.SessionList(rid, tuple(list_sessions(self.app.config)))]
+            case p.ReadLog(id=rid, session=name, start=start):
+                return self._log_pages(rid, name, start)
+        raise AssertionError(f"no job for {type(msg).__name__}")
+
+    def _log_pages(self, rid: int, name: str, start: int) -> list[p.Message]:
+        path = session_path(self.app.config, name)  # read like `loopd log show` does: a
+        if not path.is_file():  # reader never waits for a session's turn to end
+            raise SessionError(f"session {name} does not exist ({path})")
+        records = read_records(path, name=name)
+        budget = self.max_frame // 2
+        page: list[bytes] = []
+        size, n = 0, start
+        while n < len(records):
+            blob = encode_record(records[n])
+            if page and size + len(blob) > budget:
+                break
+            page.append(blob)
+            size += len(blob) + 8
+            n += 1
+        return [p.Log(rid, tuple(page), n, n >= len(records))]
+
+    def _start_turn(self, peer: bytes, client: _Client, msg: p.Turn) -> None:
+        token = CancelToken()
+        with self._lock:
+            if msg.id in client.turns:
+                self._post(peer, _error(msg.id, WireError(f"turn id {msg.id} is already running")))
+                return
+            client.turns[msg.id] = token
+            approver = client.approvers[msg.id] = RemoteApprover(
+                msg.id, lambda m: self._post(peer, m)
+            )
+        self._spawn(
+            f"daemon-turn-{msg.session}", lambda: self._turn(peer, client, msg, token, approver)
+        )
+
+    def _turn(
+        self, peer: bytes, client: _Client, msg: p.Turn, token: CancelToken,
+        approver: RemoteApprover,
+    ) -> None:  # fmt: skip
+        name, rid = msg.session, msg.id
+        try:
+            if not self.sessions.is_attached(peer, name):
+                _, _, cut = self.sessions.attach(peer, name, create=True)
+                if cut:
+                    self._post(peer, p.encode_event(rid, TornTail(session=name, cut_bytes=cut)))
+            proxy = self.sessions.begin_turn(peer, name)
+        except LoopdError as e:
+            self._end_turn(client, rid)
+            self._post(peer, _error(rid, e))
+            return
+        sink: Callable[[Event], None] = lambda event: self._post(  # noqa: E731
+            peer, p.encode_event(rid, event)
+        )
+        try:
+            runtime = self.app.runtime
+            if msg.approve:
+                runtime = dataclasses.replace(runtime, rules=TurnRules(runtime.rules, msg.approve))
+            outcome: TurnOutcome = proxy.turn(runtime, msg.text, sink, token, approver).get()
+            answer: p.Message = p.Done(
+                rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
+                encode_record(outcome.usage), outcome.restored,
+            )  # fmt: skip
+        except LoopdError as e:
+            answer = _error(rid, e)
+        except Exception as e:  # a bug: the client must still hear that the turn ended
+            log.exception("turn on session %s failed", name)
+            answer = _error(rid, e)
+        finally:
+            self.sessions.end_turn(name)
+            self._end_turn(client, rid)
+        self._post(peer, answer)
+
+    def _end_turn(self, client: _Client, rid: int) -> None:
+        with self._lock:
+            client.turns.pop(rid, None)
+            client.approvers.pop(rid, None)
+
+
+_PONG = p.encode(p.Pong())
+
+
+def _error(rid: int, e: BaseException) -> p.Error:
+    if isinstance(e, LoopdError):
+        return p.Error(rid, type(e).__name__, str(e), e.exit_code)
+    return p.Error(rid, "LoopdError", f"the daemon failed: {type(e).__name__}: {e}", 1)

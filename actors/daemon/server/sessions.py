@@ -1,0 +1,146 @@
+"""The daemon's open sessions: which client each is attached to, and whether a turn runs.
+
+One client per session: a second client asking for an attached session gets
+:class:`~actors.base.errors.SessionInUse`. A session's actor
+(:class:`~actors.session.actor.SessionActor`,
+the only writer of its log) lives while a client has it attached; it is stopped when the
+client closes it or goes away, after the turn running on it, if any, has ended. The KV state
+stays warm in the slot keeper either way, so reopening costs a read of the log, no prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any
+
+import pykka
+
+from actors.base.errors import DaemonError, SessionInUse, UsageError
+from actors.session.actor import open_session
+from actors.session.world import World
+
+__all__ = ["Sessions"]
+
+_STOP_S = 10.0
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    proxy: Any  # None while the log is being opened
+    client: bytes
+    records: int = 0  # in the log when it was opened
+    busy: bool = False
+    release: bool = False  # detach when the running turn ends (its client is gone)
+
+
+class Sessions:
+    """Session name -> its actor and the client it is attached to; thread-safe."""
+
+    def __init__(self, app: World) -> None:
+        self.app = app
+        self._lock = threading.RLock()
+        self._open: dict[str, _Entry] = {}
+
+    def attach(self, client: bytes, name: str, create: bool) -> tuple[bool, int, int]:
+        """Attach ``name`` to ``client`` (opening it); (created, records in its log when it
+        was opened, bytes of a torn tail that opening cut)."""
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is not None:
+                if entry.client != client:
+                    raise SessionInUse(name)
+                if entry.proxy is None:
+                    raise UsageError(f"session {name} is being opened; wait for that to end")
+                return False, entry.records, 0
+            # Claimed before the log is read, outside the lock: a long log (or a slow disk)
+            # holds up only this request, and a second client is refused at once.
+            entry = self._open[name] = _Entry(None, client)
+        try:
+            baseline = self.app.baseline() if create else None
+            proxy = open_session(self.app.config, name, baseline=baseline)
+            report = proxy.ready().get(timeout=_STOP_S)
+        except BaseException:
+            with self._lock:
+                self._open.pop(name, None)
+            raise
+        with self._lock:
+            entry.proxy, entry.records = proxy, report.records
+            kept = self._open.get(name) is entry and not entry.release
+            if not kept and self._open.get(name) is entry:
+                del self._open[name]
+        if not kept:  # the client went, or the daemon began to stop, while it opened
+            _stop(proxy)
+            raise DaemonError(f"session {name} was closed while it opened")
+        return report.created, report.records, report.cut_bytes
+
+    def begin_turn(self, client: bytes, name: str) -> Any:
+        """The actor of ``name`` for a turn of ``client`` (who must have it attached)."""
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is None or entry.client != client or entry.proxy is None:
+                raise UsageError(f"session {name} is not open for this client; open it first")
+            if entry.busy:
+                raise UsageError(
+                    f"a turn is already running on session {name}; wait for it or cancel it"
+                )
+            entry.busy = True
+            return entry.proxy
+
+    def end_turn(self, name: str) -> None:
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is None:
+                return
+            entry.busy = False
+            if not entry.release:
+                return
+            del self._open[name]
+        _stop(entry.proxy)
+
+    def is_attached(self, client: bytes, name: str) -> bool:
+        with self._lock:
+            entry = self._open.get(name)
+            return entry is not None and entry.client == client
+
+    def detach(self, client: bytes, name: str) -> None:
+        """Detach ``name`` from ``client`` and close it; refused while a turn runs."""
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is None or entry.client != client or entry.proxy is None:
+                return
+            if entry.busy:
+                raise UsageError(f"a turn is running on session {name}; cancel it first")
+            del self._open[name]
+        _stop(entry.proxy)
+
+    def release_client(self, client: bytes) -> None:
+        """``client`` is gone: close its sessions now, or when their turn ends."""
+        idle = []
+        with self._lock:
+            for name, entry in list(self._open.items()):
+                if entry.client != client:
+                    continue
+                if entry.busy or entry.proxy is None:
+                    entry.release = True
+                else:
+                    idle.append(self._open.pop(name))
+        for entry in idle:
+            _stop(entry.proxy)
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"name": n, "busy": e.busy} for n, e in sorted(self._open.items())]
+
+    def close_all(self) -> None:
+        with self._lock:
+            entries = [e for e in self._open.values() if e.proxy is not None]
+            self._open.clear()
+        for entry in entries:
+            _stop(entry.proxy)
+
+
+def _stop(proxy: Any) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):
+        proxy.actor_ref.stop(timeout=_STOP_S)

@@ -1,0 +1,239 @@
+"""Session KV-state files on disk: their names, loopd's metadata beside them, their space.
+
+llama-server writes a slot's KV state into its ``--slot-save-path`` under a file name loopd
+gives it (protocol notes section 9). loopd names a session's file ``KEY.bin`` with ``KEY =
+NAME-HASH``, the hash taken of the session's log path, so two log directories holding a
+session of the same name never share a file. Beside it loopd keeps ``KEY.json``
+(:class:`SlotFile`): the session, the token count, the fingerprint of the server that saved
+it (model identity, per-slot ``n_ctx``, server build), when it was saved and last used,
+its size and crc32.
+
+Two kinds of save directory:
+
+- **reachable** (the embedded server's, or ``slots.save_dir`` for a server on this
+  machine): the server saves to ``KEY.new.bin``, loopd renames it over ``KEY.bin`` (so a
+  file is replaced atomically, never half-written under its real name), records size and
+  crc32, checks both before every restore, and keeps the total under ``slots.disk_mb``
+  (least recently used first). Deleting a session deletes its file.
+- **unreachable** (a server elsewhere): the server writes ``KEY.bin`` itself; loopd keeps
+  the metadata in its own directory and cannot check, bound or delete the file.
+
+The pure parts (:func:`restore_problem`, :func:`lru_victims`) decide; :class:`SlotStore`
+does the file work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from actors.base.config import Config
+from actors.inference.embedded.server import slot_dir
+
+__all__ = [
+    "CORRUPT",
+    "MISSING",
+    "NO_STATE",
+    "STALE",
+    "SlotFile",
+    "SlotStore",
+    "lru_victims",
+    "meta_dir",
+    "remove_session_files",
+    "restore_problem",
+    "slot_dirs",
+    "slot_key",
+]
+
+NO_STATE = "no saved state"
+STALE = "the saved state is from another model, context size or server build"
+MISSING = "the saved state's file is gone"
+CORRUPT = "the saved state's file is corrupt (its size or checksum changed since the save)"
+
+_CHUNK = 8 * 1024 * 1024
+
+
+def slot_key(log_path: Path) -> str:
+    """``NAME-HASH`` for the session whose log is ``log_path`` (``log.dir/NAME/log.bin``)."""
+    path = Path(log_path).expanduser().resolve()
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return f"{path.parent.name}-{digest}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotFile:
+    """loopd's metadata of one saved session state (``KEY.json``)."""
+
+    session: str  # the session's name
+    file: str  # the state's file name in the server's save directory
+    tokens: int  # tokens the state holds (the server's n_saved)
+    fingerprint: str  # of the server that saved it: a file is restored only on an equal one
+    server: str  # the URL that saved it
+    saved: float  # unix time of the save
+    used: float  # unix time of the last save or restore (least recently used goes first)
+    bytes: int  # the file's size
+    crc32: int = -1  # of the file; -1 when loopd cannot read it
+
+
+def restore_problem(meta: SlotFile | None, fingerprint: str, size_crc: tuple[int, int] | None,
+                    reachable: bool) -> str:
+    """Why ``meta``'s file must not be restored on a server with ``fingerprint``; "" if it may.
+
+    ``size_crc`` is the file's size and crc32 as found now (None: no file), looked at only
+    when the directory is ``reachable``.
+    """
+    if meta is None:
+        return NO_STATE
+    if meta.fingerprint != fingerprint:
+        return STALE
+    if not reachable:
+        return ""
+    if size_crc is None:
+        return MISSING
+    if size_crc != (meta.bytes, meta.crc32):
+        return CORRUPT
+    return ""
+
+
+def lru_victims(files: Iterable[SlotFile], limit_bytes: int) -> list[SlotFile]:
+    """The files to delete, least recently used first, so that the rest fit ``limit_bytes``."""
+    ordered = sorted(files, key=lambda f: (f.used, f.file))
+    total = sum(f.bytes for f in ordered)
+    victims = []
+    for f in ordered:
+        if total <= limit_bytes:
+            break
+        victims.append(f)
+        total -= f.bytes
+    return victims
+
+
+class SlotStore:
+    """The files of one save directory (``save_dir``, reachable) or only their metadata."""
+
+    def __init__(self, meta_dir: Path, *, reachable: bool) -> None:
+        self.dir = Path(meta_dir).expanduser()
+        self.reachable = reachable
+
+    # --- names -------------------------------------------------------------------------
+
+    @staticmethod
+    def file_name(key: str) -> str:
+        return f"{key}.bin"
+
+    def save_name(self, key: str) -> str:
+        """The name the server saves to: a temporary one when loopd can rename it."""
+        return f"{key}.new.bin" if self.reachable else self.file_name(key)
+
+    def _meta_path(self, key: str) -> Path:
+        return self.dir / f"{key}.json"
+
+    # --- metadata ----------------------------------------------------------------------
+
+    def meta(self, key: str) -> SlotFile | None:
+        """The metadata of ``key``'s file; None when there is none (or it is unreadable)."""
+        try:
+            data = json.loads(self._meta_path(key).read_text(encoding="utf-8"))
+            return SlotFile(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_meta(self, key: str, meta: SlotFile) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        target = self._meta_path(key)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(meta)), encoding="utf-8")
+        os.replace(tmp, target)
+
+    def touch(self, key: str, meta: SlotFile) -> None:
+        """Mark ``key``'s file used now (it was restored)."""
+        with contextlib.suppress(OSError):
+            self._write_meta(key, dataclasses.replace(meta, used=time.time()))
+
+    def size_crc(self, key: str) -> tuple[int, int] | None:
+        """The size and crc32 of ``key``'s file as it is now; None when it is gone."""
+        crc, size = 0, 0
+        try:
+            with (self.dir / self.file_name(key)).open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    crc = zlib.crc32(chunk, crc)
+                    size += len(chunk)
+        except OSError:
+            return None
+        return size, crc
+
+    # --- after a save ------------------------------------------------------------------
+
+    def commit(self, key: str, meta: SlotFile) -> SlotFile:
+        """Put the file the server just saved in place and write its metadata."""
+        if self.reachable:
+            os.replace(self.dir / self.save_name(key), self.dir / self.file_name(key))
+            found = self.size_crc(key)
+            if found is not None:
+                meta = dataclasses.replace(meta, bytes=found[0], crc32=found[1])
+        self._write_meta(key, meta)
+        return meta
+
+    def discard_save(self, key: str) -> None:
+        """Drop what the server saved (an empty slot: the older file stays the session's)."""
+        if self.reachable:
+            with contextlib.suppress(OSError):
+                (self.dir / self.save_name(key)).unlink()
+
+    def all(self) -> list[tuple[str, SlotFile]]:
+        out = []
+        for path in sorted(self.dir.glob("*.json")):
+            meta = self.meta(path.stem)
+            if meta is not None:
+                out.append((path.stem, meta))
+        return out
+
+    def bound(self, limit_bytes: int) -> list[str]:
+        """Delete least recently used files until the directory fits; their keys."""
+        if not self.reachable:
+            return []  # loopd cannot see nor delete files it cannot reach
+        files = self.all()
+        by_file = {meta.file: key for key, meta in files}
+        victims = lru_victims((m for _, m in files), limit_bytes)
+        keys = [by_file[v.file] for v in victims]
+        for key in keys:
+            self.remove(key)
+        return keys
+
+    def remove(self, key: str) -> None:
+        """Delete ``key``'s file (when reachable) and its metadata."""
+        names = [f"{key}.json"]
+        if self.reachable:
+            names += [self.file_name(key), self.save_name(key)]
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / name).unlink()
+
+
+def meta_dir(config: Config) -> Path:
+    """Where loopd keeps the metadata of files on servers whose save directory it cannot
+    reach (``slots.save_dir`` unset for a server named by url)."""
+    return slot_dir(config.embedded) / "meta"
+
+
+def slot_dirs(config: Config) -> list[SlotStore]:
+    """Every store a session of ``config`` may have files in (see ``actors.session.world``)."""
+    stores = [SlotStore(slot_dir(config.embedded), reachable=True),
+              SlotStore(meta_dir(config), reachable=False)]
+    if config.slots.save_dir:
+        stores.append(SlotStore(Path(config.slots.save_dir), reachable=True))
+    return stores
+
+
+def remove_session_files(stores: Sequence[SlotStore], log_path: Path) -> None:
+    """Delete the saved KV state of the session whose log is ``log_path``, everywhere."""
+    key = slot_key(log_path)
+    for store in stores:
+        store.remove(key)

@@ -1,0 +1,512 @@
+"""The slot keeper: which session's KV state sits in which slot of which server (design 9).
+
+The KV cache belongs to the session, like its log. One keeper per process that runs
+sessions owns the map session -> (server, slot). Every model request of a session takes a
+**lease** on one slot and gives it back when the request ends (:mod:`actors.inference.actor`
+does both around the stream), so:
+
+- **Affinity**: a session gets back the slot that still holds its state whenever that slot
+  is not leased, so between two requests nothing is lost or moved.
+- **A lease per model request is a lease per turn, made safe**: a turn that waits for a tool
+  or for the person's approval holds no slot, so another session can use it meanwhile, and
+  no turn can deadlock holding one. A lease is always taken before an inference actor and
+  nothing waits while holding both, so there is no cycle to deadlock on.
+- **Eviction**: when no slot is free, the least recently used idle slot is given away; its
+  session's state is **saved** first (when it changed since its last save).
+- **Restore**: a session whose state is not in its slot has its file restored, if it has one
+  valid for this server (:func:`~actors.inference.slots.files.restore_problem`); otherwise the
+  request re-processes. Nothing here is trusted blindly: the request's ``timings.cache_n``
+  says what was reused, and the turn logs a ``CacheLoss`` with the cause when it is short.
+  Every failure is a reason on the lease (``SlotUse.reason``), never an error.
+- **Queueing**: a request that finds no slot for it waits in arrival order (per server),
+  through the handle's waiting loop (Queued, cancel, deadline).
+- **Saves**: before a slot changes hands, after a turn's last request
+  (``slots.save_after_turn``, in the keeper's saver thread, after the answer was shown; the
+  slot is not leased again until its save is done), and for every changed state when the
+  command ends (:meth:`SlotKeeper.close`).
+- **Several servers**: a session keeps its server; a new one goes to the server with the
+  most free slots; a server that stops answering (connect errors after the usual retries)
+  is dropped while another one is left, and its sessions move ("server changed").
+
+The keeper is a thread-safe owner rather than an actor: its callers (session actors, the
+saver thread) each block on their own lease anyway, and the HTTP work of saving and
+restoring runs in the caller's thread, outside the lock. The pure decisions are
+:func:`pick_server` and :func:`pick_slot` here and the file checks in ``slotfiles``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from actors.inference.llama import LlamaClient
+from actors.inference.slots.files import SlotFile, SlotStore, restore_problem, slot_key
+from actors.inference.types import Completion, InferError, InferErrorKind
+from actors.log import server_values
+from actors.log.records import SlotState, SlotUse
+
+__all__ = [
+    "KeeperSettings",
+    "Lease",
+    "Pick",
+    "ServerSpec",
+    "SlotKeeper",
+    "Ticket",
+    "pick_server",
+    "pick_slot",
+]
+
+NO_SAVE_PATH = "the server has no --slot-save-path"
+NO_PERSISTENCE = "the server's KV state is not kept ({why})"
+REFUSED = "the server refused the saved state: {message}"
+RESTORE_FAILED = "the restore failed: {message}"
+SAVE_FAILED = "the last save failed: {message}"
+TOO_LARGE = "its saved state was larger than slots.disk_mb and was deleted"
+SERVER_CHANGED = "server changed: {url} did not answer"
+
+_PROBE = "loopd-probe"  # an action no server knows: 400 with a save path, 501 without
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """One llama-server the keeper leases slots of."""
+
+    url: str
+    save_dir: Path | None = None  # its --slot-save-path, when loopd can reach it
+    identity: str = ""  # model and build identity known to loopd; "": from /props
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeeperSettings:
+    """How the keeper keeps state: where metadata lives, how much disk, when it saves."""
+
+    log_dir: Path | None = None  # sessions' log directory (their files' names hash it)
+    meta_dir: Path | None = None  # metadata of unreachable servers; None: no persistence
+    disk_bytes: int = 2048 * 1024 * 1024
+    save_after_turn: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class _Slot:
+    index: int
+    holder: str | None = None  # the session whose state the slot holds
+    dirty: bool = False  # the holder's state changed since its last save
+    leased: bool = False
+    saving: bool = False
+    used: int = 0  # logical time of its last lease (least recently used goes first)
+
+
+@dataclasses.dataclass(slots=True)
+class _Server:
+    url: str
+    client: LlamaClient
+    slots: list[_Slot]
+    fingerprint: str
+    store: SlotStore | None  # None: no persistence on this server
+    why_not: str = ""  # why there is no store
+    alive: bool = True
+
+
+@dataclasses.dataclass(slots=True)
+class _Session:
+    name: str
+    key: str
+    home: int | None = None  # the server it keeps
+    note: str = ""  # what its next restore should tell (a failed save, a server change)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pick:
+    """Which slot a session gets: its own (kept), a free one, or one taken from another."""
+
+    slot: int
+    kind: Literal["kept", "free", "evict"]
+    evicted: str | None = None
+
+
+def pick_slot(session: str, slots: Sequence[_Slot]) -> Pick | None:
+    """The slot to lease ``session`` now on one server, or None: it must wait."""
+    for s in slots:
+        if s.holder == session:
+            return None if s.leased or s.saving else Pick(s.index, "kept")
+    idle = [s for s in slots if not s.leased and not s.saving]
+    free = [s for s in idle if s.holder is None]
+    if free:
+        return Pick(min(free, key=lambda s: s.used).index, "free")
+    if idle:
+        lru = min(idle, key=lambda s: s.used)
+        return Pick(lru.index, "evict", lru.holder)
+    return None
+
+
+def pick_server(home: int | None, servers: Sequence[tuple[bool, int, int]]) -> int:
+    """The server for a session: its ``home`` while alive, else the alive one with most room.
+
+    ``servers``: (alive, free slots, idle slots) each. At least one is alive (the keeper
+    never drops the last server).
+    """
+    if home is not None and servers[home][0]:
+        return home
+    alive = [i for i, (ok, _, _) in enumerate(servers) if ok] or list(range(len(servers)))
+    return max(alive, key=lambda i: (servers[i][1], servers[i][2], -i))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ticket:
+    """A request's place in the keeper's queue."""
+
+    session: str
+    number: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """One slot of one server, leased to a session for one request."""
+
+    session: str
+    server: int
+    slot: int
+    client: LlamaClient
+    use: SlotUse
+
+
+class SlotKeeper:
+    """Owns the leases of every slot of every server; thread-safe."""
+
+    def __init__(self, servers: Sequence[_Server], settings: KeeperSettings,
+                 say: Callable[[str], None]) -> None:
+        self._servers = list(servers)
+        self._settings = settings
+        self._say = say
+        self._cond = threading.Condition()
+        self._sessions: dict[str, _Session] = {}
+        self._waiting: collections.OrderedDict[int, Ticket] = collections.OrderedDict()
+        self._numbers = itertools.count(1)
+        self._clock = itertools.count(1)
+        self._saves: queue.SimpleQueue[tuple[int, int, str] | None] = queue.SimpleQueue()
+        self._saver: threading.Thread | None = None
+        self._closed = False
+
+    @classmethod
+    def start(cls, servers: Sequence[tuple[ServerSpec, LlamaClient]], settings: KeeperSettings,
+              say: Callable[[str], None] = lambda _: None) -> SlotKeeper:
+        """Read each server's ``/props`` and whether it can save; say what is not kept."""
+        return cls([_probe(spec, client, settings, say) for spec, client in servers],
+                   settings, say)
+
+    # --- leases ------------------------------------------------------------------------
+
+    def enter(self, session: str) -> Ticket:
+        """Queue a request of ``session`` (every request does, even one served at once)."""
+        with self._cond:
+            ticket = Ticket(session, next(self._numbers))
+            self._waiting[ticket.number] = ticket
+            return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        with self._cond:
+            if self._waiting.pop(ticket.number, None) is not None:
+                self._cond.notify_all()
+
+    def ahead(self, ticket: Ticket) -> int:
+        """This request's place among those waiting for the same server (1: next)."""
+        with self._cond:
+            if ticket.number not in self._waiting:
+                return 0
+            target = self._target(self._session(ticket.session))
+            return sum(1 for number, other in self._waiting.items() if number <= ticket.number
+                       and self._target(self._session(other.session)) == target)
+
+    def take(self, ticket: Ticket, timeout: float) -> Lease | None:
+        """A lease for ``ticket`` within ``timeout`` seconds, or None (ask again)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                granted = self._grant(ticket)
+                if granted is not None:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+        return self._prepare(*granted)
+
+    def _grant(self, ticket: Ticket) -> tuple[_Session, int, Pick, bool, str] | None:
+        """Under the lock: mark a slot leased to ``ticket`` when it is its turn."""
+        session = self._session(ticket.session)
+        target = self._target(session)
+        for number, other in self._waiting.items():
+            if number == ticket.number:
+                break
+            if self._target(self._session(other.session)) == target:
+                return None  # an earlier request waits for this server: first come first
+        server = self._servers[target]
+        pick = pick_slot(session.key, server.slots)
+        if pick is None:
+            return None
+        self._waiting.pop(ticket.number, None)
+        slot = server.slots[pick.slot]
+        save_first = pick.kind == "evict" and slot.dirty and server.store is not None
+        slot.leased, slot.used = True, next(self._clock)
+        if pick.kind != "kept":
+            slot.holder, slot.dirty = None, False
+        session.home = target
+        note = ""
+        if pick.kind != "kept":
+            note, session.note = session.note, ""
+        self._cond.notify_all()
+        return session, target, pick, save_first, note
+
+    def _target(self, session: _Session) -> int:
+        return pick_server(session.home, [
+            (s.alive, sum(1 for x in s.slots if x.holder is None and not x.leased),
+             sum(1 for x in s.slots if not x.leased and not x.saving)) for s in self._servers
+        ])
+
+    def _prepare(self, session: _Session, target: int, pick: Pick, save_first: bool,
+                 note: str) -> Lease:
+        """Outside the lock: save what the slot held, restore what the session needs."""
+        server = self._servers[target]
+        try:
+            if save_first and pick.evicted is not None:
+                self._save(target, pick.slot, pick.evicted)
+            if pick.kind == "kept":
+                use = SlotUse(server.url, pick.slot, SlotState.KEPT)
+            else:
+                use = self._restore(target, pick.slot, session, note)
+        except BaseException:
+            self._release(target, pick.slot, None)
+            raise
+        return Lease(session.name, target, pick.slot, server.client, use)
+
+    def give_back(self, lease: Lease, outcome: Completion | InferError) -> None:
+        """The request ended: the slot holds the session's state, changed since its save.
+
+        Whatever the outcome, what the slot holds is a prefix of the session's next prompt
+        (a cancelled request keeps the part of its prompt already processed) or nothing
+        (after a failed restore; saving nothing leaves the older file in place). After a
+        turn's last request (an answer without tool calls) the state is saved in the saver
+        thread when ``save_after_turn`` is on; the slot waits for that save.
+        """
+        save = (isinstance(outcome, Completion) and not outcome.tool_calls
+                and self._settings.save_after_turn)
+        self._release(lease.server, lease.slot, self._session(lease.session).key, save=save)
+
+    def _release(self, target: int, index: int, holder: str | None, *,
+                 save: bool = False) -> None:
+        with self._cond:
+            server = self._servers[target]
+            slot = server.slots[index]
+            slot.leased = False
+            slot.holder, slot.dirty = holder, holder is not None and server.alive
+            for other in server.slots:
+                if other is not slot and holder is not None and other.holder == holder:
+                    other.holder, other.dirty = None, False  # its state moved here
+            save = save and slot.dirty and server.store is not None and not self._closed
+            if save:
+                slot.saving = True
+                if self._saver is None:
+                    self._saver = threading.Thread(target=self._save_loop, name="slot-saver",
+                                                   daemon=True)
+                    self._saver.start()
+                self._saves.put((target, index, slot.holder or ""))
+            self._cond.notify_all()
+
+    def server_failed(self, lease: Lease, error: InferError) -> bool:
+        """True when ``lease``'s server is dropped for not answering and the request should
+        go to another one; False when the error stands (another kind, or no other server)."""
+        if error.kind is not InferErrorKind.CONNECT:
+            return False
+        with self._cond:
+            server = self._servers[lease.server]
+            others = [s for s in self._servers if s.alive and s is not server]
+            if not others or not server.alive:
+                return bool(others)
+            server.alive = False
+            for slot in server.slots:
+                slot.holder, slot.dirty = None, False
+            for s in self._sessions.values():
+                if s.home == lease.server:
+                    s.home, s.note = None, SERVER_CHANGED.format(url=server.url)
+            self._cond.notify_all()
+        self._say(f"llama-server {server.url} does not answer; its sessions move to "
+                  f"{', '.join(s.url for s in others)}")
+        return True
+
+    # --- saving and restoring ----------------------------------------------------------
+
+    def _session(self, name: str) -> _Session:
+        with self._cond:
+            session = self._sessions.get(name)
+            if session is None:
+                log_dir = self._settings.log_dir
+                key = slot_key(log_dir / name / "log.bin") if log_dir is not None else name
+                session = self._sessions[name] = _Session(name, key)
+            return session
+
+    def _by_key(self, key: str) -> _Session | None:
+        with self._cond:
+            return next((s for s in self._sessions.values() if s.key == key), None)
+
+    def _save(self, target: int, index: int, key: str) -> bool:
+        """Save slot ``index`` as ``key``'s state; False (and a note) when it failed."""
+        server = self._servers[target]
+        store = server.store
+        session = self._by_key(key)
+        if store is None or session is None:
+            return False
+        try:
+            answer = server.client.slot_action(index, "save", store.save_name(key))
+            tokens = server_values.count(answer.get("n_saved")) or 0
+            if tokens <= 0:
+                store.discard_save(key)  # nothing in the slot: the older file stays
+                return True
+            now = time.time()
+            store.commit(key, SlotFile(
+                session=session.name, file=store.file_name(key), tokens=tokens,
+                fingerprint=server.fingerprint, server=server.url, saved=now, used=now,
+                bytes=server_values.count(answer.get("n_written")) or 0,
+            ))
+        except (InferError, OSError, ValueError, TypeError) as e:
+            with self._cond:
+                session.note = SAVE_FAILED.format(message=_said(e))
+            return False
+        with self._cond:
+            session.note = ""
+        for gone in store.bound(self._settings.disk_bytes):
+            lost = self._by_key(gone)
+            if lost is not None:
+                with self._cond:
+                    lost.note = TOO_LARGE if gone == key else ""
+        return True
+
+    def _restore(self, target: int, index: int, session: _Session, note: str) -> SlotUse:
+        server = self._servers[target]
+
+        def none(reason: str) -> SlotUse:
+            return SlotUse(server.url, index, SlotState.NONE,
+                           reason="; ".join(r for r in (note, reason) if r))
+
+        store = server.store
+        if store is None:
+            return none(server.why_not)
+        meta = store.meta(session.key)
+        found = store.size_crc(session.key) if meta is not None and store.reachable else None
+        problem = restore_problem(meta, server.fingerprint, found, store.reachable)
+        if problem or meta is None:
+            return none(problem)
+        try:
+            answer = server.client.slot_action(index, "restore", meta.file)
+            tokens = server_values.count(answer.get("n_restored")) or 0
+            ms = float(server_values.timings(answer.get("timings")).get("restore_ms", 0.0))
+        except InferError as e:
+            text = REFUSED if e.status == 400 else RESTORE_FAILED
+            return none(text.format(message=_said(e)))
+        except (ValueError, TypeError) as e:
+            return none(RESTORE_FAILED.format(message=str(e)))
+        store.touch(session.key, meta)
+        with self._cond:
+            slot = server.slots[index]
+            slot.holder, slot.dirty = session.key, False
+        return SlotUse(server.url, index, SlotState.RESTORED, restored=tokens, restore_ms=ms,
+                       reason=note)
+
+    def _save_loop(self) -> None:
+        while (job := self._saves.get()) is not None:
+            target, index, key = job
+            ok = False
+            try:
+                ok = self._save(target, index, key)
+            finally:
+                with self._cond:
+                    slot = self._servers[target].slots[index]
+                    slot.saving = False
+                    if ok and slot.holder == key:
+                        slot.dirty = False
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wait for saves in flight, then save every state that changed since its last save.
+
+        The World calls this when a command ends (its end, Ctrl-C, SIGTERM), before the model
+        server stops. Safe to call twice.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            saver = self._saver
+        if saver is not None:
+            self._saves.put(None)
+            saver.join()
+        with self._cond:
+            todo = [(i, slot.index, slot.holder) for i, server in enumerate(self._servers)
+                    if server.alive and server.store is not None for slot in server.slots
+                    if slot.dirty and not slot.leased and slot.holder is not None]
+        for target, index, key in todo:
+            if self._save(target, index, key):
+                with self._cond:
+                    self._servers[target].slots[index].dirty = False
+
+
+def _said(e: Exception) -> str:
+    return e.message if isinstance(e, InferError) else str(e)
+
+
+def _probe(spec: ServerSpec, client: LlamaClient, settings: KeeperSettings,
+           say: Callable[[str], None]) -> _Server:
+    """A server as its ``/props`` describes it, and whether it can save slots."""
+    try:
+        props = client.props()
+    except InferError as e:
+        props = {}
+        say(f"llama-server {spec.url} did not give its /props ({e.message}): "
+            "assuming one slot, KV state not kept")
+    slots = _int(props.get("total_slots"), 1)
+    settings_ = props.get("default_generation_settings")
+    n_ctx = _int(settings_.get("n_ctx") if isinstance(settings_, Mapping) else None, 0)
+    model = spec.identity or _model_identity(props)
+    fingerprint = f"model={model};n_ctx={n_ctx};build={props.get('build_info', '?')}"
+    server = _Server(spec.url, client, [_Slot(i) for i in range(max(1, slots))], fingerprint,
+                     None)
+    where = spec.save_dir if spec.save_dir is not None else settings.meta_dir
+    if not props:
+        server.why_not = NO_PERSISTENCE.format(why="no /props")
+    elif where is None:
+        server.why_not = NO_PERSISTENCE.format(why="no place for its metadata")
+    else:
+        try:
+            client.slot_action(0, _PROBE)
+        except InferError as e:
+            if e.status == 400:  # "Invalid action": it has a save path
+                server.store = SlotStore(where, reachable=spec.save_dir is not None)
+            elif e.status == 501:
+                server.why_not = NO_SAVE_PATH
+                say(f"llama-server {spec.url} has no --slot-save-path: sessions' KV state is "
+                    "kept only while it runs (start it with --slot-save-path DIR to keep it "
+                    "across commands)")
+            else:
+                server.why_not = NO_PERSISTENCE.format(why=f"its slot actions fail: {e.message}")
+                say(f"llama-server {spec.url}: {server.why_not}")
+    return server
+
+
+def _model_identity(props: Mapping[str, Any]) -> str:
+    """The model file's path, and its size when it is on this machine."""
+    path = str(props.get("model_path", "?"))
+    with contextlib.suppress(OSError):
+        return f"{path}:{os.stat(path).st_size}"
+    return path
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -1,0 +1,20 @@
+"""What a turn that answered gives back: in its own module so a daemon client can build one
+without importing the turn (and with it inference, tools and pykka)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from actors.log.records import SlotUse, Usage
+
+__all__ = ["TurnOutcome"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    content: str
+    usage: Usage
+    iterations: int  # model responses that asked for tools
+    tool_calls: int
+    cut: bool  # the answer stopped at loop.max_tokens
+    restored: SlotUse | None = None  # the turn's restore of saved KV state, if any

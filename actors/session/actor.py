@@ -1,0 +1,184 @@
+"""The session actor: the only owner and writer of one session's log.
+
+The log is opened in ``on_start`` so that its file and lock belong to the actor's thread.
+pykka only logs an error raised in ``on_start`` (and stops the actor), so the error is kept
+instead and raised to whoever asks next; :func:`open_session` asks at once and stops the
+actor again, which turns "open elsewhere" or "corrupt" into an exception for the caller.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import pykka
+
+from actors.base.config import Config
+from actors.base.errors import SessionError, SessionLocked
+from actors.log.file import OpenReport, SessionLog
+from actors.log.records import Baseline, Record
+
+if TYPE_CHECKING:
+    from actors.base.cancel import CancelToken
+    from actors.base.events import Approver, Sink
+    from actors.session.turn import Runtime, TurnOutcome
+
+__all__ = [
+    "SessionActor", "check_name", "list_sessions", "open_session", "remove_session",
+    "session_path",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(name: str) -> str:
+    """``name`` when it is a safe directory name for a session, else SessionError."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise SessionError(
+            f"session name {name!r} is not allowed: use 1 to 128 letters, digits, '.', '_' "
+            f"or '-', starting with a letter or digit (it becomes a directory name)"
+        )
+    return name
+
+
+def session_path(config: Config, name: str) -> Path:
+    """Where session ``name``'s log lives: ``log.dir/NAME/log.bin`` (the name checked)."""
+    return config.log_dir / check_name(name) / "log.bin"
+
+
+class SessionActor(pykka.ThreadingActor):
+    """Owns ``config.log_dir / name / log.bin``; answers reads and appends in order."""
+
+    log: SessionLog
+
+    def __init__(self, config: Config, name: str, baseline: Baseline | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.name = check_name(name)
+        self._baseline = baseline
+        self._report: OpenReport | None = None
+        self._error: Exception | None = None
+
+    @property
+    def path(self) -> Path:
+        return session_path(self.config, self.name)
+
+    def on_start(self) -> None:
+        try:
+            self.log, self._report = SessionLog.open(
+                self.path, fsync=self.config.log.fsync, baseline=self._baseline, name=self.name
+            )
+        except Exception as e:  # kept for the first ask: pykka would only log it
+            self._error = e
+
+    def on_stop(self) -> None:
+        self._close()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._error is None and hasattr(self, "log"):
+            self.log.close()
+
+    def _open_log(self) -> SessionLog:
+        if self._error is not None:
+            raise self._error
+        return self.log
+
+    # --- messages ---------------------------------------------------------------------
+
+    def ready(self) -> OpenReport:
+        """What opening found; raises the open error (SessionLocked, LogCorrupt...) if any."""
+        self._open_log()
+        assert self._report is not None
+        return self._report
+
+    def records(self) -> tuple[Record, ...]:
+        return self._open_log().records
+
+    def append(self, record: Record) -> None:
+        self._open_log().append(record)
+
+    def sync(self) -> None:
+        self._open_log().sync()
+
+    def next_call(self) -> int:
+        return self._open_log().next_call()
+
+    def turn(
+        self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None,
+        approver: Approver | None = None,
+    ) -> TurnOutcome:
+        """Run one turn (actors.session.turn.run_turn) in this actor: only it writes the log.
+
+        A call waiting for approval blocks this actor in ``approver`` (actors.approval.gate);
+        the approval and the call's result are written here like every other record.
+        """
+        from actors.session.turn import run_turn
+
+        return run_turn(self._open_log(), runtime, content, sink, cancel, approver)
+
+
+def open_session(
+    config: Config, name: str, baseline: Baseline | None = None, *, timeout: float | None = 120.0
+) -> pykka.ActorProxy[SessionActor]:
+    """Start the actor of session ``name`` and wait until its log is open.
+
+    Creates the session when it does not exist and ``baseline`` is given. An open error
+    (SessionLocked, LogCorrupt, ...) is raised here, and the actor is stopped again.
+    """
+    ref = SessionActor.start(config, name, baseline)
+    proxy = ref.proxy()
+    try:
+        proxy.ready().get(timeout=timeout)
+    except BaseException:
+        ref.stop(timeout=timeout)
+        raise
+    return proxy
+
+
+def list_sessions(config: Config) -> list[str]:
+    """The names of the sessions under ``config.log_dir``, sorted."""
+    root = config.log_dir
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir() if _NAME.fullmatch(p.name) and (p / "log.bin").is_file()
+    )
+
+
+def remove_session(config: Config, name: str) -> None:
+    """Delete session ``name``: its saved KV state files, then its log directory.
+
+    Refused (SessionLocked) while the session is open in a process; SessionError when there
+    is no such session.
+    """
+    from actors.inference.slots.files import remove_session_files, slot_dirs
+
+    path = session_path(config, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SessionError(f"session {name} does not exist ({path})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SessionLocked(
+                f"session {name} is open in another process: end it there first"
+            ) from None
+        remove_session_files(slot_dirs(config), path)
+        shutil.rmtree(path.parent)
+    finally:
+        os.close(fd)

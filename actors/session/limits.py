@@ -1,0 +1,106 @@
+"""The pure parts of a turn: result capping, cache loss, repeat detection, answer texts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from actors.base.textcut import cut
+from actors.log.records import CacheLoss, SlotState, SlotUse
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
+from actors.wire.fieldchecks import parse_json
+
+__all__ = [
+    "ASKED_AGAIN", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats", "answer_text",
+    "cache_outcome", "call_key", "cap_result", "loss_cause",
+]
+
+REPEAT_NOTICE = (
+    "Not run: this exact call ({name} with these arguments) was already made in this turn. "
+    "Use its earlier result, or change the arguments."
+)
+TOO_MANY_CALLS = (
+    "the model asked for {count} tool calls in one response "
+    "(loop.max_calls_per_response = {cap}); none of them ran and the response was not kept"
+)
+ASKED_AGAIN = (
+    "The tool failed: its host asked for approval again ({prompt}) after the call was "
+    "approved, so it did not run."
+)
+
+
+def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
+    """What a host's answer becomes in the log: text, class, untrusted, and its outcome name."""
+    if isinstance(answer, wire.Result):
+        return answer.content, answer.class_, answer.untrusted, "result"
+    if isinstance(answer, wire.Denied):
+        return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
+    if isinstance(answer, wire.PendingApproval):
+        # Only after approval (actors.approval.gate answers the first PendingApproval): a host bug.
+        return ASKED_AGAIN.format(prompt=answer.prompt), ResultClass.PUBLIC, False, "failed"
+    return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
+
+
+def cap_result(text: str, cap: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``cap`` characters (never inside one), with a note of the cut.
+
+    A cap too small for the note keeps just the text (the record's ``truncated`` says so).
+    """
+    if len(text) <= cap:
+        return text, False
+    note = f"\n[loopd: result cut to {{kept}} of {len(text)} characters]"
+    room = cap - len(note.format(kept=cap))
+    if room < 1:
+        return cut(text, cap, "chars")[0], True
+    kept, size, _ = cut(text, room, "chars")
+    return kept + note.format(kept=size), True
+
+
+def cache_outcome(
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any], slot: SlotUse | None = None
+) -> CacheLoss | None:
+    """A CacheLoss when the new request reused fewer tokens than the previous prompt held;
+    its cause from what the slot keeper did for the request (``slot``)."""
+    if not previous or "cache_n" not in new:
+        return None
+    expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
+    got = int(new["cache_n"])
+    if got >= expected:
+        return None
+    return CacheLoss(expected=expected, got=got, cause=loss_cause(slot))
+
+
+def loss_cause(slot: SlotUse | None) -> str:
+    """Why the cache was short, as far as the keeper's record of the request tells."""
+    if slot is None:
+        return ""
+    if slot.state is SlotState.RESTORED:
+        took = f"the restore of {slot.restored} tokens did not take"
+        return f"{slot.reason}; {took}" if slot.reason else took
+    if slot.state is SlotState.KEPT:
+        return "the server dropped the slot's cache"
+    return slot.reason or "nothing to restore"
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same: the name and the arguments, key order ignored."""
+    try:
+        return name, json.dumps(parse_json(arguments), sort_keys=True)
+    except ValueError:
+        return name, arguments.strip()
+
+
+class Repeats:
+    """Counts identical calls, ``(name, arguments)`` with the JSON normalised, in one turn."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def seen(self, name: str, arguments: str) -> int:
+        """How many times this call was made before in this turn (and count this one)."""
+        key = call_key(name, arguments)
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
+        return count

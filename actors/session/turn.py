@@ -1,0 +1,292 @@
+"""One turn: a user message in, an answer out, tool calls in between, five limits.
+
+This is design section 6, step by step. It runs inside the session actor's thread: the
+session actor is the only writer of the log and the only judge of every limit. The model
+and the tools are reached through handles that ask their own actors (the inference actor,
+the tool-port actors); their events go straight to ``on_event`` while this thread waits.
+
+The five limits and where each is decided here:
+  tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
+  calls per response -> ``_ask_model``, before the response is logged
+                       (loop.max_calls_per_response)
+  repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
+  thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
+  context full      -> ``_ask_model`` maps the server's 400 to SessionFull
+  tool result size  -> ``cap_result``         (loop.tool_result_cap)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from actors.approval.gate import Gate
+from actors.approval.rulesfile import RuleStore
+from actors.base.cancel import CancelToken
+from actors.base.config import Config
+from actors.base.errors import Cancelled, SessionError, SessionFull, TurnLimit
+from actors.base.events import (
+    Approver,
+    CacheLossEvent,
+    Event,
+    ToolCallDelta,
+    ToolCallStarted,
+    ToolResultEvent,
+)
+from actors.inference.smallmodel.bare_json import parse_bare_tool_call, via_call_tool
+from actors.inference.smallmodel.decision import WordFilter, names_a_file, strip_word
+from actors.inference.smallmodel.grammar import answer_grammar
+from actors.inference.types import (
+    ChatRequest,
+    Completion,
+    InferError,
+    InferErrorKind,
+    is_context_full,
+)
+from actors.log.file import SessionLog
+from actors.log.outcome import TurnOutcome
+from actors.log.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
+from actors.session.limits import (
+    REPEAT_NOTICE,
+    TOO_MANY_CALLS,
+    Repeats,
+    answer_text,
+    cache_outcome,
+    cap_result,
+)
+from actors.session.messages import ResultStyle, messages
+from actors.tools.protocol.spec import ResultClass
+from actors.tools.registry import Local, Registry, dispatch
+
+__all__ = ["Runtime", "TurnOutcome", "run_turn"]
+
+class Model(Protocol):
+    def complete(
+        self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
+    ) -> Completion: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Runtime:
+    """What a turn needs besides its session: config, the model, the tools, the rules."""
+
+    config: Config
+    inference: Model
+    registry: Registry
+    bare_json_tool_calls: bool = False
+    # The rules file and the command's --approve rules (tools.allow/deny come from config).
+    rules: RuleStore = dataclasses.field(default_factory=RuleStore)
+    constrained_calls: bool = False  # each request carries answer_grammar (implies bare JSON)
+    tool_results: ResultStyle = "tool"  # how results are rendered (session.tool_results)
+
+
+# --- the turn -------------------------------------------------------------------------
+
+
+def run_turn(
+    session: SessionLog,
+    runtime: Runtime,
+    content: str,
+    on_event: Callable[[Event], None],
+    cancel: CancelToken | None = None,
+    approver: Approver | None = None,
+) -> TurnOutcome:
+    """Run one turn to its answer; every record is appended here.
+
+    ``approver`` answers the calls that wait for the person (its contract is in
+    :mod:`actors.approval.gate`); without one they are denied unless a rule allows them.
+    A turn that ends without an answer raises a :class:`~actors.base.errors.LoopdError`:
+    TurnLimit or SessionFull (a limit), InferError (the server), SessionError (the log),
+    Cancelled (also while waiting for approval: the call does not run). The log stays valid
+    and the next turn works.
+    """
+    log, cancel = session, cancel or CancelToken()
+    try:
+        return _Turn(log, runtime, on_event, cancel, approver).run(content)
+    finally:
+        if runtime.config.log.fsync == "turn":
+            with contextlib.suppress(SessionError):  # the failed append already said so
+                log.sync()
+
+
+class _Turn:
+    def __init__(
+        self, log: SessionLog, runtime: Runtime, on_event: Callable[[Event], None],
+        cancel: CancelToken, approver: Approver | None,
+    ) -> None:
+        self.log, self.runtime, self.emit, self.cancel = log, runtime, on_event, cancel
+        self.gate = Gate(
+            tools=runtime.config.tools, store=runtime.rules, records=lambda: log.records,
+            append=log.append, emit=on_event, approver=approver, cancel=cancel,
+        )
+        self.loop = runtime.config.loop
+        self.thinking_left = self.loop.thinking_cap
+        self.iterations = self.tool_calls = 0
+        self.repeats = Repeats()
+        self.restored: SlotUse | None = None
+        self.question = ""  # the user's message this turn answers
+        inference = runtime.config.inference
+        self.sampling = {k: v for k, v in (("temperature", inference.temperature),
+                                           ("seed", inference.seed)) if v >= 0}
+
+    def run(self, content: str) -> TurnOutcome:
+        self.question = content
+        self.log.append(User(content=content))
+        while True:
+            completion, usage = self._ask_model()
+            if not completion.tool_calls or completion.finish_reason == "length":
+                return TurnOutcome(
+                    content=completion.content or "", usage=usage, iterations=self.iterations,
+                    tool_calls=self.tool_calls, cut=completion.finish_reason == "length",
+                    restored=self.restored,
+                )
+            self._count_iteration()
+            for call in completion.tool_calls:
+                self._run_tool(call)
+
+    def _ask_model(self) -> tuple[Completion, Usage]:
+        previous = _last_usage(self.log.records)
+        baseline = self.log.baseline
+        grammar = self._grammar(baseline.tools)
+        request = ChatRequest(
+            session=self.log.name,
+            messages=tuple(messages(baseline, self.log.records,
+                                    results=self.runtime.tool_results)),
+            tools=baseline.tools,
+            thinking=self.thinking_left > 0,
+            max_tokens=self.loop.max_tokens,
+            thinking_budget=max(self.thinking_left, 0),
+            sampling=self.sampling,
+            grammar=grammar,
+        )
+        sink = self._pass_on if grammar is None else WordFilter(self._pass_on)
+        try:
+            completion = self.runtime.inference.complete(request, sink, self.cancel)
+        except InferError as e:
+            if e.kind is InferErrorKind.CANCELLED:
+                raise Cancelled() from e
+            if is_context_full(e):
+                body = e.error_body()
+                raise SessionFull(body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")) from e
+            raise
+        if self.cancel.cancelled:
+            raise Cancelled()
+        if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
+            completion = dataclasses.replace(completion, content=strip_word(completion.content))
+        completion = self._bare_json(completion)
+        if len(completion.tool_calls) > self.loop.max_calls_per_response:
+            raise TurnLimit("calls per response", TOO_MANY_CALLS.format(
+                count=len(completion.tool_calls), cap=self.loop.max_calls_per_response))
+        if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
+            self.restored = self.restored or completion.slot
+        self.thinking_left -= completion.reasoning_tokens
+        assistant = Assistant(
+            content=completion.content,
+            reasoning=completion.reasoning,
+            tool_calls=completion.tool_calls,
+        )
+        usage = Usage(
+            timings=completion.timings,
+            reasoning_tokens=completion.reasoning_tokens,
+            thinking_capped=completion.thinking_capped,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            finish_reason=completion.finish_reason,
+            slot=completion.slot,
+        )
+        loss = cache_outcome(
+            previous.timings if previous else None, completion.timings, completion.slot
+        )
+        self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
+        if loss is not None:
+            self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
+        return completion, usage
+
+    def _grammar(self, offered: tuple[Any, ...]) -> str | None:
+        if not self.runtime.constrained_calls:
+            return None
+        calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
+        specs = self.runtime.registry.specs() if calls else []
+        first = self.iterations == 0 and names_a_file(self.question)
+        return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
+                              text=not first)
+
+    def _pass_on(self, event: Event) -> None:
+        if not isinstance(event, ToolCallDelta):
+            self.emit(event)
+
+    def _bare_json(self, completion: Completion) -> Completion:
+        """A small model's tool call written as bare JSON in the answer, taken as the call."""
+        if not self.runtime.bare_json_tool_calls or completion.tool_calls:
+            return completion
+        offered = {t["function"]["name"] for t in self.log.baseline.tools if "function" in t}
+        known = offered | {spec.name for spec in self.runtime.registry.specs()}
+        parsed = parse_bare_tool_call(completion.content, known)
+        if parsed is None:
+            return completion
+        name, arguments = parsed if parsed[0] in offered else via_call_tool(*parsed)
+        call = ToolCall(id=f"loopd-{len(self.log.records)}", name=name, arguments=arguments)
+        return dataclasses.replace(
+            completion, content=None, tool_calls=(call,), finish_reason="tool_calls"
+        )
+
+    def _count_iteration(self) -> None:
+        self.iterations += 1
+        if self.iterations > self.loop.tool_iterations:
+            raise TurnLimit(
+                "tool iterations",
+                f"the model asked for tools {self.loop.tool_iterations} times in this turn "
+                f"(loop.tool_iterations = {self.loop.tool_iterations})",
+            )
+
+    def _run_tool(self, call: ToolCall) -> None:
+        if self.cancel.cancelled:
+            raise Cancelled()
+        number = self.log.next_call()
+        self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
+        earlier = self.repeats.seen(call.name, call.arguments) if self.loop.repeat_detection else 0
+        if earlier >= 2:
+            raise TurnLimit(
+                "repeated call", f"{call.name} was called with the same arguments {earlier + 1} "
+                "times in this turn (the first repeat was answered with a notice)",
+            )
+        if earlier == 1:
+            text, cls, untrusted = REPEAT_NOTICE.format(name=call.name), ResultClass.PUBLIC, False
+            outcome = "repeat"
+        else:
+            text, cls, untrusted, outcome = self._dispatch(call, number)
+        if self.cancel.cancelled:
+            raise Cancelled()
+        text, truncated = cap_result(text, self.loop.tool_result_cap)
+        self.log.append(
+            ToolResult(
+                call=number, tool_call_id=call.id, content=text, class_=cls,
+                untrusted=untrusted, truncated=truncated,
+            )
+        )
+        self.tool_calls += 1
+        self.emit(
+            ToolResultEvent(
+                name=call.name, call=number, class_=cls.value, truncated=truncated,
+                outcome=outcome,
+            )
+        )
+
+    def _dispatch(self, call: ToolCall, number: int) -> tuple[str, ResultClass, bool, str]:
+        target = dispatch(self.runtime.registry, call.name, call.arguments)
+        if isinstance(target, Local):
+            return target.text, ResultClass.PUBLIC, False, "local"
+        port, tool, arguments = target.port, target.tool, target.arguments
+        return answer_text(self.gate.run(number, tool, arguments, lambda approved: port.call(
+            session=self.log.name, call=number, tool=tool, arguments=arguments,
+            cancel=self.cancel, approved=approved,
+        )))
+
+
+def _last_usage(records: tuple[Any, ...]) -> Usage | None:
+    for record in reversed(records):
+        if isinstance(record, Usage):
+            return record
+    return None

@@ -1,0 +1,144 @@
+"""Wiring: the model server, the inference actor and the tool hosts that sessions run on.
+
+One loopd command builds one :class:`World`: it starts the embedded llama-server when the
+config names no ``inference.url`` nor ``inference.servers`` (and stops it when the command
+ends), the inference actors with the slot keeper over the server(s), and the tool hosts
+(local ones as child processes, remote ones by endpoint). Sessions are opened on it by
+name. When the command ends (normally, Ctrl-C, SIGTERM) the sessions stop first, then the
+keeper saves every session's changed KV state, then the server stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from actors.approval.rulesfile import RuleStore
+from actors.base.config import GENERAL_SYSTEM, Config
+from actors.base.rules import RuleBook
+from actors.inference.actor import Inference
+from actors.inference.slots.files import meta_dir
+from actors.inference.slots.keeper import KeeperSettings, ServerSpec
+from actors.log.records import Baseline, now
+from actors.session.actor import open_session
+from actors.session.turn import Runtime
+from actors.tools.registry import baseline_tools
+from actors.tools.toolbox import Toolbox
+
+__all__ = ["World", "start_world"]
+
+
+@dataclasses.dataclass(slots=True)
+class World:
+    runtime: Runtime
+    model: str
+    embedded: bool = False  # the embedded model: its own system prompt and pinned tools
+    sessions: list[Any] = dataclasses.field(default_factory=list)
+    stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
+
+    @property
+    def config(self) -> Config:
+        return self.runtime.config
+
+    def baseline(self) -> Baseline:
+        """The baseline of a new session: fixed for the session's whole life."""
+        session, embedded = self.config.session, self.config.embedded
+        system = session.system or (self.embedded and embedded.system) or GENERAL_SYSTEM
+        pinned = (*embedded.pinned, *session.pinned) if self.embedded else session.pinned
+        return Baseline(
+            system=system,
+            tools=baseline_tools(self.runtime.registry, pinned),
+            model=self.model,
+            created=now(),
+        )
+
+    def session(self, name: str) -> Any:
+        """The proxy of session ``name``'s actor, created on first use."""
+        proxy = open_session(self.config, name, baseline=self.baseline())
+        self.sessions.append(proxy)
+        return proxy
+
+    def close_sessions(self, say: Callable[[str], None] = lambda _: None) -> None:
+        """Stop every session actor. One still busy after ``stop_timeout_s`` (a KV save after
+        the turn, on a server short of CPU) is told to stop and not waited for: its answer
+        was given and its log is complete, so the command must not end in an error."""
+        for proxy in self.sessions:
+            try:
+                proxy.actor_ref.stop(timeout=self.stop_timeout_s)
+            except pykka.ActorDeadError:
+                pass
+            except pykka.Timeout:
+                say(f"warning: a session was still busy after {self.stop_timeout_s:g} s; "
+                    "it stops when its current work ends (its log is complete)")
+        self.sessions.clear()
+
+
+@contextlib.contextmanager
+def start_world(
+    config: Config, status: Callable[[str], None] = lambda _: None,
+    approve: RuleBook | None = None,
+) -> Iterator[World]:
+    """Everything a session needs, stopped again (no process left) when the block ends.
+
+    ``approve``: allow rules of this command only (``loopd run --approve``), besides the
+    config's and the rules file's (read here: a malformed file stops the start).
+    """
+    rules = RuleStore(config.rules_path, approve)
+    with contextlib.ExitStack() as stack:
+        urls = config.inference.servers or (config.inference.url,)
+        save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None
+        specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
+        model, embedded = "llama-server", not urls[0]
+        if embedded:
+            from actors.inference.embedded.server import (
+                EmbeddedServer,
+                model_name,
+                server_identity,
+                slot_dir,
+            )
+
+            server = EmbeddedServer.start(config, on_progress=status)
+            stack.callback(server.stop)
+            model = model_name()
+            identity = server_identity(server.binary) if server.binary else ""
+            specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
+            config = config.replace("inference", url=server.url)
+        constrained = _auto(config.inference.constrained_calls, embedded)
+        bare_json = _auto(config.inference.bare_json_tool_calls, embedded) or constrained
+        results = config.session.tool_results
+        save = config.slots.save_after_turn
+        keeper = KeeperSettings(
+            log_dir=config.log_dir, meta_dir=meta_dir(config),
+            disk_bytes=config.slots.disk_mb * 1024 * 1024,
+            save_after_turn=embedded if save == "auto" else save == "on",
+        )
+        status("starting tool hosts")
+        # The rules file's deny rules keep its tools asking the session
+        # (actors.base.rules.host_allow).
+        denied = tuple(str(r) for r in rules.book().deny)
+        toolbox = Toolbox.start(config.replace("tools", deny=config.tools.deny + denied))
+        stack.callback(toolbox.close)
+        for host, problem in toolbox.problems.items():
+            status(f"tool host {host} is not available: {problem}")
+        for warning in toolbox.warnings:
+            status(f"warning: {warning}")
+        inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
+        stack.callback(inference.stop)
+        runtime = Runtime(
+            config=config, inference=inference, registry=toolbox.registry,
+            bare_json_tool_calls=bare_json, constrained_calls=constrained, rules=rules,
+            tool_results=results if results != "auto" else "user" if embedded else "tool",
+        )
+        app = World(runtime=runtime, model=model, embedded=embedded)
+        stack.callback(app.close_sessions, status)
+        yield app
+
+
+def _auto(setting: str, embedded: bool) -> bool:
+    """An "auto" | "on" | "off" setting: "auto" is on for the embedded model only."""
+    return embedded if setting == "auto" else setting == "on"

@@ -1,0 +1,152 @@
+"""What a person sees of the slot keeper: saves when a command ends (its end and SIGTERM),
+``loopd sessions rm``, ``log show`` of logs old and new, and the run's summary line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from actors.cli.main import main
+from actors.cli.view import describe, summary
+from actors.log.file import HEADER
+from actors.log.records import SlotState, SlotUse, Usage
+from actors.session.turn import TurnOutcome
+from tests.support.fake_llama import FakeLlama, answer, hang
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, Any]:
+    save = tmp_path / "save"
+    save.mkdir()
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'[log]\ndir = "{tmp_path / "sessions"}"\nfsync = "never"\n'
+        f'[slots]\nsave_dir = "{save}"\n'
+        f'[embedded]\ndata_dir = "{tmp_path / "data"}"\n'
+        "[tools]\nstandard = false\n"
+        "[inference]\nretries = 0\ntimeout_s = 20\n"
+    )
+    return {"config": str(config), "dir": tmp_path / "sessions", "save": save}
+
+
+def state_files(env: dict[str, Any], session: str) -> list[str]:
+    return sorted(p.name for p in env["save"].glob(f"{session}-*"))
+
+
+def test_the_end_of_run_saves_and_sessions_rm_deletes_log_and_state(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    with FakeLlama([answer("One.")], save_dir=env["save"]) as fake:
+        assert main(["run", "Hi", "--session", "gone", "--config", env["config"],
+                     "--url", fake.url]) == 0
+    files = state_files(env, "gone")
+    assert [f.rsplit(".", 1)[1] for f in files] == ["bin", "json"]  # saved as the run ended
+    meta = json.loads((env["save"] / files[1]).read_text())
+    assert meta["session"] == "gone" and meta["tokens"] > 0 and meta["bytes"] > 0
+    capsys.readouterr()
+    assert main(["sessions", "rm", "gone", "--config", env["config"]]) == 0
+    assert not (env["dir"] / "gone").exists()
+    assert state_files(env, "gone") == []
+    assert main(["sessions", "rm", "gone", "--config", env["config"]]) == 5
+    assert "session gone does not exist" in capsys.readouterr().err
+
+
+def test_sessions_rm_refuses_a_session_open_elsewhere(env: dict[str, Any], capsys: Any) -> None:
+    from actors.log.file import SessionLog
+    from tests.session.turn.conftest import baseline
+
+    log, _ = SessionLog.open(env["dir"] / "busy" / "log.bin", baseline=baseline(), name="busy")
+    try:
+        assert main(["sessions", "rm", "busy", "--config", env["config"]]) == 5
+        assert "open in another process" in capsys.readouterr().err
+        assert (env["dir"] / "busy" / "log.bin").is_file()
+    finally:
+        log.close()
+
+
+def test_sigterm_mid_turn_still_saves_the_sessions_state(env: dict[str, Any]) -> None:
+    call = ("call_tool", json.dumps({"name": "nothing", "arguments": {}}))
+    with FakeLlama([answer(tool_calls=[call]), hang()], save_dir=env["save"]) as fake:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "run", "go", "--json", "--session", "term",
+             "--config", env["config"], "--url", fake.url],
+            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            waits = 0
+            for line in proc.stdout:  # the second request is out (and hangs)
+                if json.loads(line)["event"] == "waiting":
+                    waits += 1
+                    if waits == 2:
+                        break
+            assert state_files(env, "term") == []
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 130
+        finally:
+            proc.kill()
+            proc.wait()
+    assert len(state_files(env, "term")) == 2  # the shutdown saved what the slot held
+
+
+def _old_log(path: Path) -> None:
+    """A log as loopd wrote it before the slot keeper: no Usage.slot, no CacheLoss.cause."""
+    t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    records = [
+        {"kind": "baseline", "system": "s", "tools": [], "model": "m", "created": t, "time": t},
+        {"kind": "user", "content": "hello", "time": t},
+        {"kind": "assistant", "content": "Hi.", "reasoning": None, "tool_calls": [], "time": t},
+        {"kind": "usage", "timings": {"cache_n": 2, "prompt_n": 8}, "reasoning_tokens": 0,
+         "thinking_capped": False, "prompt_tokens": 10, "completion_tokens": 2,
+         "finish_reason": "stop", "time": t},
+        {"kind": "cache_loss", "expected": 10, "got": 2, "time": t},
+    ]
+    data = bytearray(HEADER)
+    for r in records:
+        payload = msgpack.packb(r, datetime=True)
+        data += struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(data))
+
+
+def test_a_log_written_before_the_keeper_still_opens_and_shows(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    _old_log(env["dir"] / "old" / "log.bin")
+    assert main(["log", "show", "old", "--config", env["config"]]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "10 prompt (2 cached), 2 generated" in shown
+    assert "prompt cache lost: expected 10 tokens, reused 2" in shown
+    assert main(["log", "show", "old", "--json", "--config", env["config"]]) == 0
+    kinds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert kinds[3]["slot"] is None and kinds[4]["cause"] == ""
+    with FakeLlama([answer("Again.")]) as fake:  # and the session goes on
+        assert main(["run", "more", "--session", "old", "--config", env["config"],
+                     "--url", fake.url]) == 0
+
+
+def test_log_show_and_the_summary_tell_what_the_keeper_did() -> None:
+    use = SlotUse("http://127.0.0.1:8080", 1, SlotState.RESTORED, 4646, 20.4)
+    usage = Usage(timings={"cache_n": 4646}, reasoning_tokens=0, thinking_capped=False,
+                  prompt_tokens=4658, completion_tokens=5, finish_reason="stop", slot=use)
+    assert describe(usage).endswith(
+        "; http://127.0.0.1:8080 slot 1: restored 4,646 tokens in 20 ms")
+    line = summary(TurnOutcome(content="x", usage=usage, iterations=0, tool_calls=0, cut=False,
+                               restored=use), 0.9)
+    assert "(4646 from cache; restored 4,646 tokens in 20 ms)" in line
+    none = SlotUse("http://h", 0, SlotState.NONE, reason="no saved state")
+    assert describe(Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=1,
+                          completion_tokens=1, finish_reason="stop", slot=none)).endswith(
+        "slot 0: nothing restored (no saved state)")

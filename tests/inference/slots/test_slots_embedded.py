@@ -1,0 +1,81 @@
+"""A session comes back in a new command and its KV state is restored: the real model.
+
+Two real ``loopd run`` processes on the embedded llama-server, one after the other, on one
+session with more than 2,000 tokens of history (one long user message: the cheapest way to
+get there, ~35 s of prompt processing on 2 cores). The first command saves the session's
+slot when its turn is answered; the second starts a new server, restores the file, and its
+request processes only the new tokens (``timings.prompt_n``), with no CacheLoss and a log
+that says "restored".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.log.file import read_records
+from actors.log.records import CacheLoss, SlotState, Usage
+from tests.inference.embedded.test_embedded_turn import _require_embedded
+
+ROOT = Path(__file__).resolve().parents[3]
+HISTORY_TOKENS = 2000
+FEW = 4  # tokens a re-rendered answer may differ by (its end-of-turn marker)
+
+
+def long_message() -> str:
+    lines = [f"Fact {i}: the box number {i} holds {i * 7 % 31} red marbles and {i % 5} blue."
+             for i in range(1, 130)]
+    return "Read these facts; I will ask about them.\n" + "\n".join(lines)
+
+
+def flat(text: str) -> str:
+    """``text`` with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def loopd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LOOPD_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "actors.cli", *args, "--config", str(config)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False,
+    )
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(600)
+def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens(
+    tmp_path: Path,
+) -> None:
+    _require_embedded()
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+        "[tools]\nstandard = false\n"
+        "[loop]\nmax_tokens = 8\n"
+        "[inference]\ntemperature = 0\nseed = 1\n",
+        encoding="utf-8",
+    )
+    first = loopd(config, "run", "--session", "long", long_message())
+    assert first.returncode == 0, first.stderr
+    second = loopd(config, "run", "--session", "long", "How many red marbles are in box 3?")
+    assert second.returncode == 0, second.stderr
+    try:
+        records = read_records(tmp_path / "sessions" / "long" / "log.bin")
+        before, after = [r for r in records if isinstance(r, Usage)]
+        assert before.prompt_tokens >= HISTORY_TOKENS
+        assert after.slot is not None and after.slot.state is SlotState.RESTORED
+        assert after.slot.restored >= HISTORY_TOKENS
+        new_tokens = after.prompt_tokens - before.prompt_tokens
+        assert after.timings["prompt_n"] <= new_tokens + FEW, (after.timings, new_tokens)
+        assert not [r for r in records if isinstance(r, CacheLoss)]
+        said = f"restored {after.slot.restored:,} tokens in"
+        assert said in flat(second.stderr)  # the run's summary line
+        assert said in flat(loopd(config, "log", "show", "long").stdout)
+    finally:
+        removed = loopd(config, "sessions", "rm", "long")  # and its KV state file with it
+    assert removed.returncode == 0, removed.stderr
+    assert not (tmp_path / "sessions" / "long").exists()

@@ -1,0 +1,173 @@
+"""answer_grammar: one call of a tool that can be called (its schema's shape), or plain text.
+
+These check the grammar's text: every rule referenced is defined, each tool's call and
+argument shape is there, and the same tools give the same grammar. That llama-server
+accepts it and its model then writes one call is checked on the real server
+(tests/test_eval.py's smoke run and `make eval`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.inference.smallmodel.grammar import answer_grammar
+from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.registry import META_TOOLS, baseline_tools
+
+REGISTRY = [(s.name, s.parameters) for s in STANDARD_SPECS.values()]
+_RULE = re.compile(r"^([a-z0-9-]+) ::= (.*)$")
+
+
+def _rules(grammar: str) -> dict[str, str]:
+    rules = {}
+    for line in grammar.strip().splitlines():
+        m = _RULE.match(line)
+        assert m, f"not a rule: {line!r}"
+        assert m.group(1) not in rules, f"{m.group(1)} defined twice"
+        rules[m.group(1)] = m.group(2)
+    return rules
+
+
+def _references(body: str) -> set[str]:
+    """Rule names used in a rule body (outside string literals and character classes)."""
+    body = re.sub(r'"(?:[^"\\]|\\.)*"', " ", body)
+    body = re.sub(r"\[(?:[^\]\\]|\\.)*\]", " ", body)
+    body = re.sub(r"\{\d+(?:,\d*)?\}", " ", body)
+    return set(re.findall(r"[a-z][a-z0-9-]*", body))
+
+
+def _well_formed(grammar: str) -> dict[str, str]:
+    rules = _rules(grammar)
+    assert "root" in rules
+    for name, body in rules.items():
+        missing = _references(body) - set(rules)
+        assert not missing, f"{name} uses undefined {missing}"
+    return rules
+
+
+def _call_head(name: str) -> str:
+    return f'"{{\\"name\\": \\"{name}\\", \\"arguments\\": "'
+
+
+def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
+    grammar = answer_grammar(META_TOOLS, REGISTRY)
+    rules = _well_formed(grammar)
+    # a decision word first: the model chooses between a call and text before writing either
+    assert rules["root"] == '"TOOL " call | "ANSWER " text'
+    for name in ["find_tool", "call_tool", *STANDARD_SPECS]:
+        assert _call_head(name) in grammar, name
+    # call_tool's arguments are one of the registry's calls, each with its own schema
+    inner = rules["call-tool-arguments"].split(" | ")
+    assert inner == [f"call-{n.replace('_', '-')}" for n in STANDARD_SPECS]
+
+
+def test_required_then_optional_arguments() -> None:
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
+    assert rules["read-file-args"] == (
+        '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? "}"'
+    )
+    # list_dir has no required argument: {} or {"path": ...}
+    assert rules["list-dir-args"] == '"{" ( ( "\\"path\\": " list-dir-args-path ) )? "}"'
+    assert rules["write-file-args"] == (
+        '"{" "\\"path\\": " write-file-args-path ", " "\\"content\\": " string "}"'
+    )
+
+
+def test_enums_nested_objects_arrays_and_unions() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "mode": {"enum": ["fast", "slow"]},
+            "opts": {"type": "object", "properties": {"n": {"type": "integer"}},
+                     "required": ["n"]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "x": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "y": {"type": ["string", "boolean"]},
+            "z": {"const": 3},
+        },
+        "required": ["mode"],
+    }
+    rules = _well_formed(answer_grammar([], [("t", schema)]))
+    assert rules["t-args-mode"] == '"\\"fast\\"" | "\\"slow\\""'
+    assert rules["t-args-opts"] == '"{" "\\"n\\": " integer "}"'
+    assert rules["t-args-tags"] == '"[" ws ( string ( "," ws string )* )? "]"'
+    assert rules["t-args-x"] == "number | null"
+    assert rules["t-args-y"] == "string | boolean"
+    assert '"\\"z\\": " "3"' in rules["t-args"]
+
+
+def test_pinned_tools_offered_directly_and_unknown_schemas_fall_back_to_json() -> None:
+    offered = baseline_tools(list(STANDARD_SPECS.values()), ["read_file"])
+    rules = _well_formed(answer_grammar(offered, [("odd", {"type": "object"})]))
+    assert "call-read-file" in rules["call"].split(" | ")
+    assert rules["call-odd"].endswith(" object \"}\"")
+
+
+def test_plain_text_cannot_start_like_a_call() -> None:
+    rules = _rules(answer_grammar(META_TOOLS, REGISTRY))
+    first = re.match(r"\[\^([^\]]*)\]", rules["text"])
+    assert first is not None
+    for c in ("{", "\\[", "<", "`", " ", "\\n"):
+        assert c in first.group(1), c
+
+
+names = st.text(alphabet="abcdefghij_-.", min_size=1, max_size=8)
+
+
+@given(st.lists(names, min_size=1, max_size=6, unique=True))
+def test_the_same_tools_give_the_same_grammar(tools: list[str]) -> None:
+    registry = [(n, {"type": "object", "properties": {"a": {"type": "string"}},
+                     "required": ["a"]}) for n in tools]
+    grammar = answer_grammar(META_TOOLS, registry)
+    assert grammar == answer_grammar(META_TOOLS, list(registry))
+    _well_formed(grammar)
+    for n in tools:
+        assert _call_head(n) in grammar
+
+
+def test_text_only_when_calls_are_not_allowed() -> None:
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, calls=False))
+    assert rules["root"] == '"ANSWER " text'
+    assert not any(name.startswith("call") for name in rules)
+
+
+def _string_rule(grammar: str, rule: str) -> re.Pattern[str]:
+    """A string rule of one character class, as a Python regex of the whole JSON string."""
+    body = _rules(grammar)[rule]
+    found = re.fullmatch(r'"\\"" (\[\^.*\])\* "\\""', body)
+    assert found, body
+    return re.compile('"' + found.group(1) + '*"')
+
+
+def test_a_path_cannot_hold_a_glob_or_a_control_character() -> None:
+    grammar = answer_grammar([], REGISTRY)
+    for rule in ("read-file-args-path", "list-dir-args-path", "search-files-args-path",
+                 "write-file-args-path"):
+        path = _string_rule(grammar, rule)
+        for good in ("notes.txt", "recipes/soup.md", ".", "", "a b.txt"):
+            assert path.fullmatch(f'"{good}"'), (rule, good)
+        for bad in ("./*", "notes?.txt", ".\n", "a\tb", "x\x7f", 'a"b', "a\\\\b"):
+            assert not path.fullmatch(f'"{bad}"'), (rule, bad)
+    # other strings keep the generic JSON string (escapes allowed: a file's content)
+    assert '"\\"content\\": " string' in _rules(grammar)["write-file-args"]
+
+
+def test_only_a_pattern_of_one_negated_class_is_held() -> None:
+    def rule_for(pattern: str) -> str:
+        schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}}
+        return _rules(answer_grammar([], [("t", schema)]))["t-args"]
+
+    assert "t-args-p" in rule_for("^[^x]*$")
+    for other in ("^[a-z]*$", "^[^x]+$", "[^x]*", "^a.*$", "^[^x]*$|y"):
+        assert rule_for(other).endswith('" string ) )? "}"'), other
+
+
+def test_a_call_only_when_text_is_not_allowed() -> None:
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, text=False))
+    assert rules["root"] == '"TOOL " call'
+    assert "text" not in _references(rules["root"])
+

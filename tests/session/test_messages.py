@@ -1,0 +1,261 @@
+"""Rendering: message shapes, the missing-result placeholder, and the extension property."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from actors.inference.llama import encode_body
+from actors.inference.types import ChatRequest
+from actors.log.records import (
+    Approval,
+    ApprovalDecision,
+    ApprovalScope,
+    Assistant,
+    Baseline,
+    CacheLoss,
+    Record,
+    ToolCall,
+    ToolResult,
+    Usage,
+    User,
+)
+from actors.session.messages import MISSING_RESULT, ResultStyle, messages
+from actors.tools.protocol.spec import ResultClass
+from tests.strategies import conversations, records
+
+T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+BASE = Baseline(
+    system="sys",
+    tools=({"type": "function", "function": {"name": "f", "parameters": {"a": (1, 2)}}},),
+    model="m",
+    created=T0,
+)
+SYSTEM = {"role": "system", "content": "sys"}
+
+
+def call(i: str) -> ToolCall:
+    return ToolCall(id=i, name="f", arguments='{"x": 1}')
+
+
+def result(i: str, content: str = "ok") -> ToolResult:
+    return ToolResult(
+        call=1, tool_call_id=i, content=content, class_=ResultClass.SECRET,
+        untrusted=True, truncated=True,
+    )
+
+
+def usage() -> Usage:
+    return Usage(
+        timings={"cache_n": 1}, reasoning_tokens=0, thinking_capped=False,
+        prompt_tokens=1, completion_tokens=1, finish_reason="stop",
+    )
+
+
+def tool_msg(i: str, content: str) -> dict[str, str]:
+    return {"role": "tool", "tool_call_id": i, "content": content}
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+
+def test_message_shapes() -> None:
+    recs: list[Record] = [
+        BASE,
+        User(content="hi"),
+        Assistant(content=None, reasoning="hmm", tool_calls=(call("a"),)),
+        usage(),
+        result("a", "42"),
+        CacheLoss(expected=5, got=0),
+        Assistant(content="the answer", reasoning=None),
+    ]
+    assert messages(BASE, recs) == [
+        SYSTEM,
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "hmm",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+            ],
+        },
+        tool_msg("a", "42"),
+        {"role": "assistant", "content": "the answer"},
+    ]
+
+
+def test_empty_reasoning_is_kept_and_none_is_left_out() -> None:
+    recs = [Assistant(content="x", reasoning=""), Assistant(content="y", reasoning=None)]
+    out = messages(BASE, recs)
+    assert out[1] == {"role": "assistant", "content": "x", "reasoning_content": ""}
+    assert out[2] == {"role": "assistant", "content": "y"}
+
+
+def test_baseline_at_index_zero_or_not_renders_the_same() -> None:
+    recs: list[Record] = [User(content="hi"), Assistant(content="yo", reasoning=None)]
+    assert messages(BASE, [BASE, *recs]) == messages(BASE, recs)
+    assert messages(BASE, []) == [SYSTEM]
+
+
+def test_the_baselines_tools_go_out_as_plain_json() -> None:
+    function = {"name": "f", "parameters": {"a": [1, 2]}}
+    request = ChatRequest(session="s", messages=tuple(messages(BASE, [])), tools=BASE.tools)
+    assert json.loads(encode_body(request))["tools"] == [{"type": "function", "function": function}]
+
+
+# --- the placeholder ---------------------------------------------------------------------------
+
+
+def test_unanswered_calls_get_the_placeholder_in_call_order_when_the_block_closes() -> None:
+    recs: list[Record] = [
+        User(content="go"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("a"), call("b"), call("c"))),
+        result("b", "B"),
+    ]
+    open_block = messages(BASE, recs)
+    assert open_block[-1] == tool_msg("b", "B")  # still open: no placeholder yet
+    closed = messages(BASE, [*recs, User(content="stop?")])
+    assert closed[len(open_block) :] == [
+        tool_msg("a", MISSING_RESULT),
+        tool_msg("c", MISSING_RESULT),
+        {"role": "user", "content": "stop?"},
+    ]
+    # closing by a new assistant message works the same way
+    by_assistant = messages(BASE, [*recs, Assistant(content="z", reasoning=None)])
+    assert by_assistant[len(open_block) : -1] == closed[len(open_block) : -1]
+
+
+def test_a_result_appended_later_extends_the_open_block() -> None:
+    recs: list[Record] = [Assistant(content=None, reasoning=None, tool_calls=(call("a"),))]
+    before = messages(BASE, recs)
+    after = messages(BASE, [*recs, result("a", "late")])
+    assert after == [*before, tool_msg("a", "late")]
+
+
+def test_orphan_result_is_rendered_and_duplicate_ids_are_answered_once_each() -> None:
+    recs: list[Record] = [
+        result("nobody", "orphan"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("d"), call("d"))),
+        result("d", "first"),
+        User(content="next"),
+    ]
+    assert messages(BASE, recs)[1:] == [
+        tool_msg("nobody", "orphan"),
+        messages(BASE, [recs[1]])[1],
+        tool_msg("d", "first"),
+        tool_msg("d", MISSING_RESULT),
+        {"role": "user", "content": "next"},
+    ]
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+def answering(pending: list[str]) -> st.SearchStrategy[Record]:
+    """One more record, with a good chance of answering a pending call."""
+    answers = [result(i, "answer") for i in pending]
+    return st.sampled_from(answers) | records if answers else records
+
+
+@pytest.mark.parametrize("style", ["tool", "user"])
+@settings(max_examples=200)
+@given(conversations(), st.data())
+def test_extension_property(
+    style: ResultStyle, conv: tuple[Baseline, list[Record]], data: st.DataObject
+) -> None:
+    """Rendering after one more record starts with the rendering before it: for every
+    prefix of a generated conversation, and for one more drawn record at the end. The
+    conversations hold Approval records (before results, and for calls that never ran):
+    200 of them, the seed in pytest's header (replay with --hypothesis-seed)."""
+    baseline, recs = conv
+    note(f"approvals: {sum(isinstance(r, Approval) for r in recs)}")
+    ids = [c.id for r in recs if isinstance(r, Assistant) for c in r.tool_calls]
+    extra = data.draw(answering(ids), label="extra")
+    full = [*recs, extra]
+    previous = messages(baseline, [], results=style)
+    for i in range(1, len(full) + 1):
+        current = messages(baseline, full[:i], results=style)
+        assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
+        # the serialized request body extends as well, byte for byte
+        before, after = json.dumps(previous), json.dumps(current)
+        assert after.startswith(before[:-1]), i
+        previous = current
+
+
+@given(conversations())
+def test_every_call_of_a_closed_block_gets_one_tool_message(
+    conv: tuple[Baseline, list[Record]],
+) -> None:
+    baseline, recs = conv
+    out = messages(baseline, [*recs, User(content="close")])
+    for i, m in enumerate(out):
+        if m["role"] != "assistant" or "tool_calls" not in m:
+            continue
+        block = []
+        for n in out[i + 1 :]:
+            if n["role"] != "tool":
+                break
+            block.append(n["tool_call_id"])
+        for c in m["tool_calls"]:
+            assert c["id"] in block
+            block.remove(c["id"])
+
+
+@given(conversations(),
+       st.lists(st.sampled_from(["usage", "loss", "baseline", "approval"]), max_size=3))
+def test_time_usage_cache_loss_approvals_and_later_baselines_render_to_nothing(
+    conv: tuple[Baseline, list[Record]], noise: list[str]
+) -> None:
+    baseline, recs = conv
+    plain = [r for r in recs if not isinstance(r, Usage | CacheLoss | Baseline | Approval)]
+    extras: dict[str, Record] = {
+        "usage": usage(), "loss": CacheLoss(expected=1, got=0), "baseline": BASE,
+        "approval": Approval(call=1, tool="f", decision=ApprovalDecision.DENY,
+                             scope=ApprovalScope.ONCE, by="timeout"),
+    }
+    noisy = [*(extras[n] for n in noise), *recs]
+    retimed = [dataclasses.replace(r, time=T0) for r in noisy]
+    assert messages(baseline, noisy) == messages(baseline, plain) == messages(baseline, retimed)
+
+
+# --- results as user messages (session.tool_results = "user") ----------------------------------
+
+
+def test_user_style_names_the_tool_gives_the_result_and_asks_the_question_again() -> None:
+    inner = ToolCall(id="b", name="call_tool",
+                     arguments='{"name": "read_file", "arguments": {"path": "n.txt"}}')
+    recs: list[Record] = [
+        User(content="What does n.txt say?"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("a"), inner)),
+        result("a", "one"),
+        result("b", "Saturday"),
+        result("z", "orphan"),
+    ]
+    out = messages(BASE, recs, results="user")
+    asked = "Answer the question from that result, in full sentences."
+    assert out[3:] == [
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nf returned:\none\n\n{asked}"},
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nread_file returned:\nSaturday\n\n{asked}"},
+        {"role": "user",
+         "content": f"Question: What does n.txt say?\n\nA tool returned:\norphan\n\n{asked}"},
+    ]
+    # the tool style of the same records is unchanged
+    assert [m["role"] for m in messages(BASE, recs)[3:]] == ["tool", "tool", "tool"]
+
+
+def test_user_style_placeholder_for_a_call_that_never_ran() -> None:
+    recs: list[Record] = [User(content="q?"),
+                          Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+                          User(content="next")]
+    out = messages(BASE, recs, results="user")
+    assert out[3] == {"role": "user", "content": f"Question: q?\n\nf returned:\n{MISSING_RESULT}"
+                                                 "\n\nAnswer the question from that result, "
+                                                 "in full sentences."}

@@ -1,0 +1,288 @@
+"""The turn waits for approval: each decision, the timeout, cancel, rules, the session's grants.
+
+Actor-level: a fake llama-server over real HTTP, the inference actor, a real log, and a
+scripted tool port that answers PendingApproval like a host until a call comes approved.
+The real terminal prompt and real tool hosts are in tests/cli/test_cli_approval.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.approval.rulesfile import RuleStore, load_rules
+from actors.base.cancel import CancelToken
+from actors.base.errors import Cancelled
+from actors.base.events import NO_APPROVER, ApprovalDecided, ApprovalRequested, Choice, Decision
+from actors.base.rules import Rule
+from actors.log.file import SessionLog
+from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
+from actors.session.messages import MISSING_RESULT
+from actors.session.turn import Runtime, TurnOutcome, run_turn
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ToolSpec
+from actors.tools.registry import Registry
+from tests.session.turn.conftest import ECHO, Rig, ScriptedPort, baseline
+from tests.support.fake_llama import answer
+
+Make = Callable[..., Rig]
+
+RUN = ToolSpec(
+    name="run_command", description="Run a command.", needs_approval=True,
+    parameters={"type": "object", "properties": {"command": {"type": "string"}},
+                "required": ["command"]},
+)
+
+
+def run(command: str) -> tuple[str, str]:
+    return ("call_tool", json.dumps({"name": "run_command", "arguments": {"command": command}}))
+
+
+class Person:
+    """An approver that answers from a list and keeps every request it was asked."""
+
+    def __init__(self, *answers: Decision | None) -> None:
+        self.answers = list(answers)
+        self.asked: list[ApprovalRequested] = []
+
+    def __call__(self, request: ApprovalRequested, cancel: CancelToken,
+                 deadline: float) -> Decision | None:
+        self.asked.append(request)
+        return self.answers.pop(0)
+
+
+def setup(rig: Make, script: list[Any], tmp_path: Path, **tools: Any) -> tuple[Rig, ScriptedPort]:
+    port = ScriptedPort(lambda tool, args: wire.Result(
+        content=f"ran {args.get('command', args.get('text'))}"), specs=(ECHO, RUN))
+    r = rig(script, Registry([port]))
+    config = r.config.replace("tools", **tools) if tools else r.config
+    r.runtime = dataclasses.replace(r.runtime, config=config,
+                                    rules=RuleStore(tmp_path / "rules.toml"))
+    return r, port
+
+
+def turn(r: Rig, approver: Any = None, cancel: CancelToken | None = None) -> TurnOutcome:
+    return run_turn(r.log, r.runtime, "go", r.events.append, cancel, approver)
+
+
+def approvals(r: Rig) -> list[Approval]:
+    return [x for x in r.records if isinstance(x, Approval)]
+
+
+def results(r: Rig) -> list[str]:
+    return [x.content for x in r.records if isinstance(x, ToolResult)]
+
+
+def test_allow_once_runs_the_call_after_the_person_says_yes(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git status")]),
+                          answer(tool_calls=[run("git status -s")]), answer("done")], tmp_path)
+    person = Person(Decision(Choice.ONCE), Decision(Choice.ONCE))
+    assert turn(r, person).content == "done"
+    assert [c[2:] for c in port.calls] == [("run_command", {"command": "git status"}),
+                                           ("run_command", {"command": "git status -s"})]
+    # asked twice: once is once
+    assert [(q.tool, json.loads(q.arguments), q.rule, q.call) for q in person.asked] == [
+        ("run_command", {"command": "git status"}, "run_command: git status", 1),
+        ("run_command", {"command": "git status -s"}, "run_command: git status -s", 2)]
+    assert person.asked[0].prompt == "Allow run_command?"  # the host's prompt, passed on
+    assert r.kinds() == ["User", "Assistant", "Usage", "Approval", "ToolResult",
+                         "Assistant", "Usage", "Approval", "ToolResult", "Assistant", "Usage"]
+    first = approvals(r)[0]
+    assert (first.call, first.tool, first.decision, first.scope, first.by, first.rule) == (
+        1, "run_command", ApprovalDecision.ALLOW, ApprovalScope.ONCE, "person", "")
+    assert results(r) == ["ran git status", "ran git status -s"]
+    decided = [e for e in r.events if isinstance(e, ApprovalDecided)]
+    assert [(e.call, e.decision, e.scope, e.by) for e in decided] == [
+        (1, "allow", "once", "person"), (2, "allow", "once", "person")]
+    # the request was emitted to the sink too, before the decision
+    assert r.events.index(person.asked[0]) < r.events.index(decided[0])
+
+
+def test_deny_with_a_reason_the_model_reads(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("rm -rf build")]), answer("ok")], tmp_path)
+    assert turn(r, Person(Decision(Choice.DENY, "use make clean"))).content == "ok"
+    assert port.calls == []
+    assert results(r) == ["The call was denied: the person said no: use make clean"]
+    (a,) = approvals(r)
+    assert (a.decision, a.by, a.reason) == (ApprovalDecision.DENY, "person",
+                                            "the person said no: use make clean")
+    tool_message = r.fake.requests[-1]["messages"][-1]
+    assert tool_message["content"] == results(r)[0]  # what the model read
+
+
+def test_for_this_session_is_kept_and_reread_when_the_session_reopens(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git status")]), answer("one"),
+                          answer(tool_calls=[run("git status -s")]), answer("two"),
+                          answer(tool_calls=[run("git log")]), answer("three"),
+                          answer(tool_calls=[run("git status --short")]), answer("four")],
+                    tmp_path)
+    person = Person(Decision(Choice.SESSION), Decision(Choice.DENY))
+    turn(r, person)
+    turn(r, person)  # git status -s: granted by the first answer, not asked
+    turn(r, person)  # git log: not granted, asked (and denied)
+    assert [json.loads(q.arguments)["command"] for q in person.asked] == ["git status", "git log"]
+    assert [(a.scope, a.by, a.rule) for a in approvals(r)][:2] == [
+        (ApprovalScope.SESSION, "person", "run_command: git status"),
+        (ApprovalScope.SESSION, "session", "run_command: git status")]
+    # reopen: a new log object (as a new command would), the same file
+    r.log.close()
+    r.log, _ = SessionLog.open(r.path, fsync="never", name="s")
+    nobody = Person()  # would fail if asked
+    turn(r, nobody)
+    assert nobody.asked == []
+    assert [c[3]["command"] for c in port.calls] == ["git status", "git status -s",
+                                                     "git status --short"]
+    # nothing reached the rules file: "session" is not "always"
+    assert load_rules(tmp_path / "rules.toml").allow == ()
+
+
+def test_always_saves_a_rule_in_force_at_once_and_for_every_session(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("make test")]), answer("one"),
+                          answer(tool_calls=[run("make test -j2")]), answer("two")], tmp_path)
+    person = Person(Decision(Choice.ALWAYS))
+    turn(r, person)
+    assert load_rules(tmp_path / "rules.toml").allow == (Rule("run_command", ("make", "test")),)
+    (a,) = approvals(r)
+    assert (a.scope, a.rule) == (ApprovalScope.ALWAYS, "run_command: make test")
+    # a fresh log with no grants: the saved rule allows it (by rule, not by the session)
+    r.log.close()
+    r.path.unlink()
+    r.log, _ = SessionLog.open(r.path, fsync="never", baseline=baseline(), name="s")
+    r.runtime = dataclasses.replace(r.runtime, rules=RuleStore(tmp_path / "rules.toml"))
+    turn(r, Person())
+    (b,) = approvals(r)
+    assert (b.by, b.rule, b.scope) == ("rule", "run_command: make test", ApprovalScope.ALWAYS)
+    assert [c[3]["command"] for c in port.calls] == ["make test", "make test -j2"]
+
+
+def test_a_command_with_shell_operators_can_only_be_allowed_once(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("ls | wc -l")]),
+                          answer(tool_calls=[run("ls | wc")]), answer("ok")], tmp_path)
+    person = Person(Decision(Choice.ALWAYS), Decision(Choice.SESSION))
+    turn(r, person)
+    assert [q.rule for q in person.asked] == ["", ""]  # asked both times
+    assert [(a.scope, a.rule) for a in approvals(r)] == [(ApprovalScope.ONCE, "")] * 2
+    assert load_rules(tmp_path / "rules.toml").allow == ()
+    assert len(port.calls) == 2
+
+
+def test_no_answer_in_time_is_a_denial_that_says_so(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("ok")], tmp_path,
+                    approval_timeout_s=0.05)
+    seen: list[float] = []
+
+    def waits(request: ApprovalRequested, cancel: CancelToken, deadline: float) -> None:
+        seen.append(request.timeout_s)
+        cancel.wait(max(0.0, deadline - time.monotonic()))  # nobody answers until the deadline
+        return None
+
+    turn(r, waits)
+    assert seen == [0.05]
+    assert port.calls == []
+    (a,) = approvals(r)
+    assert (a.decision, a.by) == (ApprovalDecision.DENY, "timeout")
+    assert results(r) == ["The call was denied: no answer within 0.05 s "
+                          "(tools.approval_timeout_s), so it did not run"]
+
+
+def test_cancel_while_waiting_ends_the_turn_and_nothing_runs(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("next turn")], tmp_path)
+    cancel = CancelToken()
+    asked = threading.Event()
+
+    def blocks(request: ApprovalRequested, token: CancelToken, deadline: float) -> None:
+        asked.set()
+        assert token.wait(30), "never cancelled"
+        return None
+
+    threading.Thread(target=lambda: asked.wait(30) and cancel.cancel()).start()
+    with pytest.raises(Cancelled):
+        turn(r, blocks, cancel)
+    assert port.calls == []
+    assert r.kinds() == ["User", "Assistant", "Usage", "Approval"]
+    (a,) = approvals(r)
+    assert (a.decision, a.by) == (ApprovalDecision.DENY, "cancel")
+    assert turn(r).content == "next turn"
+    placeholder = r.fake.requests[-1]["messages"][-2]
+    assert placeholder == {"role": "tool", "tool_call_id": placeholder["tool_call_id"],
+                           "content": MISSING_RESULT}
+
+
+def test_rules_decide_without_asking_deny_first(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git status"), run("git push --force"),
+                                             ("call_tool", json.dumps(
+                                                 {"name": "echo", "arguments": {"text": "x"}}))]),
+                          answer("ok")], tmp_path,
+                    allow=("run_command: git",), deny=("run_command: git push", "echo"))
+    nobody = Person()
+    turn(r, nobody)
+    assert nobody.asked == []
+    assert [c[3] for c in port.calls] == [{"command": "git status"}]  # echo was never sent
+    assert [(a.decision, a.by, a.rule) for a in approvals(r)] == [
+        (ApprovalDecision.ALLOW, "rule", "run_command: git"),
+        (ApprovalDecision.DENY, "rule", "run_command: git push"),
+        (ApprovalDecision.DENY, "rule", "echo")]
+    assert results(r)[1] == ('The call was denied: the rule "run_command: git push" '
+                             "(tools.deny or the rules file) forbids it")
+
+
+def test_without_an_approver_a_call_is_denied_unless_a_rule_allows_it(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("ls")]), answer("ok")], tmp_path)
+    turn(r, None)
+    assert results(r) == [f"The call was denied: {NO_APPROVER}"]
+    assert port.calls == []
+
+
+def test_a_turn_waiting_for_approval_holds_no_slot(tmp_path: Path) -> None:
+    """Design 11: while session A waits for the person, session B's turn gets the only slot
+    and ends; A's call then runs and A ends too (one server slot, two sessions)."""
+    from tests.inference.slots.slots_rig import Slots
+
+    def script(body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        if messages[1]["content"] == "A" and messages[-1]["role"] == "user":
+            return answer(tool_calls=[run("make deploy")])
+        return answer(f"done {messages[1]['content']}.")
+
+    slots = Slots(tmp_path, slots=1, script=script)
+    port = ScriptedPort(lambda tool, args: wire.Result(content="deployed"), specs=(ECHO, RUN))
+    runtime = Runtime(config=slots.config, inference=slots.inference, registry=Registry([port]))
+    waiting, b_done = threading.Event(), threading.Event()
+    seen_b_done: list[bool] = []
+
+    def person(request: ApprovalRequested, cancel: CancelToken, deadline: float) -> Decision:
+        waiting.set()
+        seen_b_done.append(b_done.wait(30))  # B must finish while A waits here
+        return Decision(Choice.ONCE)
+
+    outcomes: dict[str, str] = {}
+    a = threading.Thread(target=lambda: outcomes.__setitem__("A", run_turn(
+        slots.log("a"), runtime, "A", lambda _e: None, None, person).content))
+    try:
+        a.start()
+        assert waiting.wait(30), "A never asked"
+        outcomes["B"] = run_turn(slots.log("b"), runtime, "B", lambda _e: None).content
+        b_done.set()
+        a.join(30)
+    finally:
+        b_done.set()
+        a.join(30)
+        slots.close()
+    assert outcomes == {"A": "done A.", "B": "done B."}
+    assert seen_b_done == [True]
+    assert [c[2:] for c in port.calls] == [("run_command", {"command": "make deploy"})]

@@ -1,0 +1,173 @@
+"""inference.constrained_calls: requests carry the answer grammar, and both call paths work.
+
+Against the fake llama-server, which records every request body: with the setting on, each
+request of a turn carries ``grammar`` (naming every tool that can be called) with
+``tool_choice: "none"`` and the same ``tools`` and messages as without it; off, neither
+field is sent. Both ways a call can come back still work: a call the model wrote as bare
+JSON in the content (what the grammar makes it write) runs as that call, and the native
+``tool_calls`` of the recordings in tests/fixtures/http run as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from actors.base.config import GENERAL_SYSTEM, parse
+from actors.base.events import Content
+from actors.log.records import Assistant, ToolResult
+from actors.tools.registry import META_TOOLS, Registry
+from tests.session.turn.conftest import Rig, ScriptedPort
+from tests.support.fake_llama import FakeLlama, answer, replay
+from tests.support.recordings import FIXTURES
+
+Make = Callable[..., Rig]
+
+
+def _constrained(r: Rig, on: bool = True) -> Rig:
+    r.runtime = dataclasses.replace(r.runtime, constrained_calls=on, bare_json_tool_calls=on)
+    return r
+
+
+def test_every_request_carries_the_grammar_when_the_config_asks(rig: Make) -> None:
+    # what the grammar makes the model write: the decision word, then the call or the text
+    bare = '{"name": "call_tool", "arguments": {"name": "echo", "arguments": {"text": "hi"}}}'
+    r = _constrained(rig([answer("TOOL " + bare), answer("ANSWER It said hi.")]))
+    outcome = r.turn("Echo hi.")
+    assert outcome.content == "It said hi."
+    # the word is loopd's: neither the log nor the streamed answer has it
+    said = [x.content for x in r.records if isinstance(x, Assistant)]
+    assert said == [None, "It said hi."]
+    assert "".join(e.text for e in r.events if isinstance(e, Content)) == bare + "It said hi."
+    assert len(r.fake.requests) == 2
+    for body in r.fake.requests:
+        assert body["tool_choice"] == "none" and "grammar" in body
+        assert body["tools"] == [dict(t) for t in json.loads(json.dumps(META_TOOLS))]
+    grammar = r.fake.requests[0]["grammar"]
+    assert grammar.startswith('root ::= "TOOL " call | "ANSWER " text\n')
+    for name in ("find_tool", "call_tool", "echo"):
+        assert f'"{{\\"name\\": \\"{name}\\", \\"arguments\\": "' in grammar, name
+    # the bare-JSON call ran: its result is what the second request ends with
+    (result,) = [x for x in r.records if isinstance(x, ToolResult)]
+    assert result.content == "hi"
+    assert r.fake.requests[1]["messages"][-1]["content"] == "hi"
+
+
+def test_no_grammar_and_no_tool_choice_when_the_setting_is_off(rig: Make) -> None:
+    r = _constrained(rig([answer("Hello.")]), on=False)
+    r.turn("Hi")
+    (body,) = r.fake.requests
+    assert "grammar" not in body and "tool_choice" not in body
+
+
+def test_the_grammar_changes_nothing_else_in_the_request(rig: Make) -> None:
+    on = _constrained(rig([answer("Hello.")]))
+    off = _constrained(rig([answer("Hello.")]), on=False)
+    on.turn("Hi")
+    off.turn("Hi")
+    with_grammar = {k: v for k, v in on.fake.requests[0].items()
+                    if k not in ("grammar", "tool_choice")}
+    assert with_grammar == off.fake.requests[0]
+
+
+def test_the_native_tool_call_path_still_works_with_the_grammar_on(rig: Make) -> None:
+    # tool_session.http: the real model's find_tool and call_tool as native tool_calls,
+    # then an answer that repeats calls as JSON lines (not one call: it stays the answer).
+    r = _constrained(rig(replay(FIXTURES / "tool_session.http"), Registry([ScriptedPort()])))
+    outcome = r.turn("What is in notes.txt?")
+    calls = [c.name for x in r.records if isinstance(x, Assistant) for c in x.tool_calls]
+    assert calls == ["find_tool", "call_tool"]
+    assert outcome.tool_calls == 2 and outcome.content.startswith('{"name": "find_tool"')
+    assert all("grammar" in body for body in r.fake.requests)
+
+
+def test_the_native_path_without_the_grammar(rig: Make) -> None:
+    r = _constrained(rig(replay(FIXTURES / "tool_session.http"), Registry([ScriptedPort()])),
+                     on=False)
+    r.turn("What is in notes.txt?")
+    calls = [c.name for x in r.records if isinstance(x, Assistant) for c in x.tool_calls]
+    assert calls == ["find_tool", "call_tool"]
+    assert not any("grammar" in body for body in r.fake.requests)
+
+
+def test_a_registry_tool_called_by_its_own_name_goes_through_call_tool(rig: Make) -> None:
+    port = ScriptedPort()
+    r = _constrained(rig([answer('{"name": "echo", "arguments": {"text": "yo"}}'),
+                          answer("Done.")], Registry([port])))
+    r.turn("Echo yo.")
+    assert [c[2:] for c in port.calls] == [("echo", {"text": "yo"})]
+    (asked,) = [x for x in r.records if isinstance(x, Assistant) and x.tool_calls]
+    assert asked.tool_calls[0].name == "call_tool" and asked.content is None
+
+
+def test_auto_is_off_for_a_server_named_by_url_and_on_turns_on_bare_json(tmp_path: Path) -> None:
+    from actors.session.world import start_world
+
+    with FakeLlama([]) as fake:
+        base = parse({"log": {"dir": str(tmp_path / "s")}, "tools": {"standard": False},
+                      "inference": {"url": fake.url}})
+        with start_world(base) as app:
+            assert not app.runtime.constrained_calls and not app.runtime.bare_json_tool_calls
+        on = base.replace("inference", constrained_calls="on", bare_json_tool_calls="off")
+        with start_world(on) as app:
+            assert app.runtime.constrained_calls and app.runtime.bare_json_tool_calls
+
+
+def _steps(r: Rig, steps: int) -> Rig:
+    inference = dataclasses.replace(r.config.inference, constrained_tool_steps=steps)
+    config = dataclasses.replace(r.config, inference=inference)
+    r.runtime = dataclasses.replace(r.runtime, config=config)
+    return r
+
+
+def _echo(text: str) -> str:
+    return json.dumps({"name": "echo", "arguments": {"text": text}})
+
+
+def test_after_the_allowed_tool_steps_the_grammar_asks_for_text_only(rig: Make) -> None:
+    r = _steps(_constrained(rig([answer(_echo("a")), answer("It said a.")])), 1)
+    assert r.turn("Echo a.").content == "It said a."
+    first, second = (body["grammar"] for body in r.fake.requests)
+    assert first.startswith('root ::= "TOOL " call | "ANSWER " text\n')
+    assert second.startswith('root ::= "ANSWER " text\n') and "call-echo" not in second
+    # a new turn may call a tool again
+    r2 = _steps(_constrained(rig([answer(_echo("a")), answer(_echo("b")), answer("Done.")])), 2)
+    r2.turn("Echo a, then b.")
+    grammars = [body["grammar"].split("\n", 1)[0] for body in r2.fake.requests]
+    calls, text = 'root ::= "TOOL " call | "ANSWER " text', 'root ::= "ANSWER " text'
+    assert grammars == [calls, calls, text]
+
+
+def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Make) -> None:
+    from actors.session.world import World
+    from actors.tools.providers.standard import STANDARD_SPECS
+
+    r = rig([], Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))]))
+    config = r.config.replace("session", pinned=["echo"])
+    runtime = dataclasses.replace(r.runtime, config=config)
+    names = lambda b: [t["function"]["name"] for t in b.tools]  # noqa: E731
+    small = World(runtime=runtime, model="m", embedded=True).baseline()
+    assert small.system == config.embedded.system
+    assert names(small) == ["find_tool", "call_tool", *config.embedded.pinned, "echo"]
+    other = World(runtime=runtime, model="m").baseline()
+    assert other.system == GENERAL_SYSTEM and names(other) == ["find_tool", "call_tool", "echo"]
+    none = dataclasses.replace(runtime, config=config.replace("embedded", system="", pinned=[]))
+    plain = World(runtime=none, model="m", embedded=True).baseline()
+    assert plain.system == GENERAL_SYSTEM and names(plain) == names(other)
+    # a system prompt of the person's own is used on the embedded model too
+    own = dataclasses.replace(runtime, config=config.replace("session", system="Be terse."))
+    assert World(runtime=own, model="m", embedded=True).baseline().system == "Be terse."
+
+
+def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
+    r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER It says a.")]))
+    assert r.turn("What does a.txt say?").content == "It says a."
+    first, second = (body["grammar"].split("\n", 1)[0] for body in r.fake.requests)
+    assert first == 'root ::= "TOOL " call'  # no text: the model may not guess the file
+    assert second == 'root ::= "ANSWER " text'
+    r2 = _constrained(rig([answer("ANSWER Hi.")]))
+    r2.turn("Say hi.")
+    assert r2.fake.requests[0]["grammar"].startswith('root ::= "TOOL " call | "ANSWER " text')
+

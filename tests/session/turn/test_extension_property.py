@@ -1,0 +1,131 @@
+"""The property loopd exists for, over generated conversations.
+
+A scripted model answers with random mixes of text, reasoning and tool calls (some
+repeated, some malformed), tools answer with random results, failures, denials and
+approval requests, and random limits are hit (tool iterations, repeats, thinking cap,
+result size, a full context, a failing server). Through all of it:
+
+- every request the session sends starts with exactly the messages (and the tools) of the
+  request before it, so llama-server can reuse its prompt cache;
+- the log only grows: its bytes after turn N start with its bytes after turn N-1.
+
+The seed is printed in pytest's header (tests/conftest.py); CI runs 200 examples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.base.errors import LoopdError
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
+from actors.tools.registry import Registry
+from tests.session.turn.conftest import Rig, ScriptedPort
+from tests.support.fake_llama import Reply, answer, context_full, http_error
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+maybe_text = st.none() | text
+word = st.sampled_from(["a", "b", "read", "files", "échec", "😀"])
+
+
+@st.composite
+def tool_call(draw: st.DrawFn) -> tuple[str, str]:
+    kind = draw(st.sampled_from(["find", "echo", "echo", "malformed", "unknown"]))
+    if kind == "find":
+        return "find_tool", json.dumps({"query": draw(word)})
+    if kind == "echo":  # few distinct arguments, so repeats happen
+        args = {"name": "echo", "arguments": {"text": draw(word)}}
+        return "call_tool", json.dumps(args, ensure_ascii=draw(st.booleans()))
+    if kind == "unknown":
+        return "call_tool", json.dumps({"name": draw(word), "arguments": {}})
+    return "call_tool", draw(st.sampled_from(['{"name": "echo", "argu', "[]", "", "nul"]))
+
+
+@st.composite
+def model_reply(draw: st.DrawFn) -> dict[str, Any]:
+    """What the scripted model does next; made into a Reply in the test (no randomness here)."""
+    kind = draw(st.sampled_from(["answer"] * 8 + ["context_full", "server_error"]))
+    if kind != "answer":
+        return {"kind": kind}
+    return {
+        "kind": kind,
+        "content": draw(maybe_text),
+        "reasoning": draw(maybe_text),
+        "tool_calls": draw(st.lists(tool_call(), max_size=3)),
+        "finish_reason": draw(st.sampled_from([None, None, None, "length"])),
+        "chunk": draw(st.integers(1, 8)),
+    }
+
+
+def _reply(spec: dict[str, Any]) -> Reply:
+    kind = spec.pop("kind")
+    if kind == "context_full":
+        return context_full()
+    if kind == "server_error":
+        return http_error(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}})
+    return answer(**spec)
+
+
+tool_answer = st.one_of(
+    st.builds(lambda c, k, u: wire.Result(id=0, content=c, class_=k, untrusted=u),
+              text, st.sampled_from(list(ResultClass)), st.booleans()),
+    st.builds(lambda m: wire.Failed(id=0, message=m), text),
+    st.builds(lambda r: wire.Denied(id=0, reason=r), text),
+    st.builds(lambda p: wire.PendingApproval(id=0, prompt=p), text),
+)
+
+
+def _extends(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    old, new = before["messages"], after["messages"]
+    return new[: len(old)] == old and before.get("tools") == after.get("tools")
+
+
+@settings(max_examples=200)
+@given(
+    replies=st.lists(model_reply(), max_size=14),
+    answers=st.lists(tool_answer, min_size=1, max_size=6),
+    turns=st.lists(text, min_size=1, max_size=4),
+    limits=st.fixed_dictionaries({
+        "tool_iterations": st.integers(1, 3),
+        "repeat_detection": st.booleans(),
+        "thinking_cap": st.integers(0, 12),
+        "tool_result_cap": st.integers(1, 60),
+    }),
+)
+def test_every_request_extends_the_last_and_the_log_only_grows(
+    tmp_path_factory: Any,
+    replies: list[dict[str, Any]],
+    answers: list[wire.Answer],
+    turns: list[str],
+    limits: dict[str, Any],
+) -> None:
+    queue = [_reply(dict(r)) for r in replies]
+    served = iter(range(10**6))
+    port = ScriptedPort(lambda tool, args: answers[next(served) % len(answers)])
+    tmp: Path = tmp_path_factory.mktemp("prop")
+    rig = Rig(tmp, lambda body: queue.pop(0) if queue else answer("done"),
+              Registry([port]), **limits)
+    rig.config = rig.config.replace("inference", retries=0)
+    rig.runtime = type(rig.runtime)(config=rig.config, inference=rig.inference,
+                                    registry=rig.runtime.registry)
+    try:
+        logs = [rig.path.read_bytes()]
+        for content in turns:
+            # a limit or a failure: the log must stay an extension all the same
+            with contextlib.suppress(LoopdError):
+                rig.turn(content)
+            logs.append(rig.path.read_bytes())
+        for before, after in itertools.pairwise(logs):
+            assert after.startswith(before), "the log changed bytes it already had"
+        sent = rig.fake.requests
+        for i in range(1, len(sent)):
+            assert _extends(sent[i - 1], sent[i]), f"request {i} does not extend {i - 1}"
+    finally:
+        rig.close()
