@@ -39,6 +39,7 @@ __all__ = ["LEVELS", "run"]
 TURNS = 40  # one session, one after another, each way
 COMMANDS = 3  # whole `loopd run` commands, each way
 LEVELS = ((1, 60), (8, 15), (32, 6))  # (clients, turns each)
+SMOKE = {"TURNS": 2, "COMMANDS": 1, "LEVELS": ((1, 2), (2, 2))}  # `bench --smoke`
 
 
 def _sink(_event: Event) -> None:

@@ -41,6 +41,7 @@ BASE = Baseline(system="bench", tools=(), model="m", created=T0, time=T0)
 BUDGET_S = 2.0  # per durable append measurement
 FAST_N = 20_000  # appends without fsync
 REOPEN_N = 100_000
+SMOKE = {"BUDGET_S": 0.05, "FAST_N": 200, "REOPEN_N": 500}  # `bench --smoke`
 
 
 def record_300b(i: int) -> Record:

@@ -23,6 +23,7 @@ import importlib.util
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ ROUNDS = 5
 PER_ROUND = 100  # calls per measure per round
 WARMUP = 30
 STARTS = 3  # host start-ups per kind
+SMOKE = {"ROUNDS": 1, "PER_ROUND": 3, "WARMUP": 2, "STARTS": 1}  # `bench --smoke`
 
 
 @contextlib.contextmanager
@@ -129,10 +131,11 @@ def run() -> list[dict[str, Any]]:
         native_port, _ = stack.enter_context(_port("native", standard=("echo",)))
         mcp_port, _ = stack.enter_context(_port("mcp", mcp_command=ECHO_SERVER))
         provider = stack.enter_context(McpProvider(list(ECHO_SERVER)))
+        never = threading.Event()  # the contract's cancel, never set: no call here is cancelled
         calls: list[tuple[Callable[[int], None], list[float]]] = [
             (_caller(native_port, "echo", {"text": "hello"}), native),
             (_caller(mcp_port, "echo", {"text": "hello"}), bridge),
-            (lambda i: _check(provider.run("echo", {"text": "hello"}, 30)), in_process),
+            (lambda i: _check(provider.run("echo", {"text": "hello"}, 30, never)), in_process),
         ]
         if has_time:
             time_port, _ = stack.enter_context(_port("time", mcp_command=TIME_SERVER))

@@ -38,6 +38,8 @@ from tests.support.watch import Peak
 __all__ = ["LEVELS", "run"]
 
 LEVELS = ((1, 100), (8, 25), (32, 10))  # (sessions, turns per session)
+WARMUP = (2, 5)  # (sessions, turns), not measured
+SMOKE = {"LEVELS": ((1, 2), (2, 2)), "WARMUP": (1, 1)}  # `bench --smoke`
 MiB = 1024 * 1024
 
 
@@ -96,7 +98,7 @@ def _measure(config: Config) -> list[dict[str, Any]]:
             raise RuntimeError(f"tool hosts did not start: {toolbox.problems}")
         runtime = Runtime(config=config, inference=inference, registry=toolbox.registry)
         tools = baseline_tools(toolbox.registry, ())
-        _level(config, runtime, tools, 0, 2, 5)  # warm-up
+        _level(config, runtime, tools, 0, *WARMUP)
         idle = psutil.Process().memory_info().rss
         first = 0.0
         for i, (sessions, turns) in enumerate(LEVELS, start=1):

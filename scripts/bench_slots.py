@@ -38,6 +38,8 @@ from actors.session.turn import Runtime
 from actors.session.world import World, start_world
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
+HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
+SMOKE = {"SESSIONS": 3, "ROUNDS": 1, "HISTORY": 5}  # `bench --smoke`
 
 
 def run() -> list[dict[str, Any]]:
@@ -101,7 +103,7 @@ def _turn(app: World, runtime: Runtime, name: str, text: str) -> tuple[float, Us
 
 def _resume(config: cfg.Config) -> list[dict[str, Any]]:
     with start_world(config) as app:
-        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", 170))
+        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", HISTORY))
     times: dict[str, tuple[float, Usage]] = {}
     for variant in ("restored", "not restored"):
         if variant == "not restored":

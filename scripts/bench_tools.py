@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 60
 PER_ROUND = 50  # calls per system per round (MCP: a third of that)
 WARMUP = 200
+SMOKE = {"ROUNDS": 2, "PER_ROUND": 6, "WARMUP": 8}  # `bench --smoke`
 
 _FLOOR_SERVER = """
 import sys, msgpack, zmq
