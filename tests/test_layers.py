@@ -19,7 +19,10 @@ the bottom up (README, "Architecture", draws the same picture):
   below it imports it.
 
 Every ``import`` counts, including ones inside functions and under TYPE_CHECKING: a lazy
-import still runs in the process that calls it.
+import still runs in the process that calls it. One exception, the package's public face:
+``actors/__init__.py`` runs in every process, so a name it loads on first use (PEP 562's
+``__getattr__``, typed under TYPE_CHECKING) is reached only by a module that imports that
+name (``from actors import Client``), never by every module below ``actors``.
 """
 
 from __future__ import annotations
@@ -78,9 +81,35 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(root: Path, path: Path) -> set[str]:
-    """Every module ``path`` imports (absolute names; relative imports resolved)."""
+def _is_lazy(node: ast.stmt) -> bool:
+    """``def __getattr__`` or ``if TYPE_CHECKING:`` at the top of a package's face."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name == "__getattr__"
+    return isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+
+
+def lazy_names(root: Path, package: str = "actors") -> dict[str, set[str]]:
+    """``package.NAME`` -> what it loads, for each name the face loads on first use."""
+    tree = ast.parse((root / package / "__init__.py").read_text(encoding="utf-8"))
+    found: dict[str, set[str]] = {}
+    for top in tree.body:
+        if not _is_lazy(top):
+            continue
+        for node in ast.walk(top):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    found.setdefault(f"{package}.{alias.asname or alias.name}", set()).update(
+                        (node.module, f"{node.module}.{alias.name}")
+                    )
+    return found
+
+
+def imports_of(root: Path, path: Path, *, skip_lazy: bool = False) -> set[str]:
+    """Every module ``path`` imports (absolute names; relative imports resolved); with
+    ``skip_lazy``, not what its lazy parts (see :func:`_is_lazy`) import."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if skip_lazy:
+        tree.body = [node for node in tree.body if not _is_lazy(node)]
     here = module_name(root, path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found: set[str] = set()
@@ -98,9 +127,13 @@ def imports_of(root: Path, path: Path) -> set[str]:
 
 
 def graph(root: Path, package: str = "actors") -> dict[str, set[str]]:
-    """Module -> the modules it imports, for every module of ``package`` under ``root``."""
+    """Module -> the modules it imports, for every module of ``package`` under ``root``; the
+    names the package's face loads on first use are nodes of their own (``actors.Client``)."""
     modules = {module_name(root, p): p for p in (root / package).rglob("*.py")}
-    return {name: imports_of(root, path) for name, path in modules.items()}
+    found = {
+        name: imports_of(root, path, skip_lazy=name == package) for name, path in modules.items()
+    }
+    return {**found, **lazy_names(root, package)}
 
 
 def _within(name: str, prefixes: Iterable[str]) -> bool:
@@ -157,7 +190,9 @@ def test_the_layers_hold() -> None:
 
 def test_every_module_has_a_rule() -> None:
     """A new top-level folder must be given its row (else it would fall to ``actors``'s)."""
-    tops = {m.split(".")[1] for m in graph(ROOT) if m.count(".") >= 1}
+    tops = {m.split(".")[1] for m in graph(ROOT) if m.count(".") >= 1} - {
+        m.split(".")[1] for m in lazy_names(ROOT)
+    }
     assert tops <= {f.split(".")[1] for f in MAY_REACH if f != "actors"}, tops
 
 
@@ -186,6 +221,16 @@ _MINI = (
 )
 
 
+_FACE = """from typing import TYPE_CHECKING
+from actors.base.errors import LoopdError
+if TYPE_CHECKING:
+    from actors.daemon.client import Client
+def __getattr__(name):
+    from actors.daemon.client import Client
+    return Client
+"""
+
+
 @pytest.mark.parametrize(
     ("module", "line", "caught"),
     [
@@ -209,6 +254,12 @@ _MINI = (
         ("actors/daemon/protocol.py", "from actors.session.actor import x",
          "actors.daemon.client reaches actors.session.actor"),
         ("actors/daemon/protocol.py", "def f():\n    import pykka", "reaches pykka"),
+        # the face loads the client eagerly: every module below it would load it too
+        ("actors/__init__.py", "from actors.daemon.client import Client",
+         "actors.tools.host reaches actors.daemon.client (imported by actors)"),
+        # a lazy name of the face is reached by what imports it
+        ("actors/tools/providers/evil.py", "from actors import Client",
+         "actors.tools.providers.evil reaches actors.daemon.client"),
     ],
 )
 def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: str) -> None:
@@ -221,6 +272,7 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     )
     (tmp_path / "actors/daemon/client.py").write_text("from actors.daemon import protocol\n")
     (tmp_path / "actors/cli/main.py").write_text("from actors.session import turn\n")
+    (tmp_path / "actors/__init__.py").write_text(_FACE)
     assert violations(graph(tmp_path), packages(tmp_path)) == []
     target = tmp_path / module
     target.parent.mkdir(parents=True, exist_ok=True)

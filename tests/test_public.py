@@ -1,0 +1,86 @@
+"""The package's public face: ``actors.__all__`` and what importing it loads.
+
+``actors/__init__.py`` runs in every loopd process (importing ``actors.tools.host`` runs it
+first), so it must stay light: the daemon client is loaded when a caller asks for
+``actors.Client``, and nothing of the face loads pykka. Each check runs in a fresh
+interpreter, where ``sys.modules`` shows what an import really loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import actors
+from actors.base import errors
+from actors.base.config import Config, load
+from actors.daemon.client import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running ``code``."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_the_face_is_curated() -> None:
+    assert sorted(actors.__all__) == ["Client", "Config", "LoopdError", "load_config"]
+    assert actors.Client is Client
+    assert actors.Config is Config
+    assert actors.load_config is load
+    assert actors.LoopdError is errors.LoopdError
+
+
+def test_every_error_of_the_tree_is_a_loopd_error() -> None:
+    tree = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception)]
+    assert len(tree) > 10
+    assert all(issubclass(cls, actors.LoopdError) for cls in tree)
+
+
+def test_a_name_that_is_not_there_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="module 'actors' has no attribute 'Session'"):
+        _ = actors.Session  # type: ignore[attr-defined]
+
+
+def test_star_import_gives_the_face() -> None:
+    names: dict[str, object] = {}
+    exec("from actors import *", names)
+    assert {"Client", "Config", "LoopdError", "load_config"} <= names.keys()
+
+
+def test_importing_the_package_loads_no_client_no_zeromq_no_pykka() -> None:
+    """What every process pays: the config and the errors, nothing of a client or an actor."""
+    loaded = loaded_after("import actors")
+    assert {"actors.base.config", "actors.base.errors"} <= loaded
+    assert not loaded & {"actors.daemon.client", "zmq", "pykka", "msgpack"}, loaded
+
+
+def test_a_tool_host_does_not_load_the_daemon_client() -> None:
+    loaded = loaded_after("import actors.tools.host.main")
+    assert "actors.tools.host.server" in loaded
+    assert "actors.daemon.client" not in loaded and "pykka" not in loaded
+
+
+def test_the_client_from_the_face_loads_no_pykka() -> None:
+    """A script that only drives a daemon loads its client and the protocol, no actor."""
+    loaded = loaded_after("from actors import Client, load_config\nClient, load_config()")
+    assert {"actors.daemon.client", "actors.daemon.protocol", "zmq"} <= loaded
+    assert "pykka" not in loaded
+    assert not any(m.startswith(("actors.session", "actors.inference")) for m in loaded), loaded
+
+
+def test_a_bad_config_is_a_loopd_error_from_the_face(tmp_path: Path) -> None:
+    bad = tmp_path / "loopd.toml"
+    bad.write_text("[loop]\ntool_iterations = -1\n")
+    with pytest.raises(actors.LoopdError, match="tool_iterations") as caught:
+        actors.load_config(bad)
+    assert caught.value.exit_code == 2
