@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: venv run test lint bench eval gate clean embedded
+.PHONY: venv run chat test lint bench eval gate clean embedded
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ embedded: $(VENV)/.embedded
 run: $(VENV)/.embedded
 	$(BIN)/loopd run --workspace examples/workspace --session demo-$$(date +%Y%m%d-%H%M%S) \
 	  --config examples/loopd.toml "What does notes.txt say?"
+
+# A chat with the embedded model on the example workspace (session "example"; /help in it).
+chat: $(VENV)/.embedded
+	$(BIN)/loopd chat --workspace examples/workspace --session example --config examples/loopd.toml
 
 # Three workers (pytest-xdist): most tests wait on processes and sockets, so 3 on 2 cores
 # halve the wall time. One file or test: .venv/bin/python -m pytest tests/cli/test_cli.py -k ...

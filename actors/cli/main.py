@@ -29,11 +29,19 @@ from actors.base.errors import DaemonError, LoopdError, UsageError
 from actors.base.events import Approver, TornTail
 from actors.base.rules import RuleBook, parse_rules
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
-from actors.cli.view import JsonView, LiveView, describe, summary, torn_tail_left
+from actors.cli.view import (
+    JsonView,
+    LiveView,
+    ReaderGone,
+    describe,
+    quiet,
+    summary,
+    torn_tail_left,
+)
 from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
 from actors.log.records import kind_of, to_json
-from actors.session.actor import list_sessions, remove_session, session_path
+from actors.session.actor import check_name, list_sessions, remove_session, session_path
 
 __all__ = ["main"]
 
@@ -62,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="talk with the model, turn by turn")
     chat.add_argument("--session", default="default", help="session name (default: default)")
     chat.add_argument("--local", action="store_true", help=local)
+    chat.set_defaults(usage=chat)
     run = sub.add_parser("run", parents=[common, approve],
                          help="one turn: the answer on stdout")
     run.add_argument("message")
@@ -70,24 +79,48 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the events as JSON lines; approvals are answered with a JSON "
                      'line on stdin, e.g. {"decision": "once"}')
     run.add_argument("--local", action="store_true", help=local)
+    run.set_defaults(usage=run)
     serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
     serve.add_argument("--detach", action="store_true", help="run it in the background")
-    sub.add_parser("status", parents=[common], help="what the daemon is doing")
-    sub.add_parser("stop", parents=[common], help="stop the daemon")
+    serve.set_defaults(usage=serve)
+    status = sub.add_parser("status", parents=[common], help="what the daemon is doing")
+    status.set_defaults(usage=status)
+    stop = sub.add_parser("stop", parents=[common], help="stop the daemon")
+    stop.set_defaults(usage=stop)
     sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
+    sessions.set_defaults(usage=sessions)
     sessions_sub = sessions.add_subparsers(dest="sessions_command")
     rm = sessions_sub.add_parser(
         "rm", parents=[common], help="delete a session: its log and its saved KV state"
     )
     rm.add_argument("name")
+    rm.set_defaults(usage=rm)
     log = sub.add_parser("log", help="read a session's log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
     show = log_sub.add_parser("show", parents=[common], help="every record of a session")
     show.add_argument("session")
     show.add_argument("--json", action="store_true", help="one JSON object per record")
+    show.set_defaults(usage=show)
     sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
     sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
     return p
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line; an unknown argument is reported with the usage of the command it
+    was given to (``loopd run ... --sesion x`` shows ``loopd run``'s usage, not loopd's)."""
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "usage", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.argv = argv
+    return args
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console that never breaks a line itself: the terminal wraps a long URL or
+    path where it must, and a file or pipe gets every line whole."""
+    return Console(stderr=stderr, soft_wrap=True)
 
 
 def _load(args: argparse.Namespace) -> cfg.Config:
@@ -111,9 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from actors.wire.curve import main as keys
 
         return keys(argv[1:])
-    args = _parser().parse_args(argv)
-    args.argv = argv
-    err = Console(stderr=True)
+    args = _parse(argv)
+    err = console(stderr=True)
     # SIGTERM ends the command like Ctrl-C does: the turn is cancelled, the embedded
     # server and the tool hosts are stopped on the way out.
     if threading.current_thread() is threading.main_thread():
@@ -124,9 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.command if args.command != "log" else "log_show"
         ]
         return command(args, config, err)
+    except ReaderGone:  # `loopd run --json | head`: the turn was cancelled, quietly
+        return CANCELLED
     except KeyboardInterrupt:
         err.print("[yellow]cancelled[/]")
         return CANCELLED
+    except BrokenPipeError:  # stdout's reader went away (`loopd sessions | head`): quietly
+        quiet(sys.stdout)
+        return OK
     except LoopdError as e:
         err.print(f"[red]loopd: {escape(str(e))}[/]", highlight=False, soft_wrap=True)
         return e.exit_code
@@ -166,7 +203,7 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
         for r in records:
             print(json.dumps(to_json(r), ensure_ascii=False))
         return OK
-    out = Console()
+    out = console()
     for i, r in enumerate(records, 1):
         when = r.time.strftime("%Y-%m-%d %H:%M:%S")
         kind = kind_of(r)
@@ -187,6 +224,7 @@ def _session(
     ``--approve`` rules go with the turn."""
     from actors.daemon.client import find_daemon
 
+    check_name(args.session)  # bad usage (exit 2), said before anything starts
     # --url, --workspace and --log-dir describe a world of this command's own: the daemon
     # runs its own, so a command given one of them runs in this process.
     local = args.local or bool(args.url or args.workspace or args.log_dir)
@@ -212,7 +250,7 @@ def _session(
 
 
 def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    out = Console()
+    out = console()
     json_view = JsonView(sys.stdout) if args.json else None
     live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
     sink: Any = json_view or live
@@ -247,7 +285,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 
 
 def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
-    out = Console()
+    out = console()
     notices = LiveView(out)
     approver: Approver = TerminalApprover(out) if sys.stdin.isatty() else NoTerminal()
     with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
@@ -296,6 +334,8 @@ def _turn(session: Any, app: Any, message: str, sink: Any, approver: Approver) -
         try:
             result: TurnOutcome = future.get(timeout=0.2)
         except pykka.Timeout:
+            if getattr(sink, "closed", False):  # stdout's reader went away (JsonView)
+                cancel.cancel()
             continue
         except Terminated:
             terminated = True
@@ -368,9 +408,16 @@ def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 def _stop(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     import psutil
 
+    from actors.daemon.address import endpoint
+    from actors.daemon.client import find_daemon
     from actors.wire.procs import is_alive
 
-    with _daemon(config) as client:
+    running = find_daemon(config)
+    if running is None:  # nothing to stop is not a failure (and not the model server's 4)
+        err.print(f"no loopd daemon is running (none answers at {endpoint(config)}); "
+                  "nothing to stop", highlight=False)
+        return OK
+    with running as client:
         pid = client.status().pid
         try:
             process = psutil.Process(pid)

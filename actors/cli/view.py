@@ -10,6 +10,7 @@ markup: "[/]" in a tool's arguments would otherwise raise in the sink and end th
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import IO, Any
@@ -22,7 +23,10 @@ from actors.base import events as ev
 from actors.log import records as rec
 from actors.log.outcome import TurnOutcome
 
-__all__ = ["JsonView", "LiveView", "describe", "summary", "torn_tail", "torn_tail_left"]
+__all__ = [
+    "JsonView", "LiveView", "ReaderGone", "describe", "quiet", "summary", "torn_tail",
+    "torn_tail_left",
+]
 
 
 def summary(outcome: TurnOutcome, seconds: float) -> str:
@@ -223,10 +227,17 @@ class LiveView:
 
 
 class JsonView:
-    """A sink that writes every event as one JSON line (for scripts: ``--json``)."""
+    """A sink that writes every event as one JSON line (for scripts: ``--json``).
+
+    When the reader goes away (``loopd run --json | head``) the view writes nothing more and
+    points the stream at /dev/null (so the interpreter's last flush is quiet too); ``closed``
+    says so to the in-process turn's wait (which cancels the turn), and a line written from
+    the main thread (a daemon turn's events, the last line) raises :class:`ReaderGone`, which
+    cancels the turn the way Ctrl-C does and ends the command quietly."""
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
+        self.closed = False
         self._lock = threading.Lock()
 
     def __call__(self, event: ev.Event) -> None:
@@ -234,5 +245,26 @@ class JsonView:
 
     def line(self, data: dict[str, Any]) -> None:
         with self._lock:
-            self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
-            self.out.flush()
+            if not self.closed:
+                try:
+                    self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+                    self.out.flush()
+                    return
+                except BrokenPipeError:
+                    self.closed = True
+                    quiet(self.out)
+        if threading.current_thread() is threading.main_thread():
+            raise ReaderGone
+
+
+class ReaderGone(KeyboardInterrupt):
+    """stdout's reader went away: cancel the turn like Ctrl-C, then end without a word."""
+
+
+def quiet(stream: IO[str]) -> None:
+    """Point ``stream``'s descriptor at /dev/null: its reader has gone (a broken pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)

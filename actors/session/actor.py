@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors.base.config import Config
-from actors.base.errors import SessionError, SessionLocked
+from actors.base.errors import SessionError, SessionLocked, UsageError
 from actors.log.file import OpenReport, SessionLog
 from actors.log.records import Baseline, Record
 
@@ -37,9 +37,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_name(name: str) -> str:
-    """``name`` when it is a safe directory name for a session, else SessionError."""
+    """``name`` when it is a safe directory name for a session, else UsageError (bad usage:
+    exit 2, refused before anything starts)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise SessionError(
+        raise UsageError(
             f"session name {name!r} is not allowed: use 1 to 128 letters, digits, '.', '_' "
             f"or '-', starting with a letter or digit (it becomes a directory name)"
         )

@@ -28,7 +28,7 @@ from actors.log.records import Baseline, now
 from actors.session.actor import open_session
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
-from actors.tools.toolbox import Toolbox
+from actors.tools.toolbox import Toolbox, check_workspace
 
 __all__ = ["World", "start_world"]
 
@@ -89,6 +89,7 @@ def start_world(
     config's and the rules file's (read here: a malformed file stops the start).
     """
     rules = RuleStore(config.rules_path, approve)
+    check_workspace(config)  # before the model server: a typo must not cost its start
     with contextlib.ExitStack() as stack:
         urls = config.inference.servers or (config.inference.url,)
         save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None

@@ -53,7 +53,7 @@ from actors.tools.registry import Registry
 from actors.wire.curve import load_public, load_secret
 from actors.wire.procs import kill_session, kill_tree, loopd_env
 
-__all__ = ["STANDARD_HOSTS", "Toolbox", "host_argv"]
+__all__ = ["STANDARD_HOSTS", "Toolbox", "check_workspace", "host_argv"]
 
 log = logging.getLogger("loopd.toolbox")
 
@@ -138,6 +138,20 @@ def _curve(h: HostConfig, where: str) -> CurveClient:
     return CurveClient(server_key=load_public(h.server_key), public=public, secret=secret)
 
 
+def check_workspace(config: Config) -> Path:
+    """The workspace, when the local tool hosts need one and it is a directory; else
+    ConfigError. Checked before anything starts (the model server takes seconds)."""
+    tools = config.tools
+    workspace = config.workspace
+    local_needed = tools.standard or any(h.kind != "remote" for h in tools.hosts)
+    if local_needed and not workspace.is_dir():
+        raise ConfigError(
+            f"tools.workspace = {tools.workspace!r} (or --workspace): {workspace} is not a "
+            "directory; create it or point tools.workspace at one"
+        )
+    return workspace
+
+
 class Toolbox:
     """The running tool hosts and their ports; :attr:`registry` holds their tools."""
 
@@ -154,13 +168,7 @@ class Toolbox:
     def start(cls, config: Config, *, run_dir: Path | None = None) -> Toolbox:
         """Start the local hosts, connect every port, and wait (bounded) for their tools."""
         tools = config.tools
-        local_needed = tools.standard or any(h.kind != "remote" for h in tools.hosts)
-        workspace = config.workspace
-        if local_needed and not workspace.is_dir():
-            raise ConfigError(
-                f"tools.workspace = {tools.workspace!r}: {workspace} is not a directory; "
-                "create it or point tools.workspace at one"
-            )
+        workspace = check_workspace(config)
         standard_names = {name for name, _ in STANDARD_HOSTS} if tools.standard else set()
         clash = standard_names & {h.name for h in tools.hosts}
         if clash:

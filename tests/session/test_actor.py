@@ -11,7 +11,7 @@ import pykka
 import pytest
 
 from actors.base.config import Config, parse
-from actors.base.errors import LogCorrupt, SessionError, SessionLocked
+from actors.base.errors import LogCorrupt, SessionError, SessionLocked, UsageError
 from actors.log.file import SessionLog
 from actors.log.records import Baseline, ToolResult, User
 from actors.session.actor import SessionActor, check_name, list_sessions, open_session
@@ -111,7 +111,7 @@ def test_torn_tail_is_reported(config: Config) -> None:
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "../x", ".hidden", "a\0b", "x" * 129])
 def test_unsafe_names_are_refused(config: Config, name: str) -> None:
-    with pytest.raises(SessionError, match="is not allowed: use 1 to 128 letters"):
+    with pytest.raises(UsageError, match="is not allowed: use 1 to 128 letters"):
         open_session(config, name, BASE)
     assert not config.log_dir.exists()
 

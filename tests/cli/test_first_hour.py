@@ -1,0 +1,148 @@
+"""What a newcomer met in their first hour (issue 28), as the person or a script receives it.
+
+Each test runs the real command (``main`` in-process, or ``python -m actors.cli`` in its own
+process where a pipe or exit matters) against the fake llama-server on loopback, or against
+no server at all where the point is that nothing starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.cli.main import main
+from tests.support.fake_llama import FakeLlama, answer
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = "http://127.0.0.1:9"  # nothing listens there: any contact with it is said on stderr
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, Any]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("Buy seeds.\n")
+    config = tmp_path / "loopd.toml"
+    config.write_text(
+        f'[log]\ndir = "{tmp_path / "sessions"}"\nfsync = "never"\n'
+        f'[tools]\nworkspace = "{workspace}"\ntimeout_s = 10\n'
+        f'[daemon]\nruntime_dir = "{tmp_path / "run"}"\n'
+        "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 20\n"
+    )
+    return {"config": str(config), "dir": tmp_path / "sessions", "workspace": workspace,
+            "tmp": tmp_path}
+
+
+def loopd(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "actors.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+# --- bad usage is said at once, with the usage of the command it was given to ---------------
+
+
+def test_an_unknown_option_shows_the_usage_of_its_own_command(env: dict[str, Any]) -> None:
+    proc = loopd("run", "hi", "--sesion", "x", "--config", env["config"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: loopd run "), proc.stderr
+    assert "unrecognized arguments: --sesion x" in proc.stderr
+    shown = loopd("log", "show", "s", "--jsn", "--config", env["config"])
+    assert shown.returncode == 2 and shown.stderr.startswith("usage: loopd log show ")
+
+
+def test_a_bad_session_name_is_bad_usage_said_before_anything_starts(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    code = main(["run", "hi", "--session", "a/b", "--config", env["config"], "--url", NOBODY])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "session name 'a/b' is not allowed" in err
+    assert "/props" not in err and "tool hosts" not in err  # no server asked, no host started
+    assert not env["dir"].exists()
+
+
+def test_a_missing_workspace_is_said_before_anything_starts(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    missing = env["tmp"] / "no-such-dir"
+    code = main(["run", "hi", "--config", env["config"], "--url", NOBODY, "--workspace",
+                 str(missing)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{missing} is not a directory" in err
+    assert "/props" not in err and "tool hosts" not in err
+
+
+def test_stop_without_a_daemon_says_so_and_is_no_server_failure(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    assert main(["stop", "--config", env["config"]]) == 0
+    assert "no loopd daemon is running" in capsys.readouterr().err
+
+
+# --- lines are never broken by the printer ---------------------------------------------------
+
+
+def test_an_error_line_keeps_its_url_whole(env: dict[str, Any], capsys: Any) -> None:
+    assert main(["run", "hi", "--config", env["config"], "--url", NOBODY]) == 4
+    err = capsys.readouterr().err
+    assert f"could not connect to {NOBODY}/props" in err, err
+    for line in err.splitlines():
+        assert not line.rstrip().endswith("connect to"), err
+
+
+def test_log_show_into_a_file_gives_one_line_per_record(env: dict[str, Any]) -> None:
+    long = "A long question about the garden beds " * 4
+    with FakeLlama([answer("Short answer.")]) as fake:
+        assert main(["run", long, "--config", env["config"], "--url", fake.url,
+                     "--session", "s"]) == 0
+    proc = loopd("log", "show", "s", "--config", env["config"], env={"COLUMNS": "80",
+                 "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[3] for line in lines] == ["baseline", "user", "assistant", "usage"]
+    assert long[:150].strip() in lines[1]
+
+
+# --- a closed stdout ends the command quietly ------------------------------------------------
+
+
+def test_run_json_into_a_reader_that_goes_away_ends_quietly(env: dict[str, Any]) -> None:
+    """``loopd run --json | head -1``: the first line is read, the pipe closes; the command
+    ends without a traceback (the turn cancelled, as by Ctrl-C)."""
+    with FakeLlama([answer("word " * 20_000, chunk=1)]) as fake:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "run", "hi", "--json", "--config",
+             env["config"], "--url", fake.url, "--session", "piped"],
+            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = json.loads(proc.stdout.readline())
+            assert first["event"]
+            proc.stdout.close()  # what `head -1` does after its line
+            code = proc.wait(timeout=60)
+            err = proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert err.strip() == "", err
+    assert code == 130
+
+
+# --- where loopd is, and a chat on the example workspace --------------------------------------
+
+
+def test_the_readme_says_where_loopd_is_and_make_chat_chats_on_the_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/loopd" in readme and ". .venv/bin/activate" in readme
+    dry = subprocess.run(["make", "-n", "chat"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env={"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": ""})
+    assert dry.returncode == 0, dry.stderr
+    assert ".venv/bin/loopd chat --workspace examples/workspace" in dry.stdout
