@@ -22,6 +22,8 @@ from actors.log.records import (
     Assistant,
     Baseline,
     CacheLoss,
+    Compaction,
+    CompactionBy,
     Record,
     SlotState,
     SlotUse,
@@ -37,7 +39,9 @@ __all__ = [
     "assistants",
     "baselines",
     "cache_losses",
+    "compactions",
     "conversations",
+    "epoch_records",
     "json_values",
     "records",
     "texts",
@@ -137,17 +141,27 @@ approvals = st.builds(
     rule=texts,
     time=times,
 )
-records: st.SearchStrategy[Record] = st.one_of(
+compactions = st.builds(
+    Compaction, summary=texts, kept=counts, tokens_before=counts,
+    by=st.sampled_from(CompactionBy), time=times,
+)
+# Every kind but Compaction: records that never change what an earlier request sent.
+epoch_records: st.SearchStrategy[Record] = st.one_of(
     baselines, users, assistants, usages, cache_losses, tool_results, approvals
 )
+records: st.SearchStrategy[Record] = epoch_records | compactions
 
 
 @st.composite
-def conversations(draw: st.DrawFn, max_steps: int = 25) -> tuple[Baseline, list[Record]]:
+def conversations(
+    draw: st.DrawFn, max_steps: int = 25, compacting: bool = False
+) -> tuple[Baseline, list[Record]]:
     """A baseline and the records after it, tool results referring to earlier calls' ids.
 
     The ids come from a small alphabet so that duplicates and collisions happen; results
     may answer a call, answer nothing (an orphan), or never come (a call stopped by a limit).
+    With ``compacting``, Compaction records too (``kept`` an index of the list with the
+    baseline at 0, at most the compaction's own: a turn start, any record, or past all).
     """
     baseline = draw(baselines)
     ids = st.sampled_from(["call_0", "call_1", "call_2", "c", ""]) | texts
@@ -162,10 +176,15 @@ def conversations(draw: st.DrawFn, max_steps: int = 25) -> tuple[Baseline, list[
     out: list[Record] = []
     seen: list[str] = []
     number = 0
+    kinds = ["user", "assistant", "result", "result", "approval", "other"]
     for _ in range(draw(st.integers(min_value=0, max_value=max_steps))):
-        choice = draw(st.sampled_from(
-            ["user", "assistant", "result", "result", "approval", "other"]))
-        if choice == "user":
+        choice = draw(st.sampled_from([*kinds, "compaction"] if compacting else kinds))
+        if choice == "compaction":
+            here = len(out) + 1  # its index, the baseline being 0
+            starts = [i + 1 for i, r in enumerate(out) if isinstance(r, User)] or [here]
+            kept = draw(st.sampled_from(starts) | st.integers(min_value=1, max_value=here))
+            out.append(dataclasses.replace(draw(compactions), kept=kept))
+        elif choice == "user":
             out.append(draw(users))
         elif choice == "assistant":
             a = draw(assistant)

@@ -40,7 +40,7 @@ from actors.cli.view import (
 )
 from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
-from actors.log.records import kind_of, to_json
+from actors.log.records import Compaction, kind_of, to_json
 from actors.session.actor import check_name, list_sessions, remove_session, session_path
 
 __all__ = ["main"]
@@ -204,7 +204,11 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
             print(json.dumps(to_json(r), ensure_ascii=False))
         return OK
     out = console()
+    marks = {r.kept: n for n, r in enumerate(records, 1) if isinstance(r, Compaction)}
     for i, r in enumerate(records, 1):
+        if i - 1 in marks:  # where a compaction's verbatim part starts
+            out.print(f"[dim]     ── from here on sent verbatim after the compaction at "
+                      f"#{marks[i - 1]} ──[/]", highlight=False)
         when = r.time.strftime("%Y-%m-%d %H:%M:%S")
         kind = kind_of(r)
         out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] ", end="", highlight=False)

@@ -95,6 +95,10 @@ def describe(record: rec.Record) -> str:
             return (f"call {record.call} {record.tool}: " + _decided(
                 record.decision.value, record.scope.value, record.by, record.rule,
                 record.reason))
+        case rec.Compaction():
+            return (f"({record.by.value}) at {record.tokens_before:,} prompt tokens: from here "
+                    f"on the model sees this summary and the records from #{record.kept + 1} "
+                    f"on; summary: {_short(record.summary, 240)}")
     raise AssertionError(f"no description for {type(record).__name__}")
 
 

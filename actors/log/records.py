@@ -29,6 +29,8 @@ __all__ = [
     "Assistant",
     "Baseline",
     "CacheLoss",
+    "Compaction",
+    "CompactionBy",
     "Record",
     "SlotState",
     "SlotUse",
@@ -177,7 +179,34 @@ class Approval:
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
-Record: TypeAlias = Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval
+class CompactionBy(enum.StrEnum):
+    """Why a compaction happened."""
+
+    AUTO = "auto"  # the next request would have passed session.compact_at of the context
+    PERSON = "person"  # asked for: `loopd compact`, /compact in chat, the daemon protocol
+    OVERFLOW = "overflow"  # the server answered that the prompt exceeds its context
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compaction:
+    """From here on the conversation is rendered from ``summary`` and the records from
+    index ``kept`` on (actors/session/messages.py); nothing before it is deleted.
+
+    ``kept``: the index (0 being the Baseline) of the first record still sent verbatim;
+    ``tokens_before``: the prompt's size, in tokens, that made the compaction necessary
+    (loopd's estimate, or the server's count when it answered that the context was full).
+    """
+
+    summary: str
+    kept: int
+    tokens_before: int
+    by: CompactionBy
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+Record: TypeAlias = (
+    Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval | Compaction
+)
 
 _KINDS: dict[type[Any], str] = {
     Baseline: "baseline",
@@ -187,12 +216,21 @@ _KINDS: dict[type[Any], str] = {
     CacheLoss: "cache_loss",
     ToolResult: "tool_result",
     Approval: "approval",
+    Compaction: "compaction",
 }
 _BY_KIND = {kind: cls for cls, kind in _KINDS.items()}
 
 
 # --- field checks ---------------------------------------------------------------------
 # Each check returns the decoded Python value or raises TypeError with what was expected.
+
+def _count(v: Any) -> int:
+    """A non-negative integer (an index, a number of tokens)."""
+    n: int = _INT(v)
+    if n < 0:
+        raise TypeError(f"expected a non-negative integer, got {n}")
+    return n
+
 
 def _optional(inner: Check) -> Check:
     return lambda v: None if v is None else inner(v)
@@ -240,6 +278,7 @@ _result_class = member(ResultClass)
 _slot_state = member(SlotState)
 _decision = member(ApprovalDecision)
 _scope = member(ApprovalScope)
+_by = member(CompactionBy)
 _NUMBER = exact(float, int)
 _SLOT_USE: dict[str, Check] = {
     "server": _STR, "slot": _INT, "state": _slot_state, "restored": _INT,
@@ -295,6 +334,12 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
         "by": ("by", _STR),
         "reason": ("reason", _STR),
         "rule": ("rule", _STR),
+    },
+    "compaction": {
+        "summary": ("summary", _STR),
+        "kept": ("kept", _count),
+        "tokens_before": ("tokens_before", _count),
+        "by": ("by", _by),
     },
 }
 for _fields in _FIELDS.values():

@@ -1,9 +1,19 @@
-"""Rendering the log as chat messages: ``messages(baseline, records)`` (design 3).
+"""Rendering the log as chat messages: ``messages(baseline, records)`` (design 3 and 14).
 
-A left fold that only ever emits: each record adds messages at the end and none are
-changed later, so the rendering after one more record always starts with the rendering
-before it, for any record sequence. That is what lets llama-server reuse its KV cache for
-the whole earlier prompt of every request.
+Two steps, both pure. :func:`view` is a left fold over the records that says what is sent:
+the summary of the last :class:`~actors.log.records.Compaction` (if any) and the indexes of
+the records sent verbatim, in order. Each record only adds its own index, except a
+Compaction, which keeps the indexes from its ``kept`` on and sets the summary; a record
+that changes what is sent later (a rewind, a fork's note) joins the fold the same way.
+:func:`render` turns a view into messages: the system prompt, the summary in a fixed frame
+(:data:`SUMMARY_FRAME`, then :data:`SUMMARY_ACK` when a user message follows, so templates
+that insist on alternating roles still render), then the live records in order.
+
+Between two Compactions (an *epoch*) rendering only ever emits: each record adds messages
+at the end and none are changed later, so the rendering after one more record starts with
+the rendering before it. That is what lets llama-server reuse its KV cache for the whole
+earlier prompt of every request. The first request of an epoch starts like every request
+does, with the system prompt and the tools (the baseline's prefix), which the server keeps.
 
 A tool call that never got a result (a turn stopped by a limit) is answered with
 :data:`MISSING_RESULT`, always the same text, when its block is *closed*: when the next
@@ -11,7 +21,9 @@ User or Assistant record comes. While the block is still open at the end of the 
 nothing is emitted for it, so a ToolResult appended later still extends the rendering.
 Results are matched to calls by ``tool_call_id``; a result that answers no open call is
 still rendered (the log is the truth: nothing is dropped). Baseline (in any position),
-Usage and CacheLoss records render to nothing, and ``time`` is never sent.
+Usage, CacheLoss, Approval and Compaction records render to nothing themselves, and
+``time`` is never sent. ``records`` is the log from its Baseline on when it holds
+Compactions: their ``kept`` is an index into it.
 
 Two styles for a tool's result (``session.tool_results``): ``"tool"`` sends it as a
 ``tool`` message, the chat template's own form; ``"user"`` sends it as a user message that
@@ -20,56 +32,124 @@ gives the turn's question, names the tool and its result, and asks for an answer
 the second far more often (after a ``tool`` message it mostly writes "Mark ..." about
 nothing); the question first and "in full sentences" made it answer, where "answer in one
 sentence: QUESTION" after the result mostly got the result or the question echoed back
-(measured: right answers after the right call 16/17 against 12/17).
-Both depend only on the records, so the extension property holds for either.
+(measured: right answers after the right call 16/17 against 12/17). The question is the
+last User record before the result in the whole log, sent or not, so a turn whose start was
+compacted away still asks it. Both depend only on the records, so the extension property
+holds for either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from actors.log.records import Assistant, Baseline, Record, ToolCall, ToolResult, User
+from actors.log.records import Assistant, Baseline, Compaction, Record, ToolCall, ToolResult, User
 
-__all__ = ["MISSING_RESULT", "USER_RESULT", "Message", "ResultStyle", "messages"]
+__all__ = [
+    "MISSING_RESULT", "SUMMARY_ACK", "SUMMARY_FRAME", "USER_RESULT", "Message", "ResultStyle",
+    "View", "message_text", "messages", "render", "view",
+]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
 USER_RESULT = (
     "Question: {question}\n\n{tool} returned:\n{result}\n\n"
     "Answer the question from that result, in full sentences."
 )
+SUMMARY_FRAME = (
+    "[loopd: the earlier part of this conversation no longer fits the context, so it was "
+    "summarised. The summary:]\n\n{summary}\n\n[End of the summary. The conversation goes "
+    "on from here.]"
+)
+SUMMARY_ACK = "Understood."
 
 Message = dict[str, Any]
 ResultStyle = Literal["tool", "user"]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """What a request sends: the last compaction's summary, and the records sent verbatim."""
+
+    summary: str | None
+    live: tuple[int, ...]  # indexes into the records, increasing
+
+    def before(self, index: int) -> View:
+        """The same view without the records from ``index`` on (a prefix of its rendering)."""
+        return View(self.summary, tuple(i for i in self.live if i < index))
+
+
+def view(records: Sequence[Record]) -> View:
+    """The left fold: every record adds its index; a Compaction keeps those from ``kept``."""
+    summary: str | None = None
+    live: list[int] = []
+    for i, record in enumerate(records):
+        if isinstance(record, Compaction):
+            summary = record.summary
+            live = [j for j in live if j >= record.kept]
+        else:
+            live.append(i)
+    return View(summary, tuple(live))
+
+
 def messages(
-    baseline: Baseline, records: Iterable[Record], *, results: ResultStyle = "tool"
+    baseline: Baseline, records: Sequence[Record], *, results: ResultStyle = "tool"
 ) -> list[Message]:
-    """The chat messages of a request: the system prompt, then the log in order."""
+    """The chat messages of a request: the system prompt, then the log as its view says."""
+    return render(baseline, records, view(records), results=results)
+
+
+def render(
+    baseline: Baseline, records: Sequence[Record], shown: View, *, results: ResultStyle = "tool"
+) -> list[Message]:
+    """The messages of ``shown`` (a view of ``records``)."""
     out: list[Message] = [{"role": "system", "content": baseline.system}]
+    framed = shown.summary is not None
+    if framed:
+        out.append({"role": "user", "content": SUMMARY_FRAME.format(summary=shown.summary)})
+    live = set(shown.live)
     pending: list[ToolCall] = []  # calls of the open block still waiting for a result
     question = ""  # the content of the last User record: the turn's question
-    for record in records:
+    for i, record in enumerate(records):
+        if i not in live:
+            if isinstance(record, User):
+                question = record.content
+            continue
+        added: list[Message] = []
         if isinstance(record, User | Assistant):
-            out.extend(_result(results, call.id, MISSING_RESULT, call, question)
-                       for call in pending)
+            added.extend(_result(results, call.id, MISSING_RESULT, call, question)
+                         for call in pending)
             pending = []
         if isinstance(record, User):
-            out.append({"role": "user", "content": record.content})
+            added.append({"role": "user", "content": record.content})
             question = record.content
         elif isinstance(record, Assistant):
-            out.append(_assistant(record))
+            added.append(_assistant(record))
             pending = list(record.tool_calls)
         elif isinstance(record, ToolResult):
             answered = None
-            for i, call in enumerate(pending):
+            for k, call in enumerate(pending):
                 if call.id == record.tool_call_id:
-                    answered = pending.pop(i)
+                    answered = pending.pop(k)
                     break
-            out.append(_result(results, record.tool_call_id, record.content, answered, question))
-        # Baseline, Usage, CacheLoss: nothing
+            added.append(_result(results, record.tool_call_id, record.content, answered,
+                                 question))
+        # Baseline, Usage, CacheLoss, Approval: nothing
+        if framed and added:
+            framed = False
+            if added[0]["role"] == "user":
+                out.append({"role": "assistant", "content": SUMMARY_ACK})
+        out.extend(added)
     return out
+
+
+def message_text(message: Message) -> str:
+    """The text of one message a tokenizer sees, besides the template's own tokens."""
+    parts = [str(message.get("content") or ""), str(message.get("reasoning_content") or "")]
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function", {})
+        parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+    return "\n".join(p for p in parts if p)
 
 
 def _result(
@@ -96,4 +176,3 @@ def _assistant(record: Assistant) -> Message:
             for c in record.tool_calls
         ]
     return message
-

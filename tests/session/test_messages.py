@@ -19,15 +19,25 @@ from actors.log.records import (
     Assistant,
     Baseline,
     CacheLoss,
+    Compaction,
+    CompactionBy,
     Record,
     ToolCall,
     ToolResult,
     Usage,
     User,
 )
-from actors.session.messages import MISSING_RESULT, ResultStyle, messages
+from actors.session.messages import (
+    MISSING_RESULT,
+    SUMMARY_ACK,
+    SUMMARY_FRAME,
+    ResultStyle,
+    View,
+    messages,
+    view,
+)
 from actors.tools.protocol.spec import ResultClass
-from tests.strategies import conversations, records
+from tests.strategies import conversations, epoch_records
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 BASE = Baseline(
@@ -160,7 +170,7 @@ def test_orphan_result_is_rendered_and_duplicate_ids_are_answered_once_each() ->
 def answering(pending: list[str]) -> st.SearchStrategy[Record]:
     """One more record, with a good chance of answering a pending call."""
     answers = [result(i, "answer") for i in pending]
-    return st.sampled_from(answers) | records if answers else records
+    return st.sampled_from(answers) | epoch_records if answers else epoch_records
 
 
 @pytest.mark.parametrize("style", ["tool", "user"])
@@ -259,3 +269,102 @@ def test_user_style_placeholder_for_a_call_that_never_ran() -> None:
     assert out[3] == {"role": "user", "content": f"Question: q?\n\nf returned:\n{MISSING_RESULT}"
                                                  "\n\nAnswer the question from that result, "
                                                  "in full sentences."}
+
+
+# --- compaction: epochs -------------------------------------------------------------------------
+
+
+def compaction(kept: int, summary: str = "S") -> Compaction:
+    return Compaction(summary=summary, kept=kept, tokens_before=100, by=CompactionBy.AUTO)
+
+
+def framed(summary: str) -> dict[str, str]:
+    return {"role": "user", "content": SUMMARY_FRAME.format(summary=summary)}
+
+
+ACK = {"role": "assistant", "content": SUMMARY_ACK}
+
+
+def test_a_compaction_renders_the_summary_then_the_records_from_kept_on() -> None:
+    recs: list[Record] = [
+        BASE,                                                               # 0
+        User(content="one"), Assistant(content="1", reasoning=None),        # 1, 2
+        User(content="two"), Assistant(content="2", reasoning=None),        # 3, 4
+        compaction(kept=3, summary="They said one."),                       # 5
+        User(content="three"),                                              # 6
+    ]
+    assert messages(BASE, recs) == [
+        SYSTEM, framed("They said one."), ACK,
+        {"role": "user", "content": "two"}, {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "three"},
+    ]
+    # nothing verbatim but what comes after it
+    assert messages(BASE, [*recs[:5], compaction(kept=5), recs[6]]) == [
+        SYSTEM, framed("S"), ACK, {"role": "user", "content": "three"},
+    ]
+    assert view(recs) == View("They said one.", (3, 4, 6))
+
+
+def test_the_last_compaction_wins_and_keeps_only_what_the_one_before_kept() -> None:
+    recs: list[Record] = [
+        BASE, User(content="a"), User(content="b"), compaction(kept=2, summary="A"),
+        User(content="c"), compaction(kept=1, summary="AB"), User(content="d"),
+    ]
+    # kept=1 cannot bring back record 1: the first compaction already dropped it
+    assert view(recs) == View("AB", (2, 4, 6))
+    assert messages(BASE, recs)[1:3] == [framed("AB"), ACK]
+
+
+def test_no_ack_when_the_kept_part_starts_with_a_models_response() -> None:
+    recs: list[Record] = [
+        BASE, User(content="q"), Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+        result("a", "r"), compaction(kept=2),
+    ]
+    out = messages(BASE, recs)
+    assert out[:2] == [SYSTEM, framed("S")]
+    assert out[2]["role"] == "assistant" and out[2]["tool_calls"][0]["id"] == "a"
+    assert out[3] == tool_msg("a", "r")
+    # the summary alone (nothing after it yet) is a prefix of what comes once a turn does
+    alone = messages(BASE, [*recs, compaction(kept=6)])
+    assert alone == [SYSTEM, framed("S")]
+    assert messages(BASE, [*recs, compaction(kept=6), User(content="n")])[:2] == alone
+
+
+def test_a_result_after_its_turn_start_was_compacted_still_asks_that_question() -> None:
+    recs: list[Record] = [
+        BASE, User(content="What does n.txt say?"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+        compaction(kept=2), result("a", "Saturday"),
+    ]
+    out = messages(BASE, recs, results="user")
+    assert out[-1]["content"].startswith("Question: What does n.txt say?\n\nf returned:\nSaturday")
+
+
+def test_a_call_left_open_before_the_kept_point_gets_no_placeholder_after_it() -> None:
+    recs: list[Record] = [
+        BASE, User(content="q"), Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+        User(content="next"), compaction(kept=3),
+    ]
+    assert messages(BASE, recs) == [SYSTEM, framed("S"), ACK, {"role": "user", "content": "next"}]
+
+
+@settings(max_examples=200)
+@given(conversations(compacting=True), st.sampled_from(["tool", "user"]))
+def test_extension_property_by_epochs(
+    conv: tuple[Baseline, list[Record]], style: ResultStyle
+) -> None:
+    """Within an epoch every rendering extends the one before; the first rendering after a
+    compaction starts with the system prompt and the summary's frame (the baseline's prefix
+    is what the server keeps). The seed is in pytest's header."""
+    baseline, recs = conv
+    full: list[Record] = [baseline, *recs]
+    previous = messages(baseline, full[:1], results=style)
+    for i in range(2, len(full) + 1):
+        current = messages(baseline, full[:i], results=style)
+        last = full[i - 1]
+        if isinstance(last, Compaction):
+            assert current[0] == {"role": "system", "content": baseline.system}
+            assert current[1] == framed(last.summary)
+        else:
+            assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
+        previous = current

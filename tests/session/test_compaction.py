@@ -1,0 +1,135 @@
+"""Compaction's pure parts: where the verbatim part starts, and the elided summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from actors.log.records import Assistant, Baseline, Record, ToolCall, ToolResult, Usage, User
+from actors.session.compaction import ELIDE_HEADER, Choice, choose_kept, elide, kept_turns
+from actors.session.messages import view
+from actors.tools.protocol.spec import ResultClass
+
+T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+BASE = Baseline(system="sys", tools=(), model="m", created=T0)
+
+
+def read(i: str, path: str) -> Assistant:
+    call = ToolCall(id=i, name="read_file", arguments=f'{{"path": "{path}"}}')
+    return Assistant(content=None, reasoning=None, tool_calls=(call,))
+
+
+def result(i: str, content: str) -> ToolResult:
+    return ToolResult(call=1, tool_call_id=i, content=content, class_=ResultClass.PUBLIC,
+                      untrusted=False, truncated=False)
+
+
+def usage() -> Usage:
+    return Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=1,
+                 completion_tokens=1, finish_reason="stop")
+
+
+def answer(text: str) -> Assistant:
+    return Assistant(content=text, reasoning=None)
+
+
+# Three whole turns, each: User, a read, its usage, the result, the answer, its usage.
+RECORDS: list[Record] = [BASE]
+for n, name in enumerate(["a.txt", "b.txt", "c.txt"]):
+    RECORDS += [User(content=f"What does {name} say?"), read(f"c{n}", name), usage(),
+                result(f"c{n}", f"{name} says {n}" * (1 + 100 * (n == 1))), answer(f"It says {n}."),
+                usage()]
+STARTS = [i for i, r in enumerate(RECORDS) if isinstance(r, User)]  # 1, 7, 13
+
+
+def sizes(records: list[Record], each: int = 10) -> dict[int, int]:
+    return {i: each for i in range(1, len(records))}
+
+
+def test_keeps_the_last_whole_turns_that_fit_the_keep_budget() -> None:
+    shown = view(RECORDS)
+    # a turn is 4 records that render (User, call, result, answer), 10 tokens each: 40
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=85, room=1000, pending=False) \
+        == Choice(kept=STARTS[1], turns=2)
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=79, room=1000, pending=False) \
+        == Choice(kept=STARTS[2], turns=1)
+
+
+def test_a_pending_message_may_keep_no_logged_turn() -> None:
+    shown = view(RECORDS)
+    end = len(RECORDS)
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=39, room=1000, pending=True) \
+        == Choice(kept=end, turns=1)
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=40, room=1000, pending=True) \
+        == Choice(kept=STARTS[2], turns=2)
+
+
+def test_the_turn_in_progress_is_kept_whole_when_it_fits_the_room_but_not_the_budget() -> None:
+    shown = view(RECORDS)
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=10, room=40, pending=False) \
+        == Choice(kept=STARTS[2], turns=1)
+
+
+def test_the_turn_in_progress_is_cut_between_responses_only_when_it_cannot_fit_whole() -> None:
+    recs = [*RECORDS[:-2]]  # turn 3 in progress: User, read, usage, result
+    recs += [read("d", "d.txt"), usage(), result("d", "d" * 50)]  # a second read in it
+    shown = view(recs)
+    first_read, second_read = STARTS[2] + 1, len(recs) - 3
+    each = sizes(recs)
+    # the turn's 5 records that render are 50 tokens; from its first read on 40, second 20
+    assert choose_kept(recs, shown, each, keep=10, room=40, pending=False) \
+        == Choice(kept=first_read, turns=1)
+    assert choose_kept(recs, shown, each, keep=10, room=39, pending=False) \
+        == Choice(kept=second_read, turns=1)
+    # a call is never split from its result: nothing smaller fits, nothing helps
+    assert choose_kept(recs, shown, each, keep=10, room=19, pending=False) is None
+
+
+def test_nothing_to_drop_nothing_helps() -> None:
+    recs: list[Record] = [BASE, User(content="only")]
+    assert choose_kept(recs, view(recs), sizes(recs), keep=0, room=0, pending=False) is None
+    assert choose_kept([BASE], view([BASE]), {}, keep=0, room=0, pending=True) is None
+
+
+def test_kept_turns_counts_the_verbatim_turn_starts() -> None:
+    assert kept_turns(RECORDS, view(RECORDS)) == 3
+    assert kept_turns(RECORDS, view(RECORDS).before(STARTS[1])) == 1
+
+
+def test_elide_lists_messages_calls_with_result_sizes_and_answers() -> None:
+    dropped = [i for i in view(RECORDS).live if i < STARTS[2]]
+    text = elide(RECORDS, dropped, None, cap=4000)
+    lines = text.splitlines()
+    assert lines[0] == ELIDE_HEADER
+    assert lines[1] == "- The person asked: What does a.txt say?"
+    assert lines[2] == """  - You called read_file {"path": "a.txt"}: it returned 'a.txt says 0'"""
+    assert lines[3] == "  - You answered: It says 0."
+    big = len("b.txt says 1" * 101)
+    assert lines[5] == (f"""  - You called read_file {{"path": "b.txt"}}: it returned {big:,} """
+                        "characters (call it again to see them)")
+    assert "c.txt" not in text
+
+
+def test_elide_keeps_the_newest_lines_within_its_cap_and_counts_what_it_left_out() -> None:
+    dropped = list(view(RECORDS).live)
+    whole = elide(RECORDS, dropped, None, cap=10_000)
+    short = elide(RECORDS, dropped, None, cap=200)
+    assert len(short) <= 200
+    assert short.splitlines()[0] == ELIDE_HEADER
+    assert short.splitlines()[-1] == whole.splitlines()[-1]
+    left = int(short.splitlines()[1].split()[0].lstrip("("))
+    assert left + len(short.splitlines()) - 2 == len(whole.splitlines()) - 1
+    # compacted again: the earlier summary's lines come first, its count carried on
+    again = elide(RECORDS, dropped, short, cap=200)
+    assert int(again.splitlines()[1].split()[0].lstrip("(")) > left
+
+
+def test_elide_of_call_tool_shows_the_inner_arguments_and_a_missing_result() -> None:
+    inner = ToolCall(id="x", name="call_tool",
+                     arguments='{"name": "list_dir", "arguments": {"path": "src"}}')
+    recs: list[Record] = [BASE, User(content="ls"),
+                          Assistant(content=None, reasoning=None, tool_calls=(inner,))]
+    text = elide(recs, [1, 2], "earlier line", cap=1000)
+    assert text.splitlines()[1:] == [
+        "earlier line", "- The person asked: ls",
+        """  - You called list_dir {"path": "src"}: no result""",
+    ]
