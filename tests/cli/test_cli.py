@@ -84,6 +84,33 @@ def test_sessions_and_log_show(env: dict[str, Any], capsys: Any) -> None:
     assert records[1]["content"] == "first"
 
 
+def test_log_show_shows_every_record_and_where_each_compaction_keeps_from(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    from actors.log.records import Assistant, Compaction, CompactionBy, User
+
+    path = env["dir"] / "long" / "log.bin"
+    log, _ = SessionLog.open(path, fsync="never", baseline=baseline(), name="long")
+    log.append(User(content="first question"), Assistant(content="first answer", reasoning=None),
+               User(content="second question"))
+    log.append(Compaction(summary="They asked a first question.", kept=3, tokens_before=6100,
+                          by=CompactionBy.AUTO))
+    log.close()
+    assert main(["log", "show", "long", "--config", env["config"]]) == 0
+    shown = capsys.readouterr().out
+    lines = [line for line in shown.splitlines() if line.split()[0] in ("1", "2", "3", "4", "5",
+                                                                        "──")]
+    assert [line.split()[0] for line in lines] == ["1", "2", "3", "──", "4", "5"]
+    assert "first question" in lines[1] and "first answer" in lines[2]  # nothing hidden
+    assert "after the compaction at #5" in lines[3]
+    flat = " ".join(shown.split())
+    assert "compaction (auto) at 6,100 prompt tokens" in flat
+    assert "records from #4 on" in flat and "They asked a first question." in flat
+    assert main(["log", "show", "long", "--json", "--config", env["config"]]) == 0
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert last["kind"] == "compaction" and last["kept"] == 3 and last["by"] == "auto"
+
+
 def test_exit_2_on_bad_config_and_bad_usage(tmp_path: Path, capsys: Any) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[loop]\ntool_iterations = 0\n")
