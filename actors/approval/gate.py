@@ -30,6 +30,7 @@ ToolResult, and an :class:`~actors.base.events.ApprovalDecided` event.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -57,15 +58,17 @@ __all__ = ["Gate", "session_grants"]
 
 def session_grants(records: Iterable[Record]) -> tuple[Rule, ...]:
     """The rules granted by "for this session" answers in the log (whoever answered: the
-    person, a remote client, a harness; not the records of the grants being used)."""
+    person, a remote client, a harness; not the records of the grants being used). A grant
+    is what the person saw: a prefix grant an older loopd wrote is read as exact."""
     grants = []
     for r in records:
         if (isinstance(r, Approval) and r.decision is ApprovalDecision.ALLOW
                 and r.scope is ApprovalScope.SESSION and r.by != "session" and r.rule):
             try:
-                grants.append(parse_rule(r.rule))
+                rule = parse_rule(r.rule)
             except ValueError:  # a rule this version no longer reads: ask again
                 continue
+            grants.append(rule if rule.prefix is None else dataclasses.replace(rule, exact=True))
     return tuple(grants)
 
 

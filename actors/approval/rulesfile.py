@@ -36,7 +36,8 @@ __all__ = ["RuleStore", "load_rules", "save_rule"]
 _KEYS = ("allow", "deny")
 _NEW = """\
 # loopd approval rules: the "always" answers, and rules written by hand.
-# Each entry is TOOL or "TOOL: PREFIX" (for run_command, the command's first words).
+# Each entry is TOOL, "TOOL: PREFIX" (for run_command, the command's first words) or
+# "TOOL = EXACT" (exactly that command or path: what an "always" answer saves).
 # Deny beats allow. Syntax and meaning as tools.allow / tools.deny in loopd.toml.
 allow = []
 deny = []

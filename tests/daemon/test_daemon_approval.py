@@ -86,8 +86,8 @@ def test_without_an_approver_the_client_denies_as_in_process(asking_daemon: Daem
 def test_for_this_session_is_asked_once(asking_daemon: Daemon) -> None:
     person = Person(Decision(Choice.SESSION))
     with asking_daemon.client() as client:
-        for n in (1, 2):
-            client.turn("s", _write(f"t{n}", f"f{n}.txt"), person).run(lambda e: None)
+        for n in (1, 2):  # the same file twice: a grant is the path the person saw
+            client.turn("s", _write(f"t{n}", "f1.txt"), person).run(lambda e: None)
         records = client.read_log("s")
     assert len(person.asked) == 1
     scopes = [(r.scope, r.by) for r in records if isinstance(r, Approval)]
