@@ -1,7 +1,7 @@
 """Inference client overhead: loopd's streaming client versus a bare httpx stream.
 
 The fake llama-server replays a real recording from its own process (a server thread in
-this process would share its GIL and slow every client down, bench-notes). Per round, one
+this process would share its GIL and slow every client down: docs/bench.md). Per round, one
 request of each kind goes in turn, so all three see the same machine state:
 
 - floor: a bare ``httpx`` streaming POST that reads every line (no parsing);

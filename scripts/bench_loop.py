@@ -1,7 +1,7 @@
 """Loop overhead per model call: loopd's turn, a bare httpx stream, the OpenAI Agents SDK.
 
 The fake llama-server runs the agent script (:mod:`tests.support.scripted_llama`) in its
-own process (a server thread here would share this process's GIL, bench-notes). One turn is
+own process (a server thread here would share this process's GIL: docs/bench.md). One turn is
 two model calls: the model calls ``find_tool`` (answered locally, no tool host), then answers
 (~200 characters in 4-character deltas, ~15 KB of SSE). Per round, in turn, so all see the
 same machine state:

@@ -1,4 +1,4 @@
-"""Approval that waits for the person (design section 11): the approver and the gate.
+"""Approval that waits for the person (docs/approval.md): the approver and the gate.
 
 **The approver** is supplied by whoever drives the turn (the chat prompt, ``loopd run``'s
 ``--json`` or no-terminal answers, a daemon client forwarding the question over its

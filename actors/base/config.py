@@ -56,9 +56,9 @@ class InferenceConfig:
     # "auto": on for the embedded model, off for a server named by url.
     bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
     # Send a grammar with every request so the answer is TOOL and exactly one schema-valid
-    # call of a tool that can be called, or ANSWER and plain text (inference/grammar.py and
-    # inference/decision.py: the word is taken off again). "auto": on for the
-    # embedded model, off for a server named by url. On implies bare_json_tool_calls.
+    # call of a tool that can be called, or ANSWER and plain text; the word is taken off
+    # again (docs/inference.md#small-model-aids). "auto": on for the embedded model, off
+    # for a server named by url. On implies bare_json_tool_calls.
     constrained_calls: Literal["auto", "on", "off"] = "auto"
     # Under constrained_calls: model responses of a turn that may call a tool; the one after
     # them may only be plain text (a small model calls again instead of answering).

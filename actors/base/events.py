@@ -1,8 +1,8 @@
 """Events a turn emits to its sink while it runs: what the person sees live.
 
-Chat events come from the inference actor (design 4), turn events from the session actor
-(design 6). All are frozen dataclasses, so they can cross threads safely, and
-:func:`to_json` gives the ``--json`` line of any of them.
+Chat events come from the inference actor (docs/inference.md#events), turn events from the
+session actor (docs/turn.md#step-by-step). All are frozen dataclasses, so they can cross
+threads safely, and :func:`to_json` gives the ``--json`` line of any of them.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ this session" answer grants: what the person saw, see :func:`grant_for`):
   with shell operators (``; & | < > ( ) $ `` `` and newlines, anywhere, quoted or not) or
   unbalanced quotes has no words: it matches no prefix or exact rule, since what it would
   run cannot be told from its first words (``git status; rm -rf ~``).
-- any other tool with a ``path`` argument: the path's parts (``write_file: docs`` matches
-  ``docs/a.md``, not ``docs2/a.md``); a path with a ``..`` part never matches.
+- any other tool with a ``path`` argument: the path's parts (``write_file: notes`` matches
+  ``notes/a.md``, not ``notes2/a.md``); a path with a ``..`` part never matches.
 - any other call: no subject; only ``TOOL`` rules match it.
 
 :func:`verdict` decides: a matching deny rule wins over everything; then a matching allow

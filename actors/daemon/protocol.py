@@ -78,7 +78,7 @@ Messages, daemon to client
   for each one's fields; a new event is a new protocol version).
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
-  ``Usage`` record in the log's own encoding, design section 2: a msgpack map with
+  ``Usage`` record in the log's own encoding, docs/log.md#encoding: a msgpack map with
   ``kind`` and ``time`` as msgpack's timestamp extension), ``restored`` map or nil (what the
   slot keeper restored: ``server``, ``slot``, ``state``, ``restored``, ``restore_ms``,
   ``reason``).
@@ -94,8 +94,8 @@ Messages, daemon to client
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
-  (how long the turn waits; 0: no limit). A tool call needs the person's approval (design
-  section 11): the turn waits for the client's ``approve`` of that ``call``: ``choice``
+  (how long the turn waits; 0: no limit). A tool call needs the person's approval
+  (docs/approval.md): the turn waits for the client's ``approve`` of that ``call``: ``choice``
   ``once`` (this call), ``session`` (calls the rule matches, for the rest of the session),
   ``always`` (saved in the rules file), or ``deny`` (``reason``: for the model);
   ``by``: who answered (``person``, or e.g. ``no terminal`` when the client had nobody to

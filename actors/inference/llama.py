@@ -4,7 +4,7 @@ One ``LlamaClient`` per server, shared by threads (httpx's client is thread-safe
 request is ``POST /v1/chat/completions`` with ``stream: true``, parsed with httpx-sse and
 assembled by :class:`~actors.inference.sse.StreamAssembler`.
 
-Decisions (design section 4 and the protocol notes):
+Decisions (docs/inference.md; the server's side in docs/llama-server.md):
 
 - **Retries** (``chat_with_retry``): connect errors, a closed connection with no response,
   timeouts before any of the answer arrived, 503 and other 5xx, an ``error`` event inside a
@@ -82,7 +82,7 @@ def encode_body(request: ChatRequest, slot: int = 0) -> bytes:
 def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
     """The JSON body llama-server gets for ``request`` on ``slot`` (never ``X-Conversation-Id``).
 
-    The slot is the one the slot keeper leased to the session (design 9).
+    The slot is the one the slot keeper leased to the session (docs/slots.md#leases).
     """
     body: dict[str, Any] = {
         "model": "loopd",  # ignored by a server with one model
@@ -98,7 +98,8 @@ def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
         body["tools"] = request.tools
     if request.grammar is not None:
         body["grammar"] = request.grammar
-        body["tool_choice"] = "none"  # the server's own tool-call grammar off (protocol 3.2)
+        # the server's own call grammar off: docs/llama-server.md#tools-and-grammars
+        body["tool_choice"] = "none"
     if request.max_tokens is not None:
         body["max_tokens"] = request.max_tokens
     if not request.thinking:
@@ -203,7 +204,8 @@ class LlamaClient:
         slot: int = 0,
         deadline: float | None = None,
     ) -> Completion:
-        """The design's retry policy around ``chat``; raises the last InferError."""
+        """``chat`` with the retry policy (docs/inference.md#retries); raises the last
+        InferError."""
         return self._run(
             request, sink, cancel, retries=self._config.retries, slot=slot, deadline=deadline
         )
@@ -213,7 +215,8 @@ class LlamaClient:
         return self._json("GET", "/props")
 
     def slot_action(self, slot: int, action: str, filename: str = "") -> Mapping[str, Any]:
-        """``POST /slots/{slot}?action=save|restore|erase`` (protocol notes section 9).
+        """``POST /slots/{slot}?action=save|restore|erase``
+        (docs/llama-server.md#saving-and-restoring-a-slot).
 
         Raises InferError: HTTP 501 ``not_supported_error`` when the server has no
         ``--slot-save-path``, 400 when it refuses the file, CONNECT when it is gone.

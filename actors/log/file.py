@@ -1,6 +1,6 @@
 """The session log: an append-only file of framed records, the truth of a session.
 
-Bytes (design 2): a 12-byte header, ``loopdlog`` + format version as u32 LE, then one
+Bytes (docs/log.md#the-file): a 12-byte header, ``loopdlog`` + format version as u32 LE, then one
 frame per record: ``length u32 LE | zlib.crc32(payload) u32 LE | payload`` where the
 payload is :func:`actors.log.records.encode` of the record.
 

@@ -1,7 +1,7 @@
 """The records of a session log, and their msgpack codec.
 
 A record is a frozen dataclass. On disk it is a msgpack map: ``kind`` plus the fields by
-the design's names (``class`` for :attr:`ToolResult.class_`), ``time`` as msgpack's
+their names (docs/log.md#encoding) (``class`` for :attr:`ToolResult.class_`), ``time`` as msgpack's
 timestamp extension. Decoding checks every field's type, so a log written by a buggy or
 foreign writer is refused with the kind and field named instead of being half-read.
 """

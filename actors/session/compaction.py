@@ -1,4 +1,5 @@
-"""Compaction's pure parts (design 14): what stays verbatim, the elided summary, the texts.
+"""Compaction's pure parts (docs/rendering.md#compaction): what stays verbatim, the elided
+summary, the texts.
 
 A compaction keeps the last whole turns that fit in ``session.compact_keep`` of the
 context, and summarises the rest. Turns are kept whole: a turn is never split between a

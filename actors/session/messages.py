@@ -1,4 +1,5 @@
-"""Rendering the log as chat messages: ``messages(baseline, records)`` (design 3 and 14).
+"""Rendering the log as chat messages: ``messages(baseline, records)``
+(docs/rendering.md).
 
 Two steps, both pure. :func:`view` is a left fold over the records that says what is sent:
 the summary of the last :class:`~actors.log.records.Compaction` (if any) and the indexes of

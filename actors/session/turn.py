@@ -1,11 +1,12 @@
-"""One turn: a user message in, an answer out, tool calls in between, five limits.
+"""One turn: a user message in, an answer out, tool calls in between, and its limits.
 
-This is design section 6, step by step. It runs inside the session actor's thread: the
-session actor is the only writer of the log and the only judge of every limit. The model
-and the tools are reached through handles that ask their own actors (the inference actor,
-the tool-port actors); their events go straight to ``on_event`` while this thread waits.
+docs/turn.md tells it step by step, with every limit and where it lives. It runs inside
+the session actor's thread: the session actor is the only writer of the log and the only
+judge of every limit. The model and the tools are reached through handles that ask their
+own actors (the inference actor, the tool ports); their events go straight to
+``on_event`` while this thread waits.
 
-The five limits and where each is decided here:
+The limits decided here, and where:
   tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
   calls per response -> ``_ask_model``, before the response is logged
                        (loop.max_calls_per_response)

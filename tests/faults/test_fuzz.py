@@ -14,8 +14,8 @@ Each property says which errors are the documented clean ones and that nothing e
 - ``config.parse`` against arbitrary tables: only ``ConfigError``;
 - ``dispatch`` against arbitrary tool names and argument text: never raises.
 
-Already fuzzed elsewhere, not repeated: the wire decoder (tests/tools/test_wire.py, bytes and
-msgpack) and the SSE parser (tests/inference/test_sse.py, bytes and JSON in SSE framing).
+Already fuzzed elsewhere, not repeated: the wire decoder (tests/tools/protocol/test_wire.py,
+bytes and msgpack) and the SSE parser (tests/inference/test_sse.py, bytes and JSON in SSE framing).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Model server faults at the turn level: retried where the design says, else a clean InferError.
+"""Model server faults at the turn level: retried where docs/inference.md#retries says, else
+a clean InferError.
 
 The fake llama-server (real HTTP on loopback) injects each fault into a real turn: the
 inference actor, a real session log with fsync, run_turn. For each one:
@@ -130,7 +131,7 @@ def test_a_lasting_fault_is_a_clean_infer_and_logs_nothing(turn_rig: MakeRig, fa
         assert caught.value.kind is kind
         assert says in str(caught.value)
         assert str(caught.value).startswith("The model server failed: ")
-        assert len(fake.requests) == requests  # retried exactly as the design says
+        assert len(fake.requests) == requests  # retried exactly as docs/inference.md#retries says
         _failed_cleanly(rig, "Hi?")
         _next_turn_works(rig, 2)
 

@@ -18,13 +18,14 @@ cut after that many deltas, unless the reply says ``honor_budget=False``) and th
 not honour the budget, on a request with ``reasoning_control``, waits (up to 5 s) after
 the first delta past the budget for the client's control call, so the race is settled.
 
-Slots like llama-server's (protocol notes section 9): ``GET /props`` (``total_slots``,
-per-slot ``n_ctx``, ``model_path``, ``build_info``: the ``props`` argument), and with a
-``save_dir`` ``POST /slots/{id}?action=save|restore|erase`` writing and reading real files
-there (a text format of the fake's own: a header line, then the slot's cached text). Without
-a ``save_dir`` the slot actions answer 501 like a server without ``--slot-save-path``. A test
-makes any slot action fail with :meth:`FakeLlama.fail_slots` (an HTTP error, or a restore
-that answers success but loads nothing: ``noop``), deterministically.
+Slots like llama-server's (docs/llama-server.md#saving-and-restoring-a-slot): ``GET /props``
+(``total_slots``, per-slot ``n_ctx``, ``model_path``, ``build_info``: the ``props``
+argument), and with a ``save_dir`` ``POST /slots/{id}?action=save|restore|erase`` writing
+and reading real files there (a text format of the fake's own: a header line, then the
+slot's cached text). Without a ``save_dir`` the slot actions answer 501 like a server
+without ``--slot-save-path``. A test makes any slot action fail with
+:meth:`FakeLlama.fail_slots` (an HTTP error, or a restore that answers success but loads
+nothing: ``noop``), deterministically.
 """
 
 from __future__ import annotations

@@ -282,7 +282,8 @@ def free_port() -> int:
 
 
 def slot_dir(embedded: EmbeddedConfig) -> Path:
-    """The embedded server's ``--slot-save-path``: sessions' KV state files (design 9)."""
+    """The embedded server's ``--slot-save-path``: the sessions' KV state files
+    (docs/slots.md#files)."""
     return Path(embedded.data_dir).expanduser() / "slots"
 
 

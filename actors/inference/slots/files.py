@@ -1,12 +1,12 @@
 """Session KV-state files on disk: their names, loopd's metadata beside them, their space.
 
 llama-server writes a slot's KV state into its ``--slot-save-path`` under a file name loopd
-gives it (protocol notes section 9). loopd names a session's file ``KEY.bin`` with ``KEY =
-NAME-HASH``, the hash taken of the session's log path, so two log directories holding a
-session of the same name never share a file. Beside it loopd keeps ``KEY.json``
-(:class:`SlotFile`): the session, the token count, the fingerprint of the server that saved
-it (model identity, per-slot ``n_ctx``, server build), when it was saved and last used,
-its size and crc32.
+gives it (docs/llama-server.md#saving-and-restoring-a-slot). loopd names a session's file
+``KEY.bin`` with ``KEY = NAME-HASH``, the hash taken of the session's log path, so two log
+directories holding a session of the same name never share a file. Beside it loopd keeps
+``KEY.json`` (:class:`SlotFile`): the session, the token count, the fingerprint of the
+server that saved it (model identity, per-slot ``n_ctx``, server build), when it was saved
+and last used, its size and crc32.
 
 Two kinds of save directory:
 

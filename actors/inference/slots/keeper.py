@@ -1,4 +1,4 @@
-"""The slot keeper: which session's KV state sits in which slot of which server (design 9).
+"""The slot keeper: which session's KV state sits in which slot of which server (docs/slots.md).
 
 The KV cache belongs to the session, like its log. One keeper per process that runs
 sessions owns the map session -> (server, slot). Every model request of a session takes a
@@ -31,7 +31,8 @@ does both around the stream), so:
 The keeper is a thread-safe owner rather than an actor: its callers (session actors, the
 saver thread) each block on their own lease anyway, and the HTTP work of saving and
 restoring runs in the caller's thread, outside the lock. The pure decisions are
-:func:`pick_server` and :func:`pick_slot` here and the file checks in ``slotfiles``.
+:func:`pick_server` and :func:`pick_slot` here and the file checks in
+:mod:`actors.inference.slots.files`.
 """
 
 from __future__ import annotations

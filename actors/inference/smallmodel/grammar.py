@@ -24,9 +24,10 @@ a registry tool may also be called by its own name (the bare-JSON path routes it
 with what was wrong.
 
 llama-server refuses ``grammar`` together with tools unless ``tool_choice`` is ``"none"``
-(protocol notes 3.2): the request keeps its ``tools`` (the chat template still shows them
-in the prompt, so the prompt and its cache are the same as without the grammar) and sets
-``tool_choice: "none"``, which only turns off the server's own tool-call parsing.
+(docs/llama-server.md#tools-and-grammars): the request keeps its ``tools`` (the chat
+template still shows them in the prompt, so the prompt and its cache are the same as
+without the grammar) and sets ``tool_choice: "none"``, which only turns off the server's
+own tool-call parsing.
 
 After ``inference.constrained_tool_steps`` responses of a turn that called tools, the turn
 asks for plain text only (``calls=False``: ``ANSWER`` and text): after a tool's result the

@@ -137,7 +137,8 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
         except ModuleNotFoundError as e:
             if e.name == "actors.tools.providers.mcp":
                 raise UsageError(
-                    "--mcp: this loopd has no MCP support (actors/tools/mcp.py is missing)"
+                    "--mcp: this loopd has no MCP support "
+                    "(actors/tools/providers/mcp.py is missing)"
                 ) from None
             raise UsageError(
                 f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"

@@ -1,6 +1,6 @@
 """Where ``run_command`` runs: inside bubblewrap (``bwrap``), or, when told, without a sandbox.
 
-The sandbox (design section 12) is bubblewrap's command line, built here and nowhere else:
+The sandbox (docs/sandbox.md) is bubblewrap's command line, built here and nowhere else:
 
 - the root file system read-only (``--ro-bind / /``), the workspace read-write on top;
   ``/proc/sys`` (and the other kernel knobs under ``/proc``) read-only in its own ``/proc``;

@@ -251,7 +251,7 @@ def test_without_an_approver_a_call_is_denied_unless_a_rule_allows_it(
 
 
 def test_a_turn_waiting_for_approval_holds_no_slot(tmp_path: Path) -> None:
-    """Design 11: while session A waits for the person, session B's turn gets the only slot
+    """docs/approval.md: while session A waits for the person, session B's turn gets the only slot
     and ends; A's call then runs and A ends too (one server slot, two sessions)."""
     from tests.inference.slots.slots_rig import Slots
 
