@@ -12,8 +12,11 @@ socket). It is any callable::
 - It returns a :class:`Decision`: ``ONCE`` (allow this call), ``SESSION`` (allow this and
   the calls ``request.rule`` matches for the rest of the session, kept in the log and
   re-read when the session reopens), ``ALWAYS`` (the same, saved as a rule in the rules
-  file for every session), or ``DENY`` with an optional ``reason`` the model reads.
-  ``SESSION``/``ALWAYS`` on a request whose ``rule`` is empty count as ``ONCE``.
+  file for every session), ``DENY`` with an optional ``reason`` the model reads, or
+  ``NEVER`` (deny, and save ``request.rule`` as a deny rule in the rules file: the calls it
+  matches are refused from then on, in every session, without asking).
+  ``SESSION``/``ALWAYS`` on a request whose ``rule`` is empty count as ``ONCE``, ``NEVER``
+  as ``DENY``.
 - It returns None when no answer came: by ``deadline`` (a ``time.monotonic()`` value,
   ``math.inf`` for no limit; a remote approver sends ``deadline - time.monotonic()`` as
   seconds), or as soon as ``cancel`` is set (Ctrl-C, a client gone). It must not block past
@@ -143,24 +146,38 @@ class Gate:
                       "not run")
             self._decide(call, tool, ApprovalDecision.DENY, once, "timeout", reason, "")
             return wire.Denied(reason=reason)
-        if decision.choice is Choice.DENY:
+        if decision.choice in (Choice.DENY, Choice.NEVER):
             said = decision.reason.strip()
             reason = f"the person said no: {said}" if said else "the person said no"
             if decision.by != "person":
                 reason = said or f"denied ({decision.by})"
-            self._decide(call, tool, ApprovalDecision.DENY, once, decision.by, reason, "")
+            scope, rule = once, ""
+            if decision.choice is Choice.NEVER and grant is not None:
+                scope, rule, note = self._keep(grant, deny=True)
+                reason = f"{reason}; {note}" if note else reason
+            self._decide(call, tool, ApprovalDecision.DENY, scope, decision.by, reason, rule)
             return wire.Denied(reason=reason)
-        scope, note = _SCOPES[decision.choice], ""
+        scope, rule, note = _SCOPES[decision.choice], "", ""
         if grant is None:
             scope = once
         elif scope is ApprovalScope.ALWAYS:
-            try:
-                self.store.save(grant)
-            except RulesError as e:
-                scope, note = ApprovalScope.SESSION, f"kept for this session only: {e}"
-        rule = "" if scope is once else str(grant)
+            scope, rule, note = self._keep(grant, deny=False)
+        elif scope is ApprovalScope.SESSION:
+            rule = str(grant)
         self._decide(call, tool, ApprovalDecision.ALLOW, scope, decision.by, note, rule)
         return send(True)
+
+    def _keep(self, grant: Rule, *, deny: bool) -> tuple[ApprovalScope, str, str]:
+        """An "always" (allow) or "never" (deny) answer saved as a rule: its scope, rule and
+        a note. A rule that cannot be saved holds for this session only (an allow: the log
+        keeps it) or for this call only (a deny), and the note says why."""
+        try:
+            self.store.save(grant, deny=deny)
+        except RulesError as e:
+            if deny:
+                return ApprovalScope.ONCE, "", f"not saved as a rule: {e}"
+            return ApprovalScope.SESSION, str(grant), f"kept for this session only: {e}"
+        return ApprovalScope.ALWAYS, str(grant), ""
 
     def _decide(
         self, call: int, tool: str, decision: ApprovalDecision, scope: ApprovalScope, by: str,

@@ -1,7 +1,8 @@
 """The rules file (``tools.rules_file``; by default ``~/.config/loopd/rules.toml``, or under
 ``$XDG_CONFIG_HOME``).
 
-It holds the "always" answers, and any rule a person writes there by hand::
+It holds the "always" answers (allow) and the "never" ones (deny), and any rule a person
+writes there by hand::
 
     allow = ["run_command: git status", "write_file: docs"]
     deny = ["run_command: rm"]
@@ -9,9 +10,9 @@ It holds the "always" answers, and any rule a person writes there by hand::
 The syntax of each entry is that of ``tools.allow`` / ``tools.deny`` (:mod:`actors.base.rules`).
 A missing file is no rules. A malformed one is a :class:`~actors.base.errors.RulesError` naming
 the file and the line, so a typo never silently allows or denies anything. Saving an
-"always" answer adds one entry to ``allow`` with tomlkit, so the person's comments and
-layout stay, and replaces the file atomically under a lock (two loopd processes saving at
-once both keep their rule).
+"always" answer adds one entry to ``allow`` (a "never" answer one to ``deny``) with tomlkit,
+so the person's comments and layout stay, and replaces the file atomically under a lock (two
+loopd processes saving at once both keep their rule).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ __all__ = ["RuleStore", "load_rules", "save_rule"]
 
 _KEYS = ("allow", "deny")
 _NEW = """\
-# loopd approval rules: the "always" answers, and rules written by hand.
+# loopd approval rules: the "always" (allow) and "never" (deny) answers, and rules
+# written by hand.
 # Each entry is TOOL, "TOOL: PREFIX" (for run_command, the command's first words) or
-# "TOOL = EXACT" (exactly that command or path: what an "always" answer saves).
+# "TOOL = EXACT" (exactly that command or path: what an "always" or "never" answer saves).
 # Deny beats allow. Syntax and meaning as tools.allow / tools.deny in loopd.toml.
 allow = []
 deny = []
@@ -97,8 +99,9 @@ def _line_of(text: str, needle: Any) -> int | str:
     return "?"
 
 
-def save_rule(path: Path, rule: Rule) -> None:
-    """Add ``rule`` to the file's ``allow`` list (creating the file); RulesError if it cannot."""
+def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
+    """Add ``rule`` to the file's ``allow`` list (``deny``: its ``deny`` list), creating the
+    file; RulesError if it cannot."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path):
@@ -108,9 +111,9 @@ def save_rule(path: Path, rule: Rule) -> None:
             except FileNotFoundError:
                 text = _NEW
             doc = tomlkit.parse(text)
-            allow = doc.setdefault("allow", tomlkit.array())
-            if str(rule) not in [str(v) for v in allow]:
-                allow.append(str(rule))
+            entries = doc.setdefault("deny" if deny else "allow", tomlkit.array())
+            if str(rule) not in [str(v) for v in entries]:
+                entries.append(str(rule))
             _replace(path, tomlkit.dumps(doc).encode())
     except OSError as e:
         raise RulesError(f"rules file {path}: cannot save the rule {str(rule)!r}: {e}") from None
@@ -153,10 +156,15 @@ class RuleStore:
         with self._lock:
             return self._book
 
-    def save(self, rule: Rule) -> None:
-        """Keep ``rule`` as an allow rule (in the file, when there is one); RulesError if not."""
+    def save(self, rule: Rule, *, deny: bool = False) -> None:
+        """Keep ``rule`` as an allow rule, or a deny rule (in the file, when there is one);
+        RulesError if not."""
         with self._lock:
             if self.path is not None:
-                save_rule(self.path, rule)
-            if rule not in self._book.allow:
-                self._book = RuleBook((*self._book.allow, rule), self._book.deny)
+                save_rule(self.path, rule, deny=deny)
+            allow, denied = self._book.allow, self._book.deny
+            if deny and rule not in denied:
+                denied = (*denied, rule)
+            elif not deny and rule not in allow:
+                allow = (*allow, rule)
+            self._book = RuleBook(allow, denied)

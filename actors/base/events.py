@@ -106,6 +106,7 @@ class ToolResultEvent:
     class_: str
     truncated: bool
     outcome: str  # result | failed | denied | local | repeat | invalid
+    content: str = ""  # the result as the log keeps it (an editor shows it: loopd acp)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,8 +197,9 @@ NO_APPROVER = "nobody can answer approvals here: allow it with a rule (tools.all
 class Choice(enum.StrEnum):
     ONCE = "once"
     SESSION = "session"
-    ALWAYS = "always"
+    ALWAYS = "always"  # allow, and save the rule (the rules file's allow list)
     DENY = "deny"
+    NEVER = "never"  # deny, and save the rule as a deny rule (the rules file's deny list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

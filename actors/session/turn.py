@@ -271,7 +271,7 @@ class _Turn:
         self.emit(
             ToolResultEvent(
                 name=call.name, call=number, class_=cls.value, truncated=truncated,
-                outcome=outcome,
+                outcome=outcome, content=text,
             )
         )
 

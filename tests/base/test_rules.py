@@ -326,6 +326,16 @@ def test_the_store_keeps_always_rules_at_once_and_in_the_file(tmp_path: Path) ->
     assert memory.book().allow == (Rule("write_file"),)
 
 
+def test_the_store_keeps_never_rules_as_deny_rules(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    store = RuleStore(path)
+    store.save(Rule("run_command", ("git", "push")), deny=True)
+    store.save(Rule("run_command", ("git", "push")), deny=True)  # once only
+    assert store.book() == RuleBook((), (Rule("run_command", ("git", "push")),))
+    assert RuleStore(path).book() == store.book()  # in the file, for a new process
+    assert 'deny = ["run_command: git push"]' in path.read_text()
+
+
 # --- the property: no spelling of a denied call is allowed without asking -------------------
 
 _PROGRAMS = st.sampled_from(["rm", "git", "curl", "chmod", "dd", "docker", "kill"])

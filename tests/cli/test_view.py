@@ -224,11 +224,13 @@ def test_every_event_is_one_json_line_with_its_name_and_fields() -> None:
     out = io.StringIO()
     view = JsonView(out)
     view(ev.Content("héllo [/]"))
-    view(ev.ToolResultEvent(name="f", call=1, class_="secret", truncated=False, outcome="result"))
+    view(ev.ToolResultEvent(name="f", call=1, class_="secret", truncated=False, outcome="result",
+                            content="42"))
     first, second = out.getvalue().splitlines()
     assert first == '{"event": "content", "text": "héllo [/]"}'  # not ASCII-escaped
     assert json.loads(second) == {"event": "tool_result", "name": "f", "call": 1,
-                                  "class": "secret", "truncated": False, "outcome": "result"}
+                                  "class": "secret", "truncated": False, "outcome": "result",
+                                  "content": "42"}
 
 
 def test_lines_written_from_many_threads_stay_whole() -> None:

@@ -168,6 +168,46 @@ def test_always_saves_a_rule_in_force_at_once_and_for_every_session(
     assert [c[3]["command"] for c in port.calls] == ["make test", "make 'test'"]
 
 
+def test_never_saves_a_deny_rule_that_refuses_the_next_call_without_asking(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("one"),
+                          answer(tool_calls=[run("git push --force")]), answer("two")], tmp_path)
+    person = Person(Decision(Choice.NEVER))
+    turn(r, person)
+    assert load_rules(tmp_path / "rules.toml").deny == (Rule("run_command", ("git", "push")),)
+    assert load_rules(tmp_path / "rules.toml").allow == ()
+    (a,) = approvals(r)
+    assert (a.decision, a.scope, a.by, a.rule) == (
+        ApprovalDecision.DENY, ApprovalScope.ALWAYS, "person", "run_command: git push")
+    turn(r, Person())  # would fail if asked: the deny rule is in force at once
+    assert port.calls == []  # neither call reached the host
+    assert [(x.by, x.rule) for x in approvals(r)][1] == ("rule", "run_command: git push")
+    assert results(r)[0] == "The call was denied: the person said no"
+
+
+def test_never_on_a_call_no_rule_can_match_denies_it_once(rig: Make, tmp_path: Path) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("ls | wc -l")]), answer("ok")], tmp_path)
+    turn(r, Person(Decision(Choice.NEVER)))
+    assert [(a.decision, a.scope, a.rule) for a in approvals(r)] == [
+        (ApprovalDecision.DENY, ApprovalScope.ONCE, "")]
+    assert not (tmp_path / "rules.toml").exists()
+
+
+def test_a_deny_rule_that_cannot_be_saved_denies_once_and_says_why(
+    rig: Make, tmp_path: Path
+) -> None:
+    r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("ok")], tmp_path)
+    (tmp_path / "rules.toml").write_text("allow = [\"run command\"]\n")  # malformed
+    r.runtime = dataclasses.replace(r.runtime, rules=RuleStore())
+    r.runtime.rules.path = tmp_path / "rules.toml"  # the file went bad after the start
+    turn(r, Person(Decision(Choice.NEVER)))
+    (a,) = approvals(r)
+    assert (a.decision, a.scope, a.rule) == (ApprovalDecision.DENY, ApprovalScope.ONCE, "")
+    assert "not saved as a rule" in a.reason and "line 1" in a.reason
+    assert port.calls == []
+
+
 def test_a_command_with_shell_operators_can_only_be_allowed_once(
     rig: Make, tmp_path: Path
 ) -> None:
