@@ -404,6 +404,7 @@ def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         s = client.status()
     print(f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
           f"{s.clients} client{'s' if s.clients != 1 else ''}")  # fmt: skip
+    print(f"  workspace {s.workspace}")
     for row in s.sessions:
         print(f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}")
     return OK

@@ -90,16 +90,18 @@ Messages, daemon to client
   ``start``, 0 being the Baseline), ``next`` int (the ``start`` of the next page),
   ``done`` bool (no more records). Pages stay under half the frame limit.
 - ``status_reply``: ``id``, ``pid`` int, ``endpoint`` text, ``uptime_s`` float, ``clients`` int,
-  ``sessions`` list of maps ``{"name": text, "busy": bool}`` (the attached sessions).
+  ``sessions`` list of maps ``{"name": text, "busy": bool}`` (the attached sessions),
+  ``workspace`` text (the root of its file tools, an absolute path: a client that works in
+  another directory, like ``loopd acp`` for an editor's project, runs in its own process).
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
   (how long the turn waits; 0: no limit). A tool call needs the person's approval
   (docs/approval.md): the turn waits for the client's ``approve`` of that ``call``: ``choice``
   ``once`` (this call), ``session`` (calls the rule matches, for the rest of the session),
-  ``always`` (saved in the rules file), or ``deny`` (``reason``: for the model);
-  ``by``: who answered (``person``, or e.g. ``no terminal`` when the client had nobody to
-  ask). No answer within ``timeout_s`` is a denial that says so. A client gone, or a
+  ``always`` (saved in the rules file), ``deny`` (``reason``: for the model), or ``never``
+  (denied, and saved in the rules file as a deny rule); ``by``: who answered (``person``,
+  or e.g. ``no terminal`` when the client had nobody to ask). No answer within ``timeout_s`` is a denial that says so. A client gone, or a
   ``cancel``, while the turn waits cancels the turn: the call does not run. The same
   question also arrives as an ``approval_requested`` event, for views.
 """
@@ -222,6 +224,7 @@ class StatusReply:
     uptime_s: float
     clients: int
     sessions: tuple[Mapping[str, Any], ...]
+    workspace: str = ""  # the file tools' root (tools.workspace, resolved) of the daemon
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,7 +335,7 @@ _FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
     "status": _f(id=wire_id),
     "status_reply": _f(
         id=wire_id, pid=wire_id, endpoint=_STR, uptime_s=_number, clients=wire_id,
-        sessions=_session_rows,
+        sessions=_session_rows, workspace=_STR,
     ),
     "stop": _f(id=wire_id),
     "event": _f(id=wire_id, event=_STR, data=json_object),

@@ -160,6 +160,7 @@ def test_status_stop_pid_file_and_a_private_runtime_dir(daemon: Daemon) -> None:
         shown = cli(daemon.config_path, "status")
     assert shown.returncode == 0, shown.stderr
     assert f"pid {daemon.pid}" in shown.stdout and "session kept: attached" in shown.stdout
+    assert f"workspace {daemon.config.workspace}" in shown.stdout
     again = cli(daemon.config_path, "serve")
     assert again.returncode == 2 and "already running" in again.stderr
     hosts = daemon.children()

@@ -259,7 +259,7 @@ class Server:
         return p.StatusReply(
             id=rid, pid=os.getpid(), endpoint=self.endpoint,
             uptime_s=time.monotonic() - self.started, clients=len(self._clients),
-            sessions=tuple(self.sessions.rows()),
+            sessions=tuple(self.sessions.rows()), workspace=str(self.app.config.workspace),
         )  # fmt: skip
 
     # --- requests, each in a thread of its own -----------------------------------------
