@@ -15,8 +15,9 @@ the bottom up (README, "Architecture", draws the same picture):
   It reaches the records (a client reads a log) but never the log file, a session, the
   turn, inference, the tool port or pykka: a ``loopd run`` that finds a daemon loads none
   of the world it would otherwise build;
-- ``daemon.server``: ``loopd serve``; ``cli``: the person's command, the top: nothing
-  below it imports it.
+- ``daemon.server``: ``loopd serve``; ``acp``: ``loopd acp``, the editor's agent: what the
+  CLI reaches but the CLI and the daemon's server; ``cli``: the person's command, the top:
+  nothing below it imports it, and nothing but it imports ``acp``.
 
 Every ``import`` counts, including ones inside functions and under TYPE_CHECKING: a lazy
 import still runs in the process that calls it. One exception, the package's public face:
@@ -64,6 +65,9 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
     "actors.daemon": _CLIENT,
     "actors.daemon.server": (*_CLIENT, "actors.log", "actors.inference", "actors.tools",
                              "actors.approval", "actors.session", "actors.daemon.server"),
+    # loopd acp: what the CLI may reach but the CLI itself and the daemon's server side
+    "actors.acp": (*_CLIENT, "actors.log", "actors.inference", "actors.tools",
+                   "actors.approval", "actors.session", "actors.acp"),
     "actors.cli": ("actors",),
     "actors": _CLIENT,  # the package's public face: the client, the config, the errors
 }
@@ -218,6 +222,7 @@ _MINI = (
     "actors/tools/protocol/wire.py", "actors/tools/protocol/relay.py",
     "actors/daemon/__init__.py", "actors/daemon/client.py", "actors/daemon/protocol.py",
     "actors/daemon/server/__init__.py", "actors/daemon/server/loop.py",
+    "actors/acp/__init__.py", "actors/acp/agent.py",
 )
 
 
@@ -260,6 +265,12 @@ def __getattr__(name):
         # a lazy name of the face is reached by what imports it
         ("actors/tools/providers/evil.py", "from actors import Client",
          "actors.tools.providers.evil reaches actors.daemon.client"),
+        # loopd acp: nothing below the CLI imports it; it imports neither the CLI nor serve
+        ("actors/session/turn.py", "from actors.acp import agent", "reaches actors.acp"),
+        ("actors/daemon/client.py", "from actors.acp import agent", "reaches actors.acp"),
+        ("actors/acp/agent.py", "from actors.cli import view", "reaches actors.cli.view"),
+        ("actors/acp/agent.py", "from actors.daemon.server import loop",
+         "reaches actors.daemon.server.loop"),
     ],
 )
 def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: str) -> None:

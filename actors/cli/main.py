@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
     serve.add_argument("--detach", action="store_true", help="run it in the background")
     serve.set_defaults(usage=serve)
+    acp = sub.add_parser(
+        "acp", parents=[common],
+        help="an Agent Client Protocol agent on stdin/stdout, for editors (Zed, JetBrains, "
+        "Neovim): see the README",
+    )  # fmt: skip
+    acp.add_argument("--local", action="store_true", help=local)
+    acp.set_defaults(usage=acp)
     status = sub.add_parser("status", parents=[common], help="what the daemon is doing")
     status.set_defaults(usage=status)
     stop = sub.add_parser("stop", parents=[common], help="stop the daemon")
@@ -387,6 +394,18 @@ def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     return OK
 
 
+def _acp(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    """The editor's agent: sessions' ``cwd`` is the workspace unless --workspace names one;
+    --url and --log-dir (a world of this command's own) keep it in this process."""
+    from pathlib import Path
+
+    from actors.acp.main import serve
+
+    local = args.local or bool(args.url or args.log_dir)
+    return serve(config, local=local, workspace=Path(config.workspace) if args.workspace
+                 else None)
+
+
 def _daemon(config: cfg.Config) -> Any:
     from actors.daemon.address import endpoint
     from actors.daemon.client import find_daemon
@@ -444,6 +463,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] =
     "run": _run,
     "chat": _chat,
     "serve": _serve,
+    "acp": _acp,
     "status": _status,
     "stop": _stop,
 }

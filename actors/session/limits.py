@@ -13,8 +13,8 @@ from actors.tools.protocol.spec import ResultClass
 from actors.wire.fieldchecks import parse_json
 
 __all__ = [
-    "ASKED_AGAIN", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats", "answer_text",
-    "cache_outcome", "call_key", "cap_result", "loss_cause",
+    "ASKED_AGAIN", "DENIED", "FAILED", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats",
+    "answer_text", "cache_outcome", "call_key", "cap_result", "loss_cause", "result_failed",
 ]
 
 REPEAT_NOTICE = (
@@ -25,9 +25,11 @@ TOO_MANY_CALLS = (
     "the model asked for {count} tool calls in one response "
     "(loop.max_calls_per_response = {cap}); none of them ran and the response was not kept"
 )
+DENIED = "The call was denied: "  # how a denied call's result starts
+FAILED = "The tool failed: "  # how a failed call's result starts
 ASKED_AGAIN = (
-    "The tool failed: its host asked for approval again ({prompt}) after the call was "
-    "approved, so it did not run."
+    FAILED + "its host asked for approval again ({prompt}) after the call was approved, so it "
+    "did not run."
 )
 
 
@@ -36,11 +38,16 @@ def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
     if isinstance(answer, wire.Result):
         return answer.content, answer.class_, answer.untrusted, "result"
     if isinstance(answer, wire.Denied):
-        return f"The call was denied: {answer.reason}", ResultClass.PUBLIC, False, "denied"
+        return f"{DENIED}{answer.reason}", ResultClass.PUBLIC, False, "denied"
     if isinstance(answer, wire.PendingApproval):
         # Only after approval (actors.approval.gate answers the first PendingApproval): a host bug.
         return ASKED_AGAIN.format(prompt=answer.prompt), ResultClass.PUBLIC, False, "failed"
-    return f"The tool failed: {answer.message}", ResultClass.PUBLIC, False, "failed"
+    return f"{FAILED}{answer.message}", ResultClass.PUBLIC, False, "failed"
+
+
+def result_failed(content: str) -> bool:
+    """Whether a logged result says the call did not run (denied) or failed."""
+    return content.startswith((DENIED, FAILED))
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:

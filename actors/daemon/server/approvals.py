@@ -58,7 +58,7 @@ class RemoteApprover:
 
 class TurnRules(RuleStore):
     """The daemon's rules (its rules file, shared by every session) and one turn's
-    ``--approve`` rules on top; an "always" answer is saved in the shared store."""
+    ``--approve`` rules on top; an "always" or "never" answer is saved in the shared store."""
 
     def __init__(self, shared: RuleStore, texts: tuple[str, ...]) -> None:
         try:
@@ -70,5 +70,5 @@ class TurnRules(RuleStore):
     def book(self) -> RuleBook:
         return self.shared.book() + self.extra
 
-    def save(self, rule: Rule) -> None:
-        self.shared.save(rule)
+    def save(self, rule: Rule, *, deny: bool = False) -> None:
+        self.shared.save(rule, deny=deny)

@@ -1,0 +1,431 @@
+"""The ACP agent: the SDK's ``Agent`` methods over loopd sessions (design 16).
+
+The SDK calls these coroutines on its event loop; loopd's turns block, so each runs in a
+worker thread and talks back through one queue per turn (:class:`_Run`). The prompt
+coroutine is the only reader of that queue: it turns events into ``session/update``
+notifications in the order the turn made them, and a call waiting for approval into a
+``session/request_permission`` sent in the same order (after the call's ``tool_call``).
+
+- ``initialize`` answers at once; the backend (the daemon, or a world in this process:
+  :mod:`actors.acp.backend`) starts with the first ``session/new`` or ``session/load``,
+  whose ``cwd`` is the workspace. One ``loopd acp`` serves one workspace.
+- ``session/cancel``, an approval answered "cancelled", or the client going away cancel the
+  turn like Ctrl-C: it ends cleanly (the log stays valid) with stop reason ``cancelled``.
+- A session's id is its loopd name: ``loopd chat --session NAME`` and ``loopd log show
+  NAME`` see the same conversation, and ``session/load`` opens any of them.
+- Methods loopd does not have (``session/fork`` until design 15 lands, modes, config
+  options, authentication) are not defined here, so the SDK answers "method not found";
+  ``initialize`` declares none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime as dt
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from acp import PROTOCOL_VERSION, RequestError
+from acp.interfaces import Client
+from acp.schema import (
+    AgentCapabilities,
+    DeniedOutcome,
+    Implementation,
+    InitializeResponse,
+    ListSessionsResponse,
+    LoadSessionResponse,
+    McpCapabilities,
+    NewSessionResponse,
+    PromptCapabilities,
+    PromptResponse,
+    SessionCapabilities,
+    SessionInfo,
+    SessionListCapabilities,
+)
+
+from actors.acp import updates as up
+from actors.acp.backend import Backend, start_backend
+from actors.base.cancel import CancelToken
+from actors.base.config import Config
+from actors.base.errors import LoopdError, SessionError
+from actors.base.events import ApprovalRequested, Choice, Decision, Event
+from actors.log.outcome import TurnOutcome
+from actors.session.actor import check_name, list_sessions, session_path
+
+__all__ = ["LoopdAgent"]
+
+INTERNAL = -32603  # a loopd error that is not a stop reason: its one-line message
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(-32602, message)
+
+
+def _loopd_error(error: LoopdError) -> RequestError:
+    return RequestError(INTERNAL, str(error), {"loopd": type(error).__name__,
+                                               "exitCode": error.exit_code})
+
+
+@dataclasses.dataclass(slots=True)
+class _Ask:
+    """A call waiting for approval, on its way to the client; ``answer`` gets the decision."""
+
+    request: ApprovalRequested
+    answer: concurrent.futures.Future[Decision | None]
+
+
+@dataclasses.dataclass(slots=True)
+class _End:
+    outcome: TurnOutcome | None = None
+    error: BaseException | None = None
+
+
+class _Run:
+    """One turn in a worker thread: its cancel token, and its queue to the prompt coroutine."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.cancel = CancelToken()
+        self.queue: asyncio.Queue[Event | _Ask | _End] = asyncio.Queue()
+
+    def put(self, item: Event | _Ask | _End) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def approve(self, request: ApprovalRequested, cancel: CancelToken,
+                deadline: float) -> Decision | None:
+        """The turn's approver (actors.approval.gate): ask the client, in order with the
+        turn's events; None at the deadline or on a cancel (of the turn, or by the daemon)."""
+        answer: concurrent.futures.Future[Decision | None] = concurrent.futures.Future()
+        self.put(_Ask(request, answer))
+        while not (cancel.cancelled or self.cancel.cancelled):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                return answer.result(timeout=min(0.05, left))
+            except concurrent.futures.TimeoutError:
+                continue
+            except concurrent.futures.CancelledError:
+                return None
+        answer.cancel()
+        return None
+
+
+@dataclasses.dataclass(slots=True)
+class _Session:
+    name: str
+    run: _Run | None = None  # the turn in flight
+
+
+class LoopdAgent:
+    """The agent side of ACP for one client (one ``loopd acp`` process)."""
+
+    def __init__(
+        self, config: Config, *, local: bool = False, workspace: Path | None = None,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:  # fmt: skip
+        self.config, self.local, self.say = config, local, say
+        self.fixed_workspace = workspace  # --workspace: every session's, whatever its cwd
+        self.client: Client | None = None
+        self.backend: Backend | None = None
+        self.sessions: dict[str, _Session] = {}
+        self._starting = asyncio.Lock()
+        self._work: set[concurrent.futures.Future[Any]] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="loopd-acp")
+        self._busy = 0  # requests being handled (the end of input waits for them)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def on_connect(self, conn: Client) -> None:
+        self.client = conn
+
+    # --- the requests ------------------------------------------------------------------
+
+    async def initialize(self, protocol_version: int, **_: Any) -> InitializeResponse:
+        return InitializeResponse(
+            protocol_version=PROTOCOL_VERSION,
+            agent_capabilities=AgentCapabilities(
+                load_session=True,
+                prompt_capabilities=PromptCapabilities(image=False, audio=False,
+                                                       embedded_context=False),
+                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
+            ),
+            auth_methods=[],
+            agent_info=Implementation(name="loopd", title="loopd", version=_version()),
+        )  # fmt: skip
+
+    async def new_session(self, cwd: str, mcp_servers: Any = None,
+                          **_: Any) -> NewSessionResponse:
+        async with self._handling():
+            backend = await self._backend(cwd)
+            for _attempt in range(5):
+                name = _new_name()
+                opened = await self._call(backend.open, name, True)
+                if opened.created:
+                    self.sessions[name] = _Session(name)
+                    return NewSessionResponse(session_id=name, field_meta=_mcp_note(mcp_servers))
+            raise _invalid("could not find a free session name; try again")
+
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
+                           **_: Any) -> LoadSessionResponse:
+        async with self._handling():
+            name = _name(session_id)
+            backend = await self._backend(cwd)
+            if name not in self.sessions:
+                opened = await self._call(backend.open, name, False)
+                if opened.cut_bytes:
+                    self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes, "
+                             "a write a crash interrupted) was cut; every whole record is kept")
+                self.sessions[name] = _Session(name)
+            records = await self._call(backend.records, name)
+            for update in up.history(records, backend.workspace):
+                await self._client().session_update(session_id=name, update=update)
+            return LoadSessionResponse(field_meta=_mcp_note(mcp_servers))
+
+    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
+                            **_: Any) -> ListSessionsResponse:
+        """Every loopd session (they are not tied to a directory), newest first."""
+        async with self._handling():
+            workspace = self.backend.workspace if self.backend else self._workspace(cwd)
+            rows = await asyncio.to_thread(_session_rows, self.config)
+            return ListSessionsResponse(sessions=[
+                SessionInfo(session_id=name, cwd=str(workspace), title=name, updated_at=when)
+                for name, when in rows
+            ])  # fmt: skip
+
+    async def prompt(self, session_id: str, prompt: list[Any], **_: Any) -> PromptResponse:
+        async with self._handling():
+            session = self.sessions.get(session_id)
+            if session is None or self.backend is None:
+                raise _invalid(f"no session {session_id!r} in this loopd acp; create it with "
+                               "session/new or open it with session/load first")
+            if session.run is not None:
+                raise RequestError(-32600, f"session {session_id} is already running a turn; "
+                                           "cancel it first (session/cancel)")
+            try:
+                text = up.prompt_text(prompt, self.backend.workspace)
+            except ValueError as e:
+                raise _invalid(str(e)) from None
+            if not text.strip():
+                raise _invalid("the prompt is empty: send some text")
+            run = session.run = _Run(asyncio.get_running_loop())
+            try:
+                return await self._turn(session, run, text)
+            finally:
+                session.run = None
+
+    async def cancel(self, session_id: str, **_: Any) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None and session.run is not None:
+            session.run.cancel.cancel()
+
+    # --- a turn ------------------------------------------------------------------------
+
+    async def _turn(self, session: _Session, run: _Run, text: str) -> PromptResponse:
+        backend = self.backend
+        assert backend is not None
+
+        def work() -> None:
+            try:
+                run.put(_End(outcome=backend.turn(session.name, text, run.put, run.approve,
+                                                  run.cancel)))
+            except BaseException as e:  # every end reaches the coroutine
+                run.put(_End(error=e))
+
+        self._start(work)
+        view = up.TurnView(backend.workspace)
+        end, gone = await self._drain(session.name, run, view)
+        error = end.error
+        if error is not None and not isinstance(error, LoopdError):
+            raise error  # a bug: the SDK answers "internal error" and logs its traceback
+        reason = (up.stop_reason(end.outcome) if end.outcome is not None
+                  else up.stop_for_error(error) if error is not None else None)
+        why = "the turn was cancelled" if reason == "cancelled" else str(error or "")
+        gone = gone or await self._send(session.name, view.end(why), run)
+        if gone is not None:
+            raise gone
+        if reason is None:
+            assert error is not None
+            raise _loopd_error(error)
+        meta = up.loopd_meta(limit=str(error)) if reason == "max_turn_requests" else None
+        return PromptResponse(stop_reason=reason, field_meta=meta)
+
+    async def _drain(
+        self, name: str, run: _Run, view: up.TurnView
+    ) -> tuple[_End, Exception | None]:
+        """The turn's queue until its end: updates sent in order, approvals asked."""
+        asks: set[asyncio.Task[None]] = set()
+        gone: Exception | None = None
+        try:
+            while not isinstance(item := await run.queue.get(), _End):
+                if isinstance(item, _Ask):
+                    asks.add(asyncio.create_task(self._ask(name, run, item)))
+                elif gone is None:
+                    gone = await self._send(name, view.event(item), run)
+            return item, gone
+        except asyncio.CancelledError:  # the connection closes: the turn winds down alone
+            run.cancel.cancel()
+            raise
+        finally:
+            for task in asks:
+                task.cancel()
+
+    async def _send(self, name: str, updates: Iterable[up.Update], run: _Run) -> Exception | None:
+        """Send updates; a client that can no longer be reached cancels the turn."""
+        try:
+            for update in updates:
+                await self._client().session_update(session_id=name, update=update)
+        except (ConnectionError, OSError) as e:
+            run.cancel.cancel()
+            return e
+        return None
+
+    async def _ask(self, name: str, run: _Run, ask: _Ask) -> None:
+        tool_call, options = up.permission(ask.request, self._workspace_now())
+        decision: Decision | None = None
+        try:
+            answer = await self._client().request_permission(
+                session_id=name, tool_call=tool_call, options=options)
+            if isinstance(answer.outcome, DeniedOutcome):  # "cancelled": the person cancelled
+                run.cancel.cancel()
+            else:
+                decision = up.decision_of(answer.outcome.option_id, options)
+        except (ConnectionError, OSError):  # the client is gone: like Ctrl-C
+            run.cancel.cancel()
+        except (RequestError, ValueError) as e:  # an error answer, or not a valid one
+            decision = Decision(Choice.DENY, f"the editor could not ask for approval: {e}",
+                                by="editor")
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            ask.answer.set_result(decision)
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _client(self) -> Client:
+        assert self.client is not None, "on_connect gives the agent its connection"
+        return self.client
+
+    def _workspace_now(self) -> Path:
+        assert self.backend is not None
+        return self.backend.workspace
+
+    def _workspace(self, cwd: str | None) -> Path:
+        if self.fixed_workspace is not None:
+            return self.fixed_workspace
+        if not cwd:
+            return self.config.workspace
+        path = Path(cwd)
+        if not path.is_absolute():
+            raise _invalid(f"cwd must be an absolute path, not {cwd!r}")
+        if not path.is_dir():
+            raise _invalid(f"cwd {cwd} is not a directory")
+        return path.resolve()
+
+    async def _backend(self, cwd: str) -> Backend:
+        workspace = self._workspace(cwd)
+        async with self._starting:
+            if self.backend is None:
+                self.backend = await self._call(
+                    start_backend, self.config, workspace, local=self.local, say=self.say)
+                self.say(f"serving {workspace} (turns run in {self.backend.where})")
+        if self.backend.workspace != workspace:
+            raise _invalid(f"this loopd acp serves {self.backend.workspace}; a session in "
+                           f"{workspace} needs a loopd acp of its own")
+        return self.backend
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` in a worker thread; a LoopdError becomes a JSON-RPC error (its message)."""
+        try:
+            return await asyncio.wrap_future(self._start(lambda: fn(*args, **kwargs)))
+        except LoopdError as e:
+            raise _loopd_error(e) from None
+
+    def _start(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        future = self._pool.submit(fn)
+        self._work.add(future)
+        future.add_done_callback(self._work.discard)
+        return future
+
+    @contextlib.asynccontextmanager
+    async def _handling(self) -> Any:
+        self._busy += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.set()
+
+    async def wind_down(self) -> None:
+        """The input ended: cancel every turn, and let the requests already read finish (their
+        answers go out)."""
+        for session in self.sessions.values():
+            if session.run is not None:
+                session.run.cancel.cancel()
+        await self._idle.wait()
+
+    async def aclose(self) -> None:
+        """Cancel what still runs, wait for the worker threads, close the backend (the world:
+        sessions stopped, KV state saved, the server stopped; or the daemon connection)."""
+        for session in self.sessions.values():
+            if session.run is not None:
+                session.run.cancel.cancel()
+        if self._work:
+            await asyncio.wait([asyncio.wrap_future(f) for f in self._work])
+        if self.backend is not None:
+            await asyncio.to_thread(self.backend.close)
+        self._pool.shutdown(wait=True)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("loopd")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _new_name() -> str:
+    """A new session's name: when it was made, and a few random letters."""
+    return f"acp-{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def _name(session_id: str) -> str:
+    try:
+        return check_name(session_id)
+    except SessionError as e:
+        raise _invalid(str(e)) from None
+
+
+def _session_rows(config: Config) -> list[tuple[str, str | None]]:
+    """(name, last change as ISO 8601) of every session, the newest first."""
+    rows = []
+    for name in list_sessions(config):
+        try:
+            mtime = session_path(config, name).stat().st_mtime
+        except OSError:
+            mtime = -math.inf
+        rows.append((mtime, name))
+    rows.sort(reverse=True)
+    return [(name, dt.datetime.fromtimestamp(m, dt.UTC).isoformat() if m > -math.inf else None)
+            for m, name in rows]
+
+
+def _mcp_note(servers: Any) -> dict[str, Any] | None:
+    """MCP servers an editor passes are not connected (loopd's come from its config): said
+    in the answer's ``_meta``, not silently dropped."""
+    if not servers:
+        return None
+    names = [getattr(s, "name", "?") for s in servers]
+    return up.loopd_meta(ignoredMcpServers=names, why=(
+        "loopd connects only the MCP servers of its config ([[tools.hosts]] kind = "
+        '"mcp"), started once for every session'))

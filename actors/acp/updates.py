@@ -1,0 +1,291 @@
+"""What loopd's events and records are in ACP: session updates, permission requests, stop
+reasons. Pure functions (and one small per-turn tracker): no I/O, tested on their own.
+
+=====================================  ==============================================
+loopd                                  ACP
+=====================================  ==============================================
+``Content`` / ``Reasoning``            ``agent_message_chunk`` / ``agent_thought_chunk``
+``ToolCallStarted``                    ``tool_call``, status ``pending``
+``ApprovalRequested``                  ``session/request_permission`` (see :func:`permission`)
+``ApprovalDecided`` allow              ``tool_call_update`` ``in_progress``
+``ToolResultEvent``                    ``tool_call_update`` ``completed`` or ``failed``,
+                                       the result text as its content
+a call the turn ended before it ran    ``tool_call_update`` ``failed`` (why, as content)
+the answer / cut at ``max_tokens``     stop reason ``end_turn`` / ``max_tokens``
+``TurnLimit`` (tool iterations,        stop reason ``max_turn_requests`` (the limit's
+repeated call, calls per response)     message in ``_meta.loopd.limit``)
+``Cancelled``                          stop reason ``cancelled``
+any other ``LoopdError``               a JSON-RPC error: loopd's one-line message
+=====================================  ==============================================
+
+Waiting, progress, queueing, retries, cache losses and torn tails have no ACP update; they
+are loopd's own (``loopd run --json`` shows them). Compaction (design 14) has none either:
+when its events land they belong in :meth:`TurnView.event` as a ``agent_thought_chunk``
+note at most, since ACP has no notification for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
+from urllib.parse import unquote, urlsplit
+
+from acp import (
+    start_tool_call,
+    text_block,
+    tool_content,
+    update_agent_message_text,
+    update_agent_thought_text,
+    update_tool_call,
+    update_user_message_text,
+)
+from acp.schema import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    PermissionOption,
+    ResourceContentBlock,
+    StopReason,
+    TextContentBlock,
+    ToolCallLocation,
+    ToolCallProgress,
+    ToolCallStart,
+    ToolCallStatus,
+    ToolCallUpdate,
+    ToolKind,
+    UserMessageChunk,
+)
+
+from actors.base import events as ev
+from actors.base.errors import Cancelled, LoopdError, TurnLimit
+from actors.base.events import Choice, Decision
+from actors.log.outcome import TurnOutcome
+from actors.log.records import Assistant, Record, ToolResult, User
+from actors.session.limits import result_failed
+
+__all__ = [
+    "TurnView", "Update", "decision_of", "history", "loopd_meta", "permission", "prompt_text",
+    "stop_for_error", "stop_reason", "tool_call",
+]  # fmt: skip
+
+Update: TypeAlias = (
+    AgentMessageChunk | AgentThoughtChunk | UserMessageChunk | ToolCallStart | ToolCallProgress
+)
+
+_KINDS: dict[str, ToolKind] = {
+    "read_file": "read", "list_dir": "read", "search_files": "search", "find_tool": "search",
+    "write_file": "edit", "run_command": "execute", "fetch_url": "fetch",
+}  # fmt: skip
+_BRIEF = ("path", "command", "query", "url", "pattern", "text")  # the argument a title shows
+_TITLE_CHARS = 100
+NO_RESULT = "It did not run: the turn ended before it ({why})."
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _unwrap(name: str, arguments: Any) -> tuple[str, Any]:
+    """``call_tool {"name": T, "arguments": A}`` is a call of T with A (for the title)."""
+    if name != "call_tool" or not isinstance(arguments, dict):
+        return name, arguments
+    tool = arguments.get("name")
+    if not isinstance(tool, str):
+        return name, arguments
+    inner = arguments.get("arguments", {k: v for k, v in arguments.items() if k != "name"})
+    return tool, _arguments(inner) if isinstance(inner, str) else inner
+
+
+def _title(tool: str, arguments: Any) -> str:
+    brief = ""
+    if isinstance(arguments, dict):
+        shown = next((arguments[k] for k in _BRIEF if isinstance(arguments.get(k), str)), None)
+        brief = shown if shown is not None else json.dumps(arguments, ensure_ascii=False)
+    elif arguments not in ("", None):
+        brief = str(arguments)
+    title = f"{tool} {brief}".strip().replace("\n", " ")
+    return title if len(title) <= _TITLE_CHARS else title[: _TITLE_CHARS - 1] + "…"
+
+
+def _locations(arguments: Any, workspace: Path) -> list[ToolCallLocation] | None:
+    path = arguments.get("path") if isinstance(arguments, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    return [ToolCallLocation(path=str((workspace / path).resolve()))]
+
+
+def tool_call(
+    call_id: str, name: str, arguments_json: str, workspace: Path,
+    status: ToolCallStatus = "pending",
+) -> ToolCallStart:  # fmt: skip
+    """The ``tool_call`` update of a model's call (``call_tool`` shown as the tool it calls)."""
+    tool, arguments = _unwrap(name, _arguments(arguments_json))
+    return start_tool_call(
+        call_id, _title(tool, arguments), kind=_KINDS.get(tool, "other"), status=status,
+        raw_input=arguments, locations=_locations(arguments, workspace),
+    )  # fmt: skip
+
+
+def _finished(call_id: str, text: str, failed: bool) -> ToolCallProgress:
+    return update_tool_call(call_id, status="failed" if failed else "completed",
+                            content=[tool_content(text_block(text))])
+
+
+class TurnView:
+    """One turn's events as ACP updates; remembers the calls that have not finished, so the
+    turn's end can close them (a repeat that hit the limit, a cancel, an error)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        self.open: list[str] = []
+
+    def event(self, event: ev.Event) -> list[Update]:
+        match event:
+            case ev.Content(text=text) if text:
+                return [update_agent_message_text(text)]
+            case ev.Reasoning(text=text) if text:
+                return [update_agent_thought_text(text)]
+            case ev.ToolCallStarted(name=name, call=call, arguments=arguments):
+                self.open.append(str(call))
+                return [tool_call(str(call), name, arguments, self.workspace)]
+            case ev.ApprovalDecided(call=call, decision="allow"):
+                return [update_tool_call(str(call), status="in_progress")]
+            case ev.ToolResultEvent(call=call, outcome=outcome, content=text, class_=cls):
+                if str(call) in self.open:
+                    self.open.remove(str(call))
+                shown = text if cls != "secret" else f"(a secret result: {len(text)} characters)"
+                return [_finished(str(call), shown, outcome in ("failed", "denied", "invalid"))]
+        return []
+
+    def end(self, why: str) -> list[Update]:
+        """The calls still open when the turn ended: failed, saying why."""
+        closed: list[Update] = [_finished(c, NO_RESULT.format(why=why), True) for c in self.open]
+        self.open.clear()
+        return closed
+
+
+def history(records: Sequence[Record], workspace: Path) -> Iterator[Update]:
+    """A session's log as the updates a client replays on ``session/load``: user and agent
+    messages, thoughts, and every tool call with its final status and result."""
+    for i, record in enumerate(records):
+        if isinstance(record, User):
+            yield update_user_message_text(record.content)
+        elif isinstance(record, Assistant):
+            if record.reasoning:
+                yield update_agent_thought_text(record.reasoning)
+            if record.content:
+                yield update_agent_message_text(record.content)
+            for call in record.tool_calls:
+                result = _result_of(records, i, call.id)
+                call_id = str(result.call) if result else f"{i}-{call.id}"
+                yield tool_call(call_id, call.name, call.arguments, workspace)
+                if result is None:
+                    yield _finished(call_id, NO_RESULT.format(why="no result in the log"), True)
+                else:
+                    yield _finished(call_id, result.content, result_failed(result.content))
+
+
+def _result_of(records: Sequence[Record], at: int, call_id: str) -> ToolResult | None:
+    """The result of the call ``call_id`` that the Assistant record at ``at`` asked for."""
+    for record in records[at + 1:]:
+        if isinstance(record, ToolResult) and record.tool_call_id == call_id:
+            return record
+        if isinstance(record, User | Assistant):
+            return None
+    return None
+
+
+# --- approvals ---------------------------------------------------------------------------
+
+
+def permission(
+    request: ev.ApprovalRequested, workspace: Path
+) -> tuple[ToolCallUpdate, list[PermissionOption]]:
+    """A call waiting for approval as ``session/request_permission``'s tool call and options.
+
+    The option ids are loopd's decision words (:class:`~actors.base.events.Choice`): allow
+    once, allow always (saved as an allow rule in the rules file), reject once, reject
+    always (saved as a deny rule). The "always" ones only when a rule can match the call
+    (not, e.g., a command with shell operators)."""
+    arguments = _arguments(request.arguments)
+    call = ToolCallUpdate(
+        tool_call_id=str(request.call), title=_title(request.tool, arguments),
+        kind=_KINDS.get(request.tool, "other"), status="pending", raw_input=arguments,
+        locations=_locations(arguments, workspace),
+        content=[tool_content(text_block(request.prompt))] if request.prompt else None,
+    )  # fmt: skip
+    options = [PermissionOption(option_id=Choice.ONCE.value, name="Allow once", kind="allow_once")]
+    if request.rule:
+        options.append(PermissionOption(option_id=Choice.ALWAYS.value, kind="allow_always",
+                                        name=f"Always allow {request.rule}"))
+    options.append(PermissionOption(option_id=Choice.DENY.value, name="Reject", kind="reject_once"))
+    if request.rule:
+        options.append(PermissionOption(option_id=Choice.NEVER.value, kind="reject_always",
+                                        name=f"Always reject {request.rule}"))
+    return call, options
+
+
+def decision_of(option_id: str, offered: Sequence[PermissionOption]) -> Decision:
+    """The decision an answer's option id means; an id that was not offered is a denial that
+    says so (the model reads it)."""
+    if option_id in {o.option_id for o in offered}:
+        return Decision(Choice(option_id))
+    return Decision(Choice.DENY, f"the editor answered with an option that was not offered "
+                                 f"({option_id!r:.60})", by="editor")
+
+
+# --- how a turn ends ---------------------------------------------------------------------
+
+
+def stop_reason(outcome: TurnOutcome) -> StopReason:
+    return "max_tokens" if outcome.cut else "end_turn"
+
+
+def stop_for_error(error: LoopdError) -> StopReason | None:
+    """The stop reason a turn's error is, or None: then it is a JSON-RPC error."""
+    if isinstance(error, TurnLimit):
+        return "max_turn_requests"
+    if isinstance(error, Cancelled):
+        return "cancelled"
+    return None
+
+
+# --- prompts -----------------------------------------------------------------------------
+
+
+def prompt_text(blocks: Sequence[Any], workspace: Path) -> str:
+    """A prompt's content blocks as the user message: text as it is, a link to a file as its
+    path (relative to the workspace when inside it, so the file tools can open it). Other
+    blocks (images, audio, embedded resources) are not declared in ``initialize``: a
+    ValueError says so."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, TextContentBlock):
+            parts.append(block.text)
+        elif isinstance(block, ResourceContentBlock):
+            parts.append(_linked(block.uri, workspace))
+        else:
+            kind = getattr(block, "type", type(block).__name__)
+            raise ValueError(f"loopd takes text and resource_link prompt blocks, not {kind!r} "
+                             "(its initialize declares no images, audio or embedded context)")
+    return "".join(parts)
+
+
+def _linked(uri: str, workspace: Path) -> str:
+    parts = urlsplit(uri)
+    if parts.scheme != "file":
+        return uri
+    path = Path(unquote(parts.path))
+    try:
+        return str(path.resolve().relative_to(workspace))
+    except ValueError:
+        return str(path)
+
+
+def loopd_meta(**fields: Any) -> dict[str, Any]:
+    """loopd's own additions to a response, under ``_meta.loopd``."""
+    return {"loopd": fields}
