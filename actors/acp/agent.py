@@ -369,6 +369,7 @@ class LoopdAgent:
     async def wind_down(self) -> None:
         """The input ended: cancel every turn, and let the requests already read finish (their
         answers go out)."""
+        await asyncio.sleep(0)  # the handlers of the last messages read start (and count)
         for session in self.sessions.values():
             if session.run is not None:
                 session.run.cancel.cancel()

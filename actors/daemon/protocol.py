@@ -101,9 +101,10 @@ Messages, daemon to client
   ``once`` (this call), ``session`` (calls the rule matches, for the rest of the session),
   ``always`` (saved in the rules file), ``deny`` (``reason``: for the model), or ``never``
   (denied, and saved in the rules file as a deny rule); ``by``: who answered (``person``,
-  or e.g. ``no terminal`` when the client had nobody to ask). No answer within ``timeout_s`` is a denial that says so. A client gone, or a
-  ``cancel``, while the turn waits cancels the turn: the call does not run. The same
-  question also arrives as an ``approval_requested`` event, for views.
+  or e.g. ``no terminal`` when the client had nobody to ask). No answer within
+  ``timeout_s`` is a denial that says so. A client gone, or a ``cancel``, while the turn
+  waits cancels the turn: the call does not run. The same question also arrives as an
+  ``approval_requested`` event, for views.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ __all__ = [
     "not_json",
     "render_prompt",
     "replay",
+    "stall",
     "stream_error",
     "trickle",
 ]
@@ -709,6 +710,17 @@ def _partial(after_events: int, then: Callable[[Conn], None], name: str) -> Repl
 def cut_stream(after_events: int) -> Reply:
     """``after_events`` events of an answer, then the connection closes (no [DONE])."""
     return _partial(after_events, lambda c: c.abort(), "cut_stream")
+
+
+def stall(after_events: int) -> Reply:
+    """``after_events`` events of an answer, then nothing until the client goes (a server
+    that stops sending mid-answer): a turn waits here until it is cancelled."""
+
+    def then(conn: Conn) -> None:
+        conn.wait_until_gone()
+        conn.abort()
+
+    return _partial(after_events, then, "stall")
 
 
 def stream_error(

@@ -187,7 +187,7 @@ def test_never_saves_a_deny_rule_that_refuses_the_next_call_without_asking(
 
 
 def test_never_on_a_call_no_rule_can_match_denies_it_once(rig: Make, tmp_path: Path) -> None:
-    r, port = setup(rig, [answer(tool_calls=[run("ls | wc -l")]), answer("ok")], tmp_path)
+    r, _ = setup(rig, [answer(tool_calls=[run("ls | wc -l")]), answer("ok")], tmp_path)
     turn(r, Person(Decision(Choice.NEVER)))
     assert [(a.decision, a.scope, a.rule) for a in approvals(r)] == [
         (ApprovalDecision.DENY, ApprovalScope.ONCE, "")]

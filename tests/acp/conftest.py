@@ -1,0 +1,205 @@
+"""What the ``loopd acp`` tests share: a workspace, a config, the scripted fake llama-server,
+and a raw line-level client for what no SDK would send.
+
+The model is the scripted agent of tests/support/scripted_llama.py (the user message says
+which tools to call: ``"t1 :: read_file {"path": "notes.txt"}"``), plus two orders of these
+tests: a message holding ``[stall]`` gets an answer that starts and then stops sending (a
+turn to cancel), one holding ``[long]`` an answer longer than ``loop.max_tokens``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from actors.log.file import read_log
+from actors.log.records import Record
+from tests.support.fake_llama import FakeLlama, Reply, answer, stall
+from tests.support.scripted_llama import agent
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_TOKENS = 64  # loop.max_tokens: a [long] answer is cut here
+TOOL_ITERATIONS = 3  # loop.tool_iterations
+
+
+def _last_user(body: dict[str, Any]) -> str:
+    users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+    content = users[-1].get("content") if users else ""
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def model() -> Callable[[dict[str, Any]], Reply]:
+    orders = agent()
+
+    def script(body: dict[str, Any]) -> Reply:
+        text = _last_user(body)
+        if "[stall]" in text:
+            return stall(6)
+        if "[long]" in text:
+            return answer("word " * (4 * MAX_TOKENS))
+        return orders(body)
+
+    return script
+
+
+class AcpEnv:
+    """A workspace (``ws``, with notes.txt), a rules file, a session directory and a config
+    for ``loopd acp`` against ``url``."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.root, self.url = root, url
+        self.workspace = root / "ws"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        (self.workspace / "notes.txt").write_text("Buy seeds.\n")
+        self.rules = root / "rules.toml"
+        self.sessions = root / "sessions"
+        self.stderr = root / "acp-stderr.txt"
+        self.config = root / "loopd.toml"
+        self.config.write_text(
+            f'[log]\ndir = "{self.sessions}"\nfsync = "always"\n'
+            f'[tools]\nstandard = false\nrules_file = "{self.rules}"\napproval_timeout_s = 60\n'
+            '[[tools.hosts]]\nname = "files"\n'
+            'tools = ["read_file", "write_file", "list_dir", "run_command"]\n'
+            # no bubblewrap needed: the commands of these tests touch only the workspace
+            '[tools.shell]\nsandbox = "none"\n'
+            f'[inference]\nurl = "{url}"\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 30\n'
+            f"[loop]\ntool_iterations = {TOOL_ITERATIONS}\nmax_tokens = {MAX_TOKENS}\n"
+        )
+
+    def argv(self, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "actors.cli", "acp", "--config", str(self.config), *extra]
+
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def records(self, session: str) -> list[Record]:
+        """The session's log, read as ``loopd log show`` reads it: it must be valid."""
+        records, torn = read_log(self.sessions / session / "log.bin", name=session)
+        assert torn == 0, f"session {session}: a torn tail of {torn} bytes"
+        return records
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLlama]:
+    with FakeLlama(model()) as server:
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, fake: FakeLlama) -> AcpEnv:
+    return AcpEnv(tmp_path, fake.url)
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def assert_gone(processes: list[psutil.Process]) -> None:
+    """Every process in ``processes`` has ended (tool hosts exit when loopd does)."""
+    _, alive = psutil.wait_procs(processes, timeout=20)
+    for p in alive:
+        p.kill()
+    assert not alive, f"left running: {alive}"
+
+
+class RawAgent:
+    """``loopd acp`` driven line by line: for bytes no SDK client would send."""
+
+    def __init__(self, env: AcpEnv, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            env.argv(*extra), cwd=ROOT, env=env.environ(), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=env.stderr.open("ab"),
+        )  # fmt: skip
+        self.lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.stdout_bytes: list[bytes] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ids = iter(range(1, 1_000_000))
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stdout_bytes.append(line)
+            self.lines.put(line)
+        self.lines.put(b"")
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def send(self, method: str, params: Any = None, *, notify: bool = False) -> int:
+        rid = next(self.ids)
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        if not notify:
+            message["id"] = rid
+        self.write(json.dumps(message).encode() + b"\n")
+        return rid
+
+    def read(self, timeout: float = 60) -> dict[str, Any]:
+        line = self.lines.get(timeout=timeout)
+        assert line, "loopd acp closed its stdout"
+        message: dict[str, Any] = json.loads(line)  # every line on stdout is JSON-RPC
+        return message
+
+    def answer(self, rid: Any, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The answer to request ``rid``, and the notifications that came before it."""
+        seen = []
+        while True:
+            message = self.read(timeout)
+            if "method" not in message and message.get("id") == rid:
+                return message, seen
+            seen.append(message)
+
+    def request(self, method: str, params: Any = None) -> dict[str, Any]:
+        message, _ = self.answer(self.send(method, params))
+        return message
+
+    def start(self, cwd: Path) -> str:
+        """initialize and session/new; the new session's id."""
+        assert "result" in self.request("initialize", {"protocolVersion": 1})
+        made = self.request("session/new", {"cwd": str(cwd), "mcpServers": []})
+        session: str = made["result"]["sessionId"]
+        return session
+
+    def close(self, timeout: float = 60) -> int:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def raw(env: AcpEnv) -> Iterator[Callable[..., RawAgent]]:
+    started: list[RawAgent] = []
+
+    def start(*extra: str) -> RawAgent:
+        agent_ = RawAgent(env, *extra)
+        started.append(agent_)
+        return agent_
+
+    yield start
+    for a in started:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait()
