@@ -84,8 +84,10 @@ def statuses(updates: list[Any]) -> list[tuple[str, str | None]]:
 
 async def _flow(env: AcpEnv) -> dict[str, Any]:
     editor = Editor()
+    # stderr kept for a failure's message; the agent gets all the time it needs to stop
+    # (the SDK's default is 2 s, then SIGTERM, then SIGKILL: too short on a loaded machine)
     spawn = {"cwd": ROOT, "env": env.environ(),
-             "transport_kwargs": {"stderr": env.stderr.open("ab")}}
+             "transport_kwargs": {"stderr": env.stderr.open("ab"), "shutdown_timeout": 60}}
     async with spawn_agent_process(editor, *env.argv("--local"), **spawn) as (conn, proc):
         agent_pid = proc.pid
         init = await conn.initialize(protocol_version=1)
