@@ -130,7 +130,8 @@ async def _flow(env: AcpEnv) -> dict[str, Any]:
         editor.answers = ["allow_always"]
         reason, updates = await prompt(order("t3", run("touch made.txt")))
         assert reason == "end_turn" and len(editor.asked) == 2
-        assert [o.name for o in editor.asked[1][1]][1] == "Always allow run_command: touch made.txt"
+        always = editor.asked[1][1][1]
+        assert always.name == "Always allow run_command = touch made.txt"
         assert (env.workspace / "made.txt").exists()
         (env.workspace / "made.txt").unlink()
         assert (await prompt(order("t4", run("touch made.txt"))))[0] == "end_turn"
@@ -207,16 +208,16 @@ def test_the_python_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
                if isinstance(a, Approval)]
     assert decided == [
         ("allow", "once", "person", ""),
-        ("allow", "always", "person", "run_command: touch made.txt"),
-        ("allow", "always", "rule", "run_command: touch made.txt"),
+        ("allow", "always", "person", "run_command = touch made.txt"),
+        ("allow", "always", "rule", "run_command = touch made.txt"),
         ("deny", "once", "person", ""),
-        ("deny", "always", "person", "run_command: rm notes.txt"),
-        ("deny", "always", "rule", "run_command: rm notes.txt"),
+        ("deny", "always", "person", "run_command = rm notes.txt"),
+        ("deny", "always", "rule", "run_command = rm notes.txt"),
     ]
     assert sum(isinstance(r, ToolResult) for r in records) >= 9
     rules = env.rules.read_text()
-    assert 'allow = ["run_command: touch made.txt"]' in rules
-    assert 'deny = ["run_command: rm notes.txt"]' in rules
+    assert 'allow = ["run_command = touch made.txt"]' in rules
+    assert 'deny = ["run_command = rm notes.txt"]' in rules
 
 
 def test_stdout_carries_nothing_but_the_protocol(env: AcpEnv) -> None:

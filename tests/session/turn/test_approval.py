@@ -172,17 +172,21 @@ def test_never_saves_a_deny_rule_that_refuses_the_next_call_without_asking(
     rig: Make, tmp_path: Path
 ) -> None:
     r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("one"),
-                          answer(tool_calls=[run("git push --force")]), answer("two")], tmp_path)
+                          answer(tool_calls=[run("git push")]), answer("two"),
+                          answer(tool_calls=[run("git push --force")]), answer("three")],
+                    tmp_path)
     person = Person(Decision(Choice.NEVER))
     turn(r, person)
-    assert load_rules(tmp_path / "rules.toml").deny == (Rule("run_command", ("git", "push")),)
+    exact = Rule("run_command", ("git", "push"), exact=True)  # what the person was shown
+    assert load_rules(tmp_path / "rules.toml").deny == (exact,)
     assert load_rules(tmp_path / "rules.toml").allow == ()
     (a,) = approvals(r)
     assert (a.decision, a.scope, a.by, a.rule) == (
-        ApprovalDecision.DENY, ApprovalScope.ALWAYS, "person", "run_command: git push")
+        ApprovalDecision.DENY, ApprovalScope.ALWAYS, "person", "run_command = git push")
     turn(r, Person())  # would fail if asked: the deny rule is in force at once
-    assert port.calls == []  # neither call reached the host
-    assert [(x.by, x.rule) for x in approvals(r)][1] == ("rule", "run_command: git push")
+    turn(r, Person())  # a deny rule holds against more of the command, too (base.rules)
+    assert [(x.by, x.rule) for x in approvals(r)][1:] == [("rule", "run_command = git push")] * 2
+    assert port.calls == []  # no call reached the host
     assert results(r)[0] == "The call was denied: the person said no"
 
 
