@@ -154,7 +154,7 @@ def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:
     with start_world(config) as app:  # each strategy on a server process of its own
         keeper = list(_rounds(app, app.runtime, ""))
     with start_world(config) as app:
-        client = LlamaClient(app.config.inference)
+        client = LlamaClient(app.config.inference, url=app.urls[0])
         try:
             old_runtime = Runtime(config=app.config, inference=_SlotZero(client),
                                   registry=app.runtime.registry)

@@ -1,8 +1,15 @@
-"""loopd's configuration: one TOML file, every key with a default, checked at load.
+"""loopd's configuration: one TOML file, every key with a default, checked and resolved at load.
 
 A file only needs the keys it changes. Unknown sections or keys and values of the wrong
 type or range are refused with the key's full name and what is allowed, so a typo never
 silently falls back to a default.
+
+Each key is one field below: its type is what the code reads (``typing.get_type_hints``
+checks a file's value against it), its limits sit beside it in the field's metadata
+(:class:`Allowed`), and its comment says what it does. Adding a key is adding a field (and
+its line in ``config/loopd.toml``). A key that may say ``"auto"`` is resolved when the config
+is loaded, for the model server the config names (the embedded one when neither
+``inference.url`` nor ``inference.servers`` is set): the code only ever sees the answer.
 """
 
 from __future__ import annotations
@@ -13,13 +20,17 @@ import os
 import re
 import shlex
 import tomllib
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
 from actors.base.errors import ConfigError
 
 __all__ = [
+    "AUTO_SWITCH",
+    "Allowed",
     "Config",
     "DaemonConfig",
     "EmbeddedConfig",
@@ -32,9 +43,63 @@ __all__ = [
     "SlotsConfig",
     "ToolsConfig",
     "WebConfig",
+    "allowed",
+    "auto",
+    "limits",
     "load",
     "parse",
+    "seconds",
 ]
+
+
+# --- what a key allows, beside its field -----------------------------------------------------
+
+_META = "loopd"  # the field-metadata key that holds a key's Allowed
+_WEEK = 7 * 24 * 3600  # seconds beyond a week cannot work (1e308 overflowed the clock)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Allowed:
+    """What a key accepts beyond its type: kept in its field's metadata (see :func:`limits`,
+    :func:`seconds`, :func:`auto`)."""
+
+    low: float | None = None  # numbers: the smallest value that works
+    high: float | None = None  # numbers: the largest value that works
+    above: str = ""  # said of a value above ``high`` instead of "must be at most HIGH"
+    # "auto" allowed: what it means (on the embedded model, for a server named by url), and
+    # the file's words for the other values ({"on": True, "off": False})
+    auto: tuple[Any, Any] | None = None
+    words: tuple[tuple[str, Any], ...] = ()
+    split: bool = False  # a string is split like a shell command line (a list is taken as is)
+
+
+def limits(low: float | None = None, high: float | None = None, *, above: str = "",
+           split: bool = False) -> dict[str, Allowed]:
+    """Field metadata: a number's smallest and largest working value."""
+    return {_META: Allowed(low=low, high=high, above=above, split=split)}
+
+
+def seconds(low: float = 0.001) -> dict[str, Allowed]:
+    """Field metadata of a duration: at least ``low``, at most a week."""
+    return limits(low, _WEEK)
+
+
+def auto(embedded: Any, named: Any, **words: Any) -> dict[str, Allowed]:
+    """Field metadata of a key that may say "auto": ``embedded`` on the embedded model,
+    ``named`` for a server named by url; ``words`` are the file's other values (default: the
+    field's Literal values as they are). The field's default must be ``embedded`` (a config
+    built with no file is the embedded model's)."""
+    return {_META: Allowed(auto=(embedded, named), words=tuple(words.items()))}
+
+
+# A bool the file writes "auto", "on" or "off": "auto" is on for the embedded model only.
+AUTO_SWITCH = auto(True, False, on=True, off=False)
+
+
+def allowed(f: dataclasses.Field[Any]) -> Allowed:
+    """The Allowed of a config field (no limits when it has none)."""
+    found = f.metadata.get(_META)
+    return found if isinstance(found, Allowed) else Allowed()
 
 
 # The environment variables (fnmatch patterns) a sandboxed command gets by default; never
@@ -42,51 +107,67 @@ __all__ = [
 DEFAULT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_*", "TERM", "TZ")
 
 
+# --- the sections --------------------------------------------------------------------------
+# A config built in code (Config(), InferenceConfig(...)) takes these defaults as they are:
+# those of the file-less config, which runs the embedded model. load() and parse() resolve
+# "auto" for the server a file names.
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class InferenceConfig:
     url: str = ""  # empty (and no servers): start the embedded model server
     servers: tuple[str, ...] = ()  # several llama-servers; url is the one-server form
-    timeout_s: float = 600.0  # wall-clock limit for one request
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 120.0  # longest gap between two chunks
-    retries: int = 3
-    backoff_s: float = 0.5  # first retry delay; doubles, with jitter
+    timeout_s: float = field(default=600.0, metadata=seconds())  # wall clock, one request
+    connect_timeout_s: float = field(default=10.0, metadata=seconds())
+    read_timeout_s: float = field(default=120.0, metadata=seconds())  # longest gap in a stream
+    retries: int = field(default=3, metadata=limits(0, 100))
+    backoff_s: float = field(default=0.5, metadata=seconds(0))  # first retry delay; doubles
     api_key: str = ""
     # Treat an answer whose content is exactly one JSON tool call as that call.
     # "auto": on for the embedded model, off for a server named by url.
-    bare_json_tool_calls: Literal["auto", "on", "off"] = "auto"
+    bare_json_tool_calls: bool = field(default=True, metadata=AUTO_SWITCH)
     # Send a grammar with every request so the answer is TOOL and exactly one schema-valid
     # call of a tool that can be called, or ANSWER and plain text; the word is taken off
     # again (docs/inference.md#small-model-aids). "auto": on for the embedded model, off
     # for a server named by url. On implies bare_json_tool_calls.
-    constrained_calls: Literal["auto", "on", "off"] = "auto"
+    constrained_calls: bool = field(default=True, metadata=AUTO_SWITCH)
     # Under constrained_calls: model responses of a turn that may call a tool; the one after
     # them may only be plain text (a small model calls again instead of answering).
-    constrained_tool_steps: int = 1
+    constrained_tool_steps: int = field(default=1, metadata=limits(1, 64))
     # Requests this process streams from the server at once; more wait (Queued event).
-    parallel: int = 4
-    temperature: float = -1.0  # sampling temperature; below 0: the server's default
-    seed: int = -1  # sampling seed; -1: the server's default (random)
+    # Thousands cannot work (100,000 inference actors never started).
+    parallel: int = field(default=4, metadata=limits(1, 64))
+    # sampling temperature; below 0: the server's default
+    temperature: float = field(default=-1.0, metadata=limits(-1))
+    seed: int = field(default=-1, metadata=limits(-1))  # sampling seed; -1: the server's
+
+    def __post_init__(self) -> None:
+        # constrained_calls makes the model write its call as bare JSON, so it implies
+        # bare_json_tool_calls: the turn reads only that one to know whether to take it
+        if self.constrained_calls and not self.bare_json_tool_calls:
+            object.__setattr__(self, "bare_json_tool_calls", True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SlotsConfig:
-    disk_mb: int = 2048  # saved KV state kept on disk, at most (least recently used go first)
+    # saved KV state kept on disk, at most (least recently used go first)
+    disk_mb: int = field(default=2048, metadata=limits(0))
     # Save a session's KV state after each turn, off the answer's path. "auto": on for the
     # embedded server, off for servers named by url (they save before a slot changes hands
     # and when a command ends).
-    save_after_turn: Literal["auto", "on", "off"] = "auto"
+    save_after_turn: bool = field(default=True, metadata=AUTO_SWITCH)
     save_dir: str = ""  # the --slot-save-path of the named servers, when on this machine
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoopConfig:
-    tool_iterations: int = 16
-    max_calls_per_response: int = 32  # tool calls one model response may ask for
+    tool_iterations: int = field(default=16, metadata=limits(1))
+    # tool calls one model response may ask for
+    max_calls_per_response: int = field(default=32, metadata=limits(1))
     repeat_detection: bool = True
-    thinking_cap: int = 4096
-    tool_result_cap: int = 16000
-    max_tokens: int = 2048
+    thinking_cap: int = field(default=4096, metadata=limits(0))
+    tool_result_cap: int = field(default=16000, metadata=limits(1))
+    max_tokens: int = field(default=2048, metadata=limits(1))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,10 +189,14 @@ class SessionConfig:
     # "": embedded.system on the embedded model, else GENERAL_SYSTEM.
     system: str = ""
     pinned: tuple[str, ...] = ()  # tools offered directly in the baseline as well
-    # How a tool's result goes to the model (actors/session/messages.py): "tool" messages, or "user"
-    # messages that name the tool and ask the question again; "auto": user for the
-    # embedded model, tool for a server named by url.
-    tool_results: Literal["auto", "tool", "user"] = "auto"
+    # How a tool's result goes to the model (actors/session/messages.py): "tool" messages,
+    # or "user" messages that name the tool and ask the question again; "auto": user for
+    # the embedded model, tool for a server named by url.
+    tool_results: Literal["tool", "user"] = field(default="user", metadata=auto("user", "tool"))
+
+
+# A host's name becomes part of its socket's and its log's file names.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,7 +207,8 @@ class HostConfig:
     endpoint: str = ""  # remote: tcp://host:port
     server_key: str = ""  # remote: the host's public CURVE key (Z85) or a key file
     client_key: str = ""  # remote: our secret key file (from `loopd keys`)
-    command: tuple[str, ...] = ()  # mcp: the MCP server's command line (stdio)
+    # mcp: the MCP server's command line (stdio); a string is split like a shell's
+    command: tuple[str, ...] = field(default=(), metadata=limits(split=True))
     url: str = ""  # mcp: the MCP server's streamable-HTTP url
 
 
@@ -145,17 +231,21 @@ class WebConfig:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolsConfig:
     workspace: str = "."
-    timeout_s: float = 60.0
-    heartbeat_s: float = 2.0
+    timeout_s: float = field(default=60.0, metadata=seconds())
+    heartbeat_s: float = field(default=2.0, metadata=seconds())
     allow: tuple[str, ...] = ()  # rules: TOOL or "TOOL: PREFIX" that run without asking
     deny: tuple[str, ...] = ()  # rules that never run (deny beats allow)
-    approval_timeout_s: float = 300.0  # no answer by then is a denial; 0: wait as long as it takes
+    # no answer by then is a denial; 0: wait as long as it takes
+    approval_timeout_s: float = field(default=300.0, metadata=seconds(0))
     rules_file: str = ""  # the "always" answers (and rules by hand); "": the XDG place
-    max_concurrent_calls: int = 8  # per host
-    max_frame_bytes: int = 4 * 1024 * 1024  # largest ZeroMQ frame accepted
-    max_output_bytes: int = 1024 * 1024  # a tool's output is cut here, at the host
+    max_concurrent_calls: int = field(default=8, metadata=limits(1, 256))  # per host
+    # largest ZeroMQ frame accepted
+    max_frame_bytes: int = field(default=4 * 1024 * 1024, metadata=limits(1024, 1024**3))
+    # a tool's output is cut here, at the host
+    max_output_bytes: int = field(default=1024 * 1024, metadata=limits(1, 1024**3))
     standard: bool = True  # start the standard tool hosts
-    start_timeout_s: float = 15.0  # how long start-up waits for each host's tool list
+    # how long start-up waits for each host's tool list
+    start_timeout_s: float = field(default=15.0, metadata=seconds())
     hosts: tuple[HostConfig, ...] = ()
     shell: ShellConfig = ShellConfig()
     web: WebConfig = WebConfig()
@@ -164,11 +254,13 @@ class ToolsConfig:
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
     data_dir: str = "~/.local/share/loopd"  # the assembled model lives here
-    ctx_size: int = 8192
-    port: int = 0  # 0: a free loopback port
-    startup_timeout_s: float = 300.0
-    threads: int = 0  # 0: llama-server's default
-    slots: int = 2  # sessions whose KV state the server holds at once (-np)
+    ctx_size: int = field(default=8192, metadata=limits(512, 1 << 24))
+    port: int = field(default=0, metadata=limits(0, 65535, above="must be a port number, "
+                                                       "0 to 65535"))  # 0: a free port
+    startup_timeout_s: float = field(default=300.0, metadata=seconds(1))
+    threads: int = field(default=0, metadata=limits(0, 1024))  # 0: llama-server's default
+    # sessions whose KV state the server holds at once (-np)
+    slots: int = field(default=2, metadata=limits(1, 64))
     # A new session's system prompt on the embedded model when session.system is empty, and
     # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
     system: str = (
@@ -199,7 +291,7 @@ class EmbeddedConfig:
     pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")
     # The embedded server's default sampling temperature (--temp): greedy, the small model's
     # most likely path. inference.temperature (when at least 0) overrides it per request.
-    temperature: float = 0.0
+    temperature: float = field(default=0.0, metadata=limits(0, 100))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -211,9 +303,12 @@ class DaemonConfig:
     allow_keys: str = ""  # the daemon: directory of the .key files of the clients it lets in
     server_key: str = ""  # a client: the daemon's public key (Z85 text or .key file)
     client_key: str = ""  # a client: its own .key_secret file
-    heartbeat_s: float = 1.0  # a peer silent for 3 heartbeats is gone (its turn cancelled)
-    connect_timeout_s: float = 1.0  # how long the CLI waits for an answer, else runs in-process
-    max_frame_bytes: int = 4 * 1024 * 1024  # largest message either side accepts
+    # a peer silent for 3 heartbeats is gone (its turn cancelled)
+    heartbeat_s: float = field(default=1.0, metadata=seconds(0.01))
+    # how long the CLI waits for an answer, else runs in-process
+    connect_timeout_s: float = field(default=1.0, metadata=seconds(0.01))
+    # largest message either side accepts
+    max_frame_bytes: int = field(default=4 * 1024 * 1024, metadata=limits(1024, 1024**3))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -226,6 +321,11 @@ class Config:
     tools: ToolsConfig = ToolsConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
     daemon: DaemonConfig = DaemonConfig()
+
+    @property
+    def embedded_model(self) -> bool:
+        """No url and no servers: loopd starts its own model server (what "auto" is for)."""
+        return _embedded_model(self.inference.url, self.inference.servers)
 
     @property
     def log_dir(self) -> Path:
@@ -245,141 +345,152 @@ class Config:
         return Path(self.tools.workspace).expanduser().resolve()
 
     def replace(self, section: str, **changes: Any) -> Config:
-        """A copy with some keys of one section changed (checked like a file)."""
-        merged = {**_as_table(getattr(self, section)), **changes}
-        built = _build(type(getattr(self, section)), merged, section)
-        return dataclasses.replace(self, **{section: built})
+        """A copy with some keys of one section changed, each checked like a file's
+        ("auto" is resolved for this config's model server). Whether the embedded model is
+        used cannot change here: the other "auto" keys were resolved for it at load; give a
+        url to :func:`load` (``overrides``) instead."""
+        current = getattr(self, section)
+        built = _build(type(current), changes, section, self.embedded_model, base=current)
+        changed = dataclasses.replace(self, **{section: built})
+        if changed.embedded_model != self.embedded_model:
+            raise ConfigError(
+                f"{section}: replace() cannot switch between the embedded model and a named "
+                "server (the \"auto\" keys were resolved at load); give inference.url or "
+                "inference.servers to load(overrides=...)"
+            )
+        return changed
 
 
-# --- checks -----------------------------------------------------------------------------
+# --- reading a table ---------------------------------------------------------------------------
 
-_MINIMUM: dict[str, float] = {
-    "inference.timeout_s": 0.001,
-    "inference.connect_timeout_s": 0.001,
-    "inference.read_timeout_s": 0.001,
-    "inference.retries": 0,
-    "inference.backoff_s": 0,
-    "inference.parallel": 1,
-    "inference.constrained_tool_steps": 1,
-    "inference.temperature": -1,
-    "inference.seed": -1,
-    "slots.disk_mb": 0,
-    "loop.tool_iterations": 1,
-    "loop.max_calls_per_response": 1,
-    "loop.thinking_cap": 0,
-    "loop.tool_result_cap": 1,
-    "loop.max_tokens": 1,
-    "tools.timeout_s": 0.001,
-    "tools.heartbeat_s": 0.001,
-    "tools.max_concurrent_calls": 1,
-    "tools.max_frame_bytes": 1024,
-    "tools.max_output_bytes": 1,
-    "tools.start_timeout_s": 0.001,
-    "tools.approval_timeout_s": 0,
-    "embedded.ctx_size": 512,
-    "embedded.port": 0,
-    "embedded.startup_timeout_s": 1,
-    "embedded.threads": 0,
-    "embedded.slots": 1,
-    "embedded.temperature": 0,
-    "daemon.heartbeat_s": 0.01,
-    "daemon.connect_timeout_s": 0.01,
-    "daemon.max_frame_bytes": 1024,
-}
-# The largest value of a key where more cannot work: seconds beyond a week (1e308 overflowed
-# the clock), threads or slots by the thousand (100,000 inference actors never started).
-_WEEK = 7 * 24 * 3600
-_MAXIMUM: dict[str, float] = {
-    **{f"{section}.{f.name}": _WEEK
-       for section, cls in (("inference", InferenceConfig), ("tools", ToolsConfig),
-                            ("embedded", EmbeddedConfig), ("daemon", DaemonConfig))
-       for f in dataclasses.fields(cls) if f.name.endswith("_s")},
-    "inference.retries": 100,
-    "inference.parallel": 64,
-    "tools.max_concurrent_calls": 256,
-    "tools.max_frame_bytes": 1024**3,
-    "tools.max_output_bytes": 1024**3,
-    "daemon.max_frame_bytes": 1024**3,
-    "embedded.threads": 1024,
-    "embedded.slots": 64,
-    "embedded.temperature": 100,
-    "inference.constrained_tool_steps": 64,
-    "embedded.ctx_size": 1 << 24,
-}
-# A host's name becomes part of its socket's and its log's file names.
-_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Keys that existed once: a config naming one is told what replaced it.
 _REMOVED = {
     "slots.main": "slots.main was removed: the slot keeper now gives each session a slot of "
     "its own (and saves and restores its KV state); delete the key. To choose how many "
     "slots the embedded server has, set embedded.slots",
 }
+_AUTO = "auto"
+
+
+def _embedded_model(url: Any, servers: Any) -> bool:
+    return not (url or servers)
 
 
 def _as_table(section: Any) -> dict[str, Any]:
     return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
-def _check(key: str, annotation: str, value: Any) -> Any:
-    ann = annotation.replace(" ", "")
-    if ann.startswith("Literal["):
-        allowed = [a.strip("'\"") for a in ann[len("Literal[") : -1].split(",")]
-        if value not in allowed:
-            raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(allowed)}")
+def _check(key: str, kind: Any, rule: Allowed, value: Any, embedded: bool) -> Any:
+    """``value`` (from a file) as the field of type ``kind`` holds it, or a ConfigError that
+    names ``key`` and what is allowed."""
+    if rule.auto is not None:
+        words = dict(rule.words) or {w: w for w in typing.get_args(kind)}
+        if value == _AUTO and isinstance(value, str):
+            return rule.auto[0] if embedded else rule.auto[1]
+        if not isinstance(value, str) or value not in words:
+            raise ConfigError(f"{key} = {value!r}: allowed values are "
+                              f"{', '.join([_AUTO, *words])}")
+        return words[value]
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        if value not in args or not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(args)}")
         return value
-    if ann == "bool":
+    if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} = {value!r}: must be true or false")
         return value
-    if ann in ("int", "float"):
-        ok = isinstance(value, int) if ann == "int" else isinstance(value, int | float)
-        if not ok or isinstance(value, bool):
-            raise ConfigError(f"{key} = {value!r}: must be a number ({ann})")
-        if not math.isfinite(value):
-            raise ConfigError(f"{key} = {value!r}: must be a finite number")
-        low = _MINIMUM.get(key)
-        if low is not None and value < low:
-            raise ConfigError(f"{key} = {value!r}: must be at least {low:g}")
-        if key == "embedded.port" and value > 65535:
-            raise ConfigError(f"{key} = {value!r}: must be a port number, 0 to 65535")
-        high = _MAXIMUM.get(key)
-        if high is not None and value > high:
-            raise ConfigError(f"{key} = {value!r}: must be at most {high:g}")
-        return float(value) if ann == "float" else value
-    if ann == "str":
+    if kind in (int, float):
+        return _number(key, kind, rule, value)
+    if kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} = {value!r}: must be a string")
         return value
-    if ann == "tuple[str,...]":
-        if isinstance(value, str) and key.endswith(".command"):
-            try:
-                value = shlex.split(value)
-            except ValueError as e:
-                raise ConfigError(
-                    f"{key} = {value!r}: {e}; quote it like a shell command line"
-                ) from None
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{key} = {value!r}: must be a list of strings")
-        return tuple(value)
-    if ann in _TABLES:  # a sub-table such as [tools.shell]
-        cls = _TABLES[ann]
-        return value if isinstance(value, cls) else _build(cls, value, key)
-    if ann == "tuple[HostConfig,...]":
+    if origin is tuple and args[1:] == (Ellipsis,):
+        return _array(key, args[0], rule, value, embedded)
+    if _is_table(kind):  # a sub-table such as [tools.shell]
+        return value if isinstance(value, kind) else _build(kind, value, key, embedded)
+    raise AssertionError(f"no check for {key}: {kind}")  # a new kind of field needs one
+
+
+def _is_table(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _number(key: str, kind: type, rule: Allowed, value: Any) -> Any:
+    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
+    if not ok or isinstance(value, bool):
+        raise ConfigError(f"{key} = {value!r}: must be a number ({kind.__name__})")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} = {value!r}: must be a finite number")
+    if rule.low is not None and value < rule.low:
+        raise ConfigError(f"{key} = {value!r}: must be at least {rule.low:g}")
+    if rule.high is not None and value > rule.high:
+        raise ConfigError(f"{key} = {value!r}: {rule.above or f'must be at most {rule.high:g}'}")
+    return float(value) if kind is float else value
+
+
+def _array(key: str, item: Any, rule: Allowed, value: Any, embedded: bool) -> tuple[Any, ...]:
+    if _is_table(item):  # an array of tables such as [[tools.hosts]]
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: must be an array of tables ([[tools.hosts]])")
-        hosts = tuple(
-            h if isinstance(h, HostConfig) else _build(HostConfig, h, f"{key}[{i}]")
-            for i, h in enumerate(value)
+            raise ConfigError(f"{key}: must be an array of tables ([[{key}]])")
+        return tuple(v if isinstance(v, item) else _build(item, v, f"{key}[{i}]", embedded)
+                     for i, v in enumerate(value))
+    assert item is str, f"no check for {key}: tuple[{item}, ...]"  # a new kind needs one
+    if isinstance(value, str) and rule.split:
+        try:
+            value = shlex.split(value)
+        except ValueError as e:
+            raise ConfigError(
+                f"{key} = {value!r}: {e}; quote it like a shell command line") from None
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key} = {value!r}: must be a list of strings")
+    return tuple(value)
+
+
+def _build(cls: Any, table: Any, prefix: str, embedded: bool, base: Any = None) -> Any:
+    """Section ``cls`` from a file's ``table``: keys it leaves out take their defaults ("auto"
+    ones resolved), or those of ``base`` when one is given (replace)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{prefix}] must be a table, got {type(table).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if f"{prefix}.{key}" in _REMOVED:
+            raise ConfigError(_REMOVED[f"{prefix}.{key}"])
+    unknown = set(table) - set(fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in [{prefix}]: {', '.join(sorted(unknown))}; "
+            f"known keys: {', '.join(fields)}"
         )
-        _check_hosts(key, hosts)
-        return hosts
-    raise AssertionError(f"no check for {key}: {annotation}")  # a new field needs a check
+    kinds = typing.get_type_hints(cls)
+    absent = {} if base is not None else {
+        n: _AUTO for n, f in fields.items() if allowed(f).auto is not None}
+    missing = [n for n, f in fields.items()
+               if n not in table and f.default is dataclasses.MISSING and base is None]
+    if missing:
+        raise ConfigError(f"[{prefix}] needs {', '.join(missing)}")
+    values = {k: _check(f"{prefix}.{k}", kinds[k], allowed(fields[k]), v, embedded)
+              for k, v in {**absent, **table}.items()}
+    built = cls(**values) if base is None else dataclasses.replace(base, **values)
+    for check in _SECTION_CHECKS.get(cls, ()):
+        check(prefix, built)
+    return built
 
 
-_TABLES: dict[str, type[Any]] = {"ShellConfig": ShellConfig, "WebConfig": WebConfig}
+# --- checks across the keys of one section -----------------------------------------------------
 
 
-def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:
+def _one_server_form(prefix: str, inference: InferenceConfig) -> None:
+    if inference.url and inference.servers:
+        raise ConfigError(
+            f"{prefix}.url and {prefix}.servers are both set: use url for one server or "
+            "servers = [...] for several, not both"
+        )
+
+
+def _check_hosts(prefix: str, tools: ToolsConfig) -> None:
+    key, hosts = f"{prefix}.hosts", tools.hosts
     names = [h.name for h in hosts]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -399,57 +510,45 @@ def _check_hosts(key: str, hosts: tuple[HostConfig, ...]) -> None:
             raise ConfigError(f"{where}: a local host needs tools = [...]")
 
 
-def _build(cls: Any, table: Any, prefix: str) -> Any:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"[{prefix}] must be a table, got {type(table).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in table:
-        if f"{prefix}.{key}" in _REMOVED:
-            raise ConfigError(_REMOVED[f"{prefix}.{key}"])
-    unknown = set(table) - set(fields)
-    if unknown:
-        raise ConfigError(
-            f"unknown key(s) in [{prefix}]: {', '.join(sorted(unknown))}; "
-            f"known keys: {', '.join(fields)}"
-        )
-    missing = [n for n, f in fields.items() if n not in table and f.default is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"[{prefix}] needs {', '.join(missing)}")
-    values = {k: _check(f"{prefix}.{k}", str(fields[k].type), v) for k, v in table.items()}
-    if cls is InferenceConfig and values.get("url") and values.get("servers"):
-        raise ConfigError(
-            "inference.url and inference.servers are both set: use url for one server or "
-            "servers = [...] for several, not both"
-        )
-    if cls is ToolsConfig:
-        _check_rules(prefix, values)
-    return cls(**values)
-
-
-def _check_rules(prefix: str, values: Mapping[str, Any]) -> None:
+def _check_rules(prefix: str, tools: ToolsConfig) -> None:
     from actors.base.rules import parse_rule
 
     for key in ("allow", "deny"):
-        for text in values.get(key, ()):
+        for text in getattr(tools, key):
             try:
                 parse_rule(text)
             except ValueError as e:
                 raise ConfigError(f"{prefix}.{key}: {e}") from None
 
 
-def parse(data: Mapping[str, Any]) -> Config:
-    """A Config from already-parsed TOML data; every key optional."""
+_SECTION_CHECKS: dict[type, tuple[Callable[[str, Any], None], ...]] = {
+    InferenceConfig: (_one_server_form,),
+    ToolsConfig: (_check_hosts, _check_rules),
+}
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def parse(data: Mapping[str, Any],
+          overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """A Config from already-parsed TOML data (every key optional), each section's keys in
+    ``overrides`` (a command's options) taking the place of the file's; "auto" resolved."""
+    merged: dict[str, Any] = dict(data)
+    for name, table in (overrides or {}).items():
+        merged[name] = {**_table(merged.get(name, {}), name), **table}
     sections = {f.name: f for f in dataclasses.fields(Config)}
-    unknown = set(data) - set(sections)
+    unknown = set(merged) - set(sections)
     if unknown:
         raise ConfigError(
             f"unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sections)}"
         )
-    built = {}
-    for name, value in data.items():
-        default = getattr(Config(), name)
-        built[name] = _build(type(default), {**_as_table(default), **_table(value, name)}, name)
-    return Config(**built)
+    inference = merged.get("inference", {})
+    embedded = not isinstance(inference, Mapping) or _embedded_model(
+        inference.get("url"), inference.get("servers"))
+    kinds = typing.get_type_hints(Config)
+    return Config(**{name: _build(kinds[name], _table(merged.get(name, {}), name), name, embedded)
+                     for name in sections})
 
 
 def _table(value: Any, name: str) -> Mapping[str, Any]:
@@ -458,11 +557,14 @@ def _table(value: Any, name: str) -> Mapping[str, Any]:
     return value
 
 
-def load(path: str | os.PathLike[str] | None = None) -> Config:
-    """The config from ``path``, else ``$LOOPD_CONFIG``, else the defaults."""
+def load(path: str | os.PathLike[str] | None = None,
+         overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """The config from ``path``, else ``$LOOPD_CONFIG``, else the defaults, with a command's
+    ``overrides`` ({"inference": {"url": ...}}) in place of the file's keys; "auto" keys are
+    resolved here, once, for the model server this names."""
     chosen = path if path is not None else os.environ.get("LOOPD_CONFIG") or None
     if chosen is None:
-        return Config()
+        return parse({}, overrides)
     p = Path(chosen).expanduser()
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -478,6 +580,6 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     try:
-        return parse(data)
+        return parse(data, overrides)
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None

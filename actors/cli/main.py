@@ -131,14 +131,16 @@ def console(*, stderr: bool = False) -> Console:
 
 
 def _load(args: argparse.Namespace) -> cfg.Config:
-    config = cfg.load(args.config)
+    """The config with the command's options in place of the file's keys (before "auto" is
+    resolved: --url decides whether the embedded model runs)."""
+    overrides: dict[str, dict[str, Any]] = {}
     if args.url:
-        config = config.replace("inference", url=args.url, servers=())
+        overrides["inference"] = {"url": args.url, "servers": []}
     if args.workspace:
-        config = config.replace("tools", workspace=args.workspace)
+        overrides["tools"] = {"workspace": args.workspace}
     if args.log_dir:
-        config = config.replace("log", dir=args.log_dir)
-    return config
+        overrides["log"] = {"dir": args.log_dir}
+    return cfg.load(args.config, overrides)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

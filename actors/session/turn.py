@@ -57,7 +57,7 @@ from actors.session.limits import (
     cache_outcome,
     cap_result,
 )
-from actors.session.messages import ResultStyle, messages
+from actors.session.messages import messages
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
 
@@ -76,11 +76,8 @@ class Runtime:
     config: Config
     inference: Model
     registry: Registry
-    bare_json_tool_calls: bool = False
     # The rules file and the command's --approve rules (tools.allow/deny come from config).
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
-    constrained_calls: bool = False  # each request carries answer_grammar (implies bare JSON)
-    tool_results: ResultStyle = "tool"  # how results are rendered (session.tool_results)
 
 
 # --- the turn -------------------------------------------------------------------------
@@ -154,7 +151,7 @@ class _Turn:
         request = ChatRequest(
             session=self.log.name,
             messages=tuple(messages(baseline, self.log.records,
-                                    results=self.runtime.tool_results)),
+                                    results=self.runtime.config.session.tool_results)),
             tools=baseline.tools,
             thinking=self.thinking_left > 0,
             max_tokens=self.loop.max_tokens,
@@ -206,7 +203,7 @@ class _Turn:
         return completion, usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
-        if not self.runtime.constrained_calls:
+        if not self.runtime.config.inference.constrained_calls:
             return None
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
@@ -220,7 +217,7 @@ class _Turn:
 
     def _bare_json(self, completion: Completion) -> Completion:
         """A small model's tool call written as bare JSON in the answer, taken as the call."""
-        if not self.runtime.bare_json_tool_calls or completion.tool_calls:
+        if not self.runtime.config.inference.bare_json_tool_calls or completion.tool_calls:
             return completion
         offered = {t["function"]["name"] for t in self.log.baseline.tools if "function" in t}
         known = offered | {spec.name for spec in self.runtime.registry.specs()}

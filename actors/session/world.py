@@ -38,6 +38,7 @@ class World:
     runtime: Runtime
     model: str
     embedded: bool = False  # the embedded model: its own system prompt and pinned tools
+    urls: tuple[str, ...] = ()  # the model servers' (the embedded one's when it runs)
     sessions: list[Any] = dataclasses.field(default_factory=list)
     stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
 
@@ -94,7 +95,7 @@ def start_world(
         urls = config.inference.servers or (config.inference.url,)
         save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None
         specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
-        model, embedded = "llama-server", not urls[0]
+        model, embedded = "llama-server", config.embedded_model
         if embedded:
             from actors.inference.embedded.server import (
                 EmbeddedServer,
@@ -108,15 +109,10 @@ def start_world(
             model = model_name()
             identity = server_identity(server.binary) if server.binary else ""
             specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
-            config = config.replace("inference", url=server.url)
-        constrained = _auto(config.inference.constrained_calls, embedded)
-        bare_json = _auto(config.inference.bare_json_tool_calls, embedded) or constrained
-        results = config.session.tool_results
-        save = config.slots.save_after_turn
         keeper = KeeperSettings(
             log_dir=config.log_dir, meta_dir=meta_dir(config),
             disk_bytes=config.slots.disk_mb * 1024 * 1024,
-            save_after_turn=embedded if save == "auto" else save == "on",
+            save_after_turn=config.slots.save_after_turn,
         )
         status("starting tool hosts")
         # The rules file's deny rules keep its tools asking the session
@@ -130,16 +126,9 @@ def start_world(
             status(f"warning: {warning}")
         inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
         stack.callback(inference.stop)
-        runtime = Runtime(
-            config=config, inference=inference, registry=toolbox.registry,
-            bare_json_tool_calls=bare_json, constrained_calls=constrained, rules=rules,
-            tool_results=results if results != "auto" else "user" if embedded else "tool",
-        )
-        app = World(runtime=runtime, model=model, embedded=embedded)
-        stack.callback(app.close_sessions, status)
-        yield app
-
-
-def _auto(setting: str, embedded: bool) -> bool:
-    """An "auto" | "on" | "off" setting: "auto" is on for the embedded model only."""
-    return embedded if setting == "auto" else setting == "on"
+        runtime = Runtime(config=config, inference=inference, registry=toolbox.registry,
+                          rules=rules)
+        world = World(runtime=runtime, model=model, embedded=embedded,
+                      urls=tuple(s.url for s in specs))
+        stack.callback(world.close_sessions, status)
+        yield world

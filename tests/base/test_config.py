@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -15,25 +16,32 @@ from actors.base.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+
+
+def _is_table(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
 # every section, sub-tables such as [tools.shell] included, by its dotted name
-SECTIONS = {
+SECTIONS: dict[str, type] = {
     **TOP,
     **{
-        f"{name}.{f.name}": cfg._TABLES[str(f.type)]
+        f"{name}.{key}": kind
         for name, cls in TOP.items()
-        for f in dataclasses.fields(cls)
-        if str(f.type) in cfg._TABLES
+        for key, kind in typing.get_type_hints(cls).items()
+        if _is_table(kind)
     },
 }
 
 
-def keys() -> list[tuple[str, str, str]]:
-    """(section, key, annotation) of every scalar key of every section."""
+def keys() -> list[tuple[str, str, Any, cfg.Allowed]]:
+    """(section, key, type, what it allows) of every scalar key of every section."""
     out = []
     for section, cls in SECTIONS.items():
+        kinds = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if str(f.type) not in cfg._TABLES:  # a sub-table: its keys are listed as its own
-                out.append((section, f.name, str(f.type).replace(" ", "")))
+            if not _is_table(kinds[f.name]):  # a sub-table: its keys are listed as its own
+                out.append((section, f.name, kinds[f.name], cfg.allowed(f)))
     return out
 
 
@@ -50,18 +58,27 @@ def documented(data: dict[str, Any], section: str) -> dict[str, Any]:
     return data
 
 
-def bad_values(annotation: str) -> list[Any]:
-    if annotation.startswith("Literal["):
+def bad_values(kind: Any, rule: cfg.Allowed) -> list[Any]:
+    if rule.auto is not None:
+        return ["bogus", 1, True]  # a word the file does not know, or not a word at all
+    if typing.get_origin(kind) is Literal:
         return ["bogus", 1]
-    table: dict[str, list[Any]] = {
-        "str": [1, ["x"], True],
-        "int": ["1", 1.5, True],
-        "float": ["1", True],
-        "bool": ["yes", 1],
-        "tuple[str,...]": ["x", [1], {"a": "b"}],
-        "tuple[HostConfig,...]": ["x", [5]],
+    table: dict[Any, list[Any]] = {
+        str: [1, ["x"], True],
+        int: ["1", 1.5, True],
+        float: ["1", True],
+        bool: ["yes", 1],
+        tuple[str, ...]: ["x", [1], {"a": "b"}],
+        tuple[HostConfig, ...]: ["x", [5]],
     }
-    return table[annotation]
+    return table[kind]
+
+
+def as_written(kind: Any, rule: cfg.Allowed, value: Any) -> Any:
+    """A key's default as a file writes it."""
+    if rule.auto is not None:
+        return "auto"
+    return list(value) if isinstance(value, tuple) else value
 
 
 def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,7 +96,7 @@ def test_the_documented_file_holds_every_key_with_its_default() -> None:
     assert load(path) == Config()
     missing = [
         f"{section}.{key}"
-        for section, key, _ in keys()
+        for section, key, _, _ in keys()
         if key != "hosts" and key not in documented(data, section)
     ]
     assert missing == [], f"keys not documented in config/loopd.toml: {missing}"
@@ -124,7 +141,7 @@ def test_missing_and_invalid_files_name_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("section", "key", "value"),
-    [(s, k, v) for s, k, ann in keys() for v in bad_values(ann)],
+    [(s, k, v) for s, k, kind, rule in keys() for v in bad_values(kind, rule)],
 )
 def test_every_bad_value_is_refused_with_its_key(section: str, key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as info:
@@ -138,14 +155,24 @@ def test_literal_errors_list_what_is_allowed() -> None:
         parse({"log": {"fsync": "sometimes"}})
 
 
-@pytest.mark.parametrize(("key", "low"), sorted(cfg._MINIMUM.items()))
-def test_values_below_the_minimum_are_refused(key: str, low: float) -> None:
+MINIMUM = {f"{s}.{k}": (kind, rule.low) for s, k, kind, rule in keys() if rule.low is not None}
+
+
+def test_the_minimums_are_the_ones_the_code_was_written_for() -> None:
+    assert len(MINIMUM) == 31  # a limit lost in a change shows here
+    assert MINIMUM["tools.approval_timeout_s"] == (float, 0)  # 0: wait as long as it takes
+    assert MINIMUM["embedded.ctx_size"] == (int, 512)
+
+
+@pytest.mark.parametrize("key", sorted(MINIMUM))
+def test_values_below_the_minimum_are_refused(key: str) -> None:
     section, name = key.split(".")
-    annotation = str(SECTIONS[section].__dataclass_fields__[name].type)
-    too_small = low - 1 if annotation == "int" else low / 2 if low > 0 else low - 0.5
+    kind, low = MINIMUM[key]
+    assert low is not None
+    too_small = low - 1 if kind is int else low / 2 if low > 0 else low - 0.5
     with pytest.raises(ConfigError, match=rf"^{key} = .*: must be at least"):
         parse({section: {name: too_small}})
-    at_minimum = parse({section: {name: int(low) if annotation == "int" else low}})
+    at_minimum = parse({section: {name: int(low) if kind is int else low}})
     assert getattr(getattr(at_minimum, section), name) == low
 
 
@@ -207,12 +234,19 @@ def test_replace_is_checked() -> None:
         Config().replace("log", fsync="maybe")
 
 
-def test_every_annotation_has_a_check() -> None:
-    """A key added with a new type must get a check (else parse raises AssertionError)."""
-    for section, key, annotation in keys():
-        assert annotation.startswith("Literal[") or annotation in {
-            "str", "int", "float", "bool", "tuple[str,...]", "tuple[HostConfig,...]"
-        }, f"{section}.{key}: {annotation}"
+def test_every_key_has_a_check() -> None:
+    """A key added with a new type must get a check (else parse raises AssertionError):
+    every key's default, written as a file writes it, is read back as the default."""
+    for section, key, kind, rule in keys():
+        default = getattr(_section(Config(), section), key)
+        read = parse(nest(section, {key: as_written(kind, rule, default)}))
+        assert getattr(_section(read, section), key) == default, f"{section}.{key}"
+
+
+def _section(config: Config, dotted: str) -> Any:
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def test_slots_main_is_refused_with_what_replaced_it() -> None:
@@ -252,3 +286,98 @@ def test_the_rules_file_lives_in_the_config_home(
     assert Config().rules_path == Path.home() / ".config" / "loopd" / "rules.toml"
     named = parse({"tools": {"rules_file": "~/mine.toml"}})
     assert named.rules_path == Path.home() / "mine.toml"
+
+
+# --- "auto": resolved once, at load, for the model server the config names ---------------------
+
+def both(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two files' tables in one (b's sections merged into a's)."""
+    return {**a, **{k: {**a.get(k, {}), **v} for k, v in b.items()}}
+
+
+AUTO_KEYS = [(s, k, rule) for s, k, _, rule in keys() if rule.auto is not None]
+
+
+def test_the_auto_keys() -> None:
+    assert [f"{s}.{k}" for s, k, _ in AUTO_KEYS] == [
+        "inference.bare_json_tool_calls", "inference.constrained_calls",
+        "slots.save_after_turn", "session.tool_results",
+    ]
+
+
+@pytest.mark.parametrize(("section", "key", "rule"), AUTO_KEYS)
+def test_auto_means_one_thing_on_the_embedded_model_and_another_on_a_named_server(
+    section: str, key: str, rule: cfg.Allowed
+) -> None:
+    assert rule.auto is not None
+    on_embedded, on_named = rule.auto
+    assert on_embedded != on_named
+    # the default (no file) is the embedded model's: a config built in code has it too
+    assert getattr(_section(Config(), section), key) == on_embedded
+    assert getattr(_section(parse({}), section), key) == on_embedded
+    named = {"inference": {"url": "http://127.0.0.1:9"}}
+    several = {"inference": {"servers": ["http://127.0.0.1:9", "http://127.0.0.1:10"]}}
+    for data in (named, several):
+        assert getattr(_section(parse(data), section), key) == on_named
+        written = parse(both(data, nest(section, {key: "auto"})))
+        assert getattr(_section(written, section), key) == on_named
+    # a value the file names is kept whichever server runs (constrained_calls off: on, it
+    # implies bare_json_tool_calls, tested below)
+    free = {"inference": {"constrained_calls": "off"}}
+    for word, value in (rule.words or tuple((w, w) for w in typing.get_args(
+            typing.get_type_hints(SECTIONS[section])[key]))):
+        for data in (free, both(free, named)):
+            chosen = parse(both(data, nest(section, {key: word})))
+            assert getattr(_section(chosen, section), key) == value
+
+
+def test_an_auto_key_lists_its_words() -> None:
+    with pytest.raises(ConfigError, match=r"inference\.constrained_calls = 'maybe': allowed "
+                                          r"values are auto, on, off"):
+        parse({"inference": {"constrained_calls": "maybe"}})
+    with pytest.raises(ConfigError, match=r"session\.tool_results = True: allowed values are "
+                                          r"auto, tool, user"):
+        parse({"session": {"tool_results": True}})
+
+
+def test_constrained_calls_imply_bare_json() -> None:
+    on = {"constrained_calls": "on", "bare_json_tool_calls": "off"}
+    assert parse({"inference": on}).inference.bare_json_tool_calls is True
+    assert parse({"inference": {"url": "http://h", **on}}).inference.bare_json_tool_calls
+    assert cfg.InferenceConfig(constrained_calls=True, bare_json_tool_calls=False) \
+        .bare_json_tool_calls is True
+    off = {"url": "http://h", "constrained_calls": "off", "bare_json_tool_calls": "on"}
+    assert parse({"inference": off}).inference.bare_json_tool_calls is True
+
+
+def test_a_commands_overrides_decide_auto_like_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "loopd.toml"
+    path.write_text('[inference]\nservers = ["http://127.0.0.1:9"]\n[log]\ndir = "/x"\n',
+                    encoding="utf-8")
+    named = load(path)
+    assert not named.embedded_model and not named.inference.constrained_calls
+    embedded = load(path, {"inference": {"servers": []}})
+    assert embedded.embedded_model and embedded.inference.constrained_calls
+    assert embedded.log.dir == "/x"  # the file's other keys stay
+    other = load(path, {"inference": {"url": "http://127.0.0.1:8", "servers": []}})
+    assert other.inference.url == "http://127.0.0.1:8" and other.inference.servers == ()
+    assert other.session.tool_results == "tool"
+    with pytest.raises(ConfigError, match=r"loopd\.toml: inference\.url and inference\."
+                                          r"servers are both set"):
+        load(path, {"inference": {"url": "http://127.0.0.1:8"}})
+    with pytest.raises(ConfigError, match=r"inference\.parallel = 0: must be at least 1"):
+        load(None, {"inference": {"parallel": 0}})
+
+
+def test_replace_resolves_auto_for_its_server_and_cannot_switch_the_server() -> None:
+    named = parse({"inference": {"url": "http://127.0.0.1:9"}})
+    assert named.replace("session", tool_results="auto").session.tool_results == "tool"
+    assert Config().replace("session", tool_results="tool").replace(
+        "session", tool_results="auto").session.tool_results == "user"
+    with pytest.raises(ConfigError, match=r"cannot switch between the embedded model and a "
+                                          r"named server.*load\(overrides="):
+        Config().replace("inference", url="http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="cannot switch"):
+        named.replace("inference", url="")
+    assert named.replace("inference", url="http://127.0.0.1:8").inference.constrained_calls \
+        is False  # another named server: nothing to resolve again

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from actors.base.config import Config, InferenceConfig, parse
+from actors.base.config import Config, parse
 from actors.base.events import Event
 from actors.inference.actor import Inference
 from actors.log.file import SessionLog, read_records
@@ -26,8 +25,8 @@ def turn_config(tmp_path: Path, url: str, **inference: Any) -> Config:
         url=url, retries=2, backoff_s=0.001, timeout_s=20.0, read_timeout_s=10.0,
         connect_timeout_s=2.0,
     )
-    config = parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "always"}})
-    return dataclasses.replace(config, inference=InferenceConfig(**{**base, **inference}))
+    return parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "always"},
+                  "inference": {**base, **inference}})
 
 
 class TurnRig:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from actors.base.cancel import CancelToken
-from actors.base.config import Config, InferenceConfig
+from actors.base.config import parse
 from actors.inference.actor import Inference
 from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.file import SessionLog
@@ -39,10 +38,10 @@ class Slots:
             log_dir=tmp / "sessions", meta_dir=tmp / "meta", disk_bytes=disk_bytes,
             save_after_turn=after_turn,
         )
-        self.config = dataclasses.replace(Config(), inference=InferenceConfig(
+        self.config = parse({"inference": dict(
             url="http://unused", retries=1, backoff_s=0.001, timeout_s=20.0, read_timeout_s=10.0,
             connect_timeout_s=2.0, parallel=parallel,
-        ))
+        )})
         self.said: list[str] = []
         self.logs: dict[str, SessionLog] = {}
         self.fakes: list[FakeLlama] = []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from actors.base.cancel import CancelToken
-from actors.base.config import Config, InferenceConfig, LoopConfig, parse
+from actors.base.config import Config, LoopConfig, parse
 from actors.base.events import Event
 from actors.inference.actor import Inference
 from actors.log.file import SessionLog
@@ -62,12 +62,11 @@ class ScriptedPort:
 
 
 def make_config(tmp_path: Path, url: str = "", **loop: Any) -> Config:
-    config = parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "never"}})
-    inference = InferenceConfig(url=url, retries=2, backoff_s=0.001, timeout_s=20.0,
-                                read_timeout_s=10.0, connect_timeout_s=2.0)
-    return dataclasses.replace(
-        config, inference=inference, loop=dataclasses.replace(LoopConfig(), **loop)
-    )
+    inference = dict(url=url, retries=2, backoff_s=0.001, timeout_s=20.0,
+                     read_timeout_s=10.0, connect_timeout_s=2.0)
+    config = parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "never"},
+                    "inference": inference})
+    return dataclasses.replace(config, loop=dataclasses.replace(LoopConfig(), **loop))
 
 
 def baseline(tools: Sequence[Mapping[str, Any]] = META_TOOLS) -> Baseline:

@@ -27,7 +27,9 @@ Make = Callable[..., Rig]
 
 
 def _constrained(r: Rig, on: bool = True) -> Rig:
-    r.runtime = dataclasses.replace(r.runtime, constrained_calls=on, bare_json_tool_calls=on)
+    word = "on" if on else "off"
+    r.config = r.config.replace("inference", constrained_calls=word, bare_json_tool_calls=word)
+    r.runtime = dataclasses.replace(r.runtime, config=r.config)
     return r
 
 
@@ -109,10 +111,12 @@ def test_auto_is_off_for_a_server_named_by_url_and_on_turns_on_bare_json(tmp_pat
         base = parse({"log": {"dir": str(tmp_path / "s")}, "tools": {"standard": False},
                       "inference": {"url": fake.url}})
         with start_world(base) as app:
-            assert not app.runtime.constrained_calls and not app.runtime.bare_json_tool_calls
+            inference = app.runtime.config.inference
+            assert not inference.constrained_calls and not inference.bare_json_tool_calls
         on = base.replace("inference", constrained_calls="on", bare_json_tool_calls="off")
         with start_world(on) as app:
-            assert app.runtime.constrained_calls and app.runtime.bare_json_tool_calls
+            inference = app.runtime.config.inference
+            assert inference.constrained_calls and inference.bare_json_tool_calls
 
 
 def _steps(r: Rig, steps: int) -> Rig:
