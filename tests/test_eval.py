@@ -16,7 +16,7 @@ import pytest
 from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
-from tests.inference.embedded.test_embedded_turn import _require_embedded
+from tests.support.embedded import require_embedded
 
 NOTES = "The garden club meets on Saturday at 10 am by the greenhouse."
 
@@ -136,7 +136,7 @@ def test_a_write_checks_the_file_once_approval_exists(tmp_path: Path) -> None:
 # servers on 2 cores took over the suite's 120 s once (30 s alone).
 @pytest.mark.timeout(360)
 def test_smoke_two_tasks_on_the_embedded_model(tmp_path: Path) -> None:
-    _require_embedded()
+    require_embedded()
     tasks = [_task("no-tool-sum"), _task("read-notes")]
     rows = ev.run_tasks(tasks)
     out = tmp_path / "eval.json"

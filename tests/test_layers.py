@@ -290,3 +290,48 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     target.write_text(line + "\n")
     found = violations(graph(tmp_path), packages(tmp_path))
     assert any(caught in v for v in found), found
+
+
+# --- the tests' own layout ---------------------------------------------------------------
+
+
+def helper_imports(root: Path) -> list[str]:
+    """Imports between test files: a test file's names are its own, and a private name
+    (``_helper``) is nobody else's; what tests share lives in ``tests/support/`` (or a
+    folder's conftest or rig module), under a public name."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "tests."
+            ):
+                continue
+            source = node.module or ""
+            where = path.relative_to(root)
+            if source.rpartition(".")[2].startswith("test_"):
+                found.append(f"{where} imports from the test file {source}")
+            found += [f"{where} imports the private {a.name} from {source}"
+                      for a in node.names if a.name.startswith("_")]  # fmt: skip
+    return found
+
+
+def test_tests_share_helpers_through_support() -> None:
+    assert helper_imports(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "caught"),
+    [
+        ("from tests.a.test_b import helper", "imports from the test file tests.a.test_b"),
+        ("from tests.support.kit import _hidden", "imports the private _hidden"),
+    ],
+)
+def test_a_test_importing_another_tests_helper_is_caught(
+    tmp_path: Path, line: str, caught: str
+) -> None:
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_c.py").write_text("from tests.support.kit import helper\n")
+    assert helper_imports(tmp_path) == []
+    (tmp_path / "tests" / "a" / "test_d.py").write_text(line + "\n")
+    assert any(caught in p for p in helper_imports(tmp_path))

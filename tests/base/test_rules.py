@@ -1,18 +1,17 @@
-"""Approval rules: matching by words and path parts, deny beats allow, the rules file."""
+"""Approval rules: matching by words and path parts, deny beats allow (the rules file:
+tests/approval/test_rulesfile.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import shlex
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.approval.rulesfile import RuleStore, load_rules, save_rule
 from actors.base.config import parse
-from actors.base.errors import ConfigError, RulesError
+from actors.base.errors import ConfigError
 from actors.base.rules import (
     Rule,
     RuleBook,
@@ -258,82 +257,6 @@ def test_a_command_with_shell_operators_never_matches_a_prefix_rule(
     # and the same command without the operator does match: the rule is not just dead
     plain = " ".join([*prefix, *before, *after])
     assert said(RuleBook((rule,), ()), "run_command", command=plain) is Verdict.ALLOW
-
-
-# --- the rules file ------------------------------------------------------------------------
-
-
-def test_a_missing_rules_file_is_no_rules(tmp_path: Path) -> None:
-    assert load_rules(tmp_path / "rules.toml") == RuleBook()
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "message"),
-    [
-        ('allow = ["write_file"]\ndeny = [\n  "run_command: rm",\n  "run command",\n]\n', 4,
-         "is not a tool name"),
-        ('allow = ["write_file"]\n\ndeny = "run_command"\n', 3, "must be a list"),
-        ('# mine\nallow = [\n  "ok",\n  7,\n]\n', 4, "must be a string"),
-        ('allow = []\ncolour = "red"\n', 2, "unknown key 'colour'"),
-    ],
-)
-def test_a_malformed_rules_file_is_an_error_naming_the_line(
-    tmp_path: Path, text: str, line: int, message: str
-) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text(text)
-    with pytest.raises(RulesError, match=rf"{path}, line {line}: .*{message}"):
-        load_rules(path)
-
-
-def test_invalid_toml_names_the_line(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text('allow = ["write_file"]\ndeny = ["x"\n')
-    with pytest.raises(RulesError, match=r"not valid TOML: .*line 2"):
-        load_rules(path)
-
-
-def test_saving_keeps_the_persons_comments_and_rules(tmp_path: Path) -> None:
-    path = tmp_path / "cfg" / "rules.toml"
-    save_rule(path, parse_rule("write_file"))  # creates the file and its folder
-    assert load_rules(path) == RuleBook((Rule("write_file"),))
-    path.write_text(path.read_text() + "# keep this comment\n")
-    save_rule(path, parse_rule("run_command: git status"))
-    save_rule(path, parse_rule("run_command: git status"))  # once only
-    text = path.read_text()
-    assert "# keep this comment" in text
-    assert load_rules(path).allow == (Rule("write_file"), Rule("run_command", ("git", "status")))
-
-
-def test_a_malformed_file_is_not_written_over(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text("allow = [\"run command\"]\n")
-    with pytest.raises(RulesError, match="line 1"):
-        save_rule(path, parse_rule("write_file"))
-    assert path.read_text() == "allow = [\"run command\"]\n"
-
-
-def test_the_store_keeps_always_rules_at_once_and_in_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    path.write_text('deny = ["run_command: rm"]\n')
-    store = RuleStore(path, RuleBook.of(["echo"]))
-    assert store.book() == RuleBook((Rule("echo"),), (Rule("run_command", ("rm",)),))
-    store.save(Rule("write_file"))
-    assert Rule("write_file") in store.book().allow
-    assert RuleStore(path).book().allow == (Rule("write_file"),)  # a new process reads it
-    memory = RuleStore()
-    memory.save(Rule("write_file"))
-    assert memory.book().allow == (Rule("write_file"),)
-
-
-def test_the_store_keeps_never_rules_as_deny_rules(tmp_path: Path) -> None:
-    path = tmp_path / "rules.toml"
-    store = RuleStore(path)
-    store.save(Rule("run_command", ("git", "push")), deny=True)
-    store.save(Rule("run_command", ("git", "push")), deny=True)  # once only
-    assert store.book() == RuleBook((), (Rule("run_command", ("git", "push")),))
-    assert RuleStore(path).book() == store.book()  # in the file, for a new process
-    assert 'deny = ["run_command: git push"]' in path.read_text()
 
 
 # --- the property: no spelling of a denied call is allowed without asking -------------------

@@ -11,8 +11,7 @@ import pytest
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
-from tests.inference.embedded.test_embedded_turn import _require_embedded
-from tests.inference.slots.test_slots_embedded import FEW, flat
+from tests.support.embedded import FEW, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 
@@ -21,7 +20,7 @@ from tests.tools.hostkit import short_dir
 def test_loopd_run_after_loopd_run_through_the_daemon_keeps_the_model_and_the_cache(
     tmp_path: Path,
 ) -> None:
-    _require_embedded()
+    require_embedded()
     with short_dir() as d:
         config = tmp_path / "loopd.toml"
         config.write_text(

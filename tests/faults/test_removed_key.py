@@ -8,32 +8,40 @@ again when it changed. A connection already open stays open: ZAP checks a handsh
 
 from __future__ import annotations
 
-from actors.tools.protocol import wire
-from tests.tools.hostkit import ask, raw_dealer, recv
-from tests.wire.test_curve import Remote, _curve_options, _touch, remote
+from collections.abc import Iterator
 
-__all__ = ["remote"]  # the fixture, shared with the CURVE tests
+import pytest
+
+from actors.tools.protocol import wire
+from tests.support.curve_host import Remote, curve_host, curve_options, touch
+from tests.tools.hostkit import ask, raw_dealer, recv
+
+
+@pytest.fixture
+def remote() -> Iterator[Remote]:
+    with curve_host() as host:
+        yield host
 
 
 def test_a_removed_client_key_is_refused_from_its_next_connection(remote: Remote) -> None:
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "friend")) as friend:
-        assert ask(friend, _touch(remote, "before"), timeout=30) == wire.Result(1, "touched")
+    with raw_dealer(remote.endpoint, **curve_options(remote, "friend")) as friend:
+        assert ask(friend, touch(remote, "before"), timeout=30) == wire.Result(1, "touched")
     (remote.allowed / "friend.key").unlink()
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "friend")) as friend:
-        friend.send(wire.encode(_touch(remote, "after")))
+    with raw_dealer(remote.endpoint, **curve_options(remote, "friend")) as friend:
+        friend.send(wire.encode(touch(remote, "after")))
         assert recv(friend, timeout=1.0) is None
     assert not (remote.dir / "after").exists()
     assert "refused a client with unknown key" in (remote.dir / "host.log").read_text()
 
 
 def test_a_key_file_rewritten_with_another_key_lets_in_only_the_new_one(remote: Remote) -> None:
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "friend")) as friend:
-        assert ask(friend, _touch(remote, "friend-1"), timeout=30) == wire.Result(1, "touched")
+    with raw_dealer(remote.endpoint, **curve_options(remote, "friend")) as friend:
+        assert ask(friend, touch(remote, "friend-1"), timeout=30) == wire.Result(1, "touched")
     # the same file name, now holding the stranger's public key
     (remote.allowed / "friend.key").write_bytes((remote.keys / "stranger.key").read_bytes())
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "friend")) as friend:
-        friend.send(wire.encode(_touch(remote, "friend-2")))
+    with raw_dealer(remote.endpoint, **curve_options(remote, "friend")) as friend:
+        friend.send(wire.encode(touch(remote, "friend-2")))
         assert recv(friend, timeout=1.0) is None
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "stranger")) as stranger:
-        assert ask(stranger, _touch(remote, "stranger"), timeout=30) == wire.Result(1, "touched")
+    with raw_dealer(remote.endpoint, **curve_options(remote, "stranger")) as stranger:
+        assert ask(stranger, touch(remote, "stranger"), timeout=30) == wire.Result(1, "touched")
     assert not (remote.dir / "friend-2").exists()

