@@ -89,35 +89,6 @@ def test_pick_server_keeps_the_home_server_and_spreads_new_sessions() -> None:
     assert pick_server(2, servers) == 1  # its server is dead: it moves
 
 
-def test_restore_problem_names_each_reason() -> None:
-    meta = slotfiles.SlotFile(session="s", file="s.bin", tokens=10, fingerprint="f",
-                              server="u", saved=1.0, used=1.0, bytes=100, crc32=7)
-    assert slotfiles.restore_problem(None, "f", None, True) == slotfiles.NO_STATE
-    assert slotfiles.restore_problem(meta, "g", (100, 7), True) == slotfiles.STALE
-    assert slotfiles.restore_problem(meta, "f", None, True) == slotfiles.MISSING
-    assert slotfiles.restore_problem(meta, "f", (100, 8), True) == slotfiles.CORRUPT
-    assert slotfiles.restore_problem(meta, "f", (100, 7), True) == ""
-    assert slotfiles.restore_problem(meta, "f", None, False) == ""  # the server checks it
-
-
-def test_lru_victims_go_oldest_first_until_the_rest_fits() -> None:
-    def f(name: str, used: float, size: int) -> slotfiles.SlotFile:
-        return slotfiles.SlotFile(session=name, file=name, tokens=1, fingerprint="f",
-                                  server="u", saved=used, used=used, bytes=size)
-
-    files = [f("new", 3, 40), f("old", 1, 40), f("mid", 2, 40)]
-    assert [v.file for v in slotfiles.lru_victims(files, 80)] == ["old"]
-    assert [v.file for v in slotfiles.lru_victims(files, 39)] == ["old", "mid", "new"]
-    assert slotfiles.lru_victims(files, 120) == []
-
-
-def test_two_log_directories_with_the_same_session_never_share_a_file(tmp_path: Path) -> None:
-    a = slotfiles.slot_key(tmp_path / "a" / "work" / "log.bin")
-    b = slotfiles.slot_key(tmp_path / "b" / "work" / "log.bin")
-    assert a != b and a.startswith("work-") and b.startswith("work-")
-    assert a == slotfiles.slot_key(tmp_path / "a" / "." / "work" / "log.bin")
-
-
 # --- leases and affinity ----------------------------------------------------------------------
 
 
