@@ -1,4 +1,4 @@
-"""The ACP agent: the SDK's ``Agent`` methods over loopd sessions (design 16).
+"""The ACP agent: the SDK's ``Agent`` methods over loopd sessions (docs/acp.md).
 
 The SDK calls these coroutines on its event loop; loopd's turns block, so each runs in a
 worker thread and talks back through one queue per turn (:class:`_Run`). The prompt
@@ -13,7 +13,7 @@ notifications in the order the turn made them, and a call waiting for approval i
   turn like Ctrl-C: it ends cleanly (the log stays valid) with stop reason ``cancelled``.
 - A session's id is its loopd name: ``loopd chat --session NAME`` and ``loopd log show
   NAME`` see the same conversation, and ``session/load`` opens any of them.
-- Methods loopd does not have (``session/fork`` until design 15 lands, modes, config
+- Methods loopd does not have (``session/fork`` until forks exist, modes, config
   options, authentication) are not defined here, so the SDK answers "method not found";
   ``initialize`` declares none of them.
 """
