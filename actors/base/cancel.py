@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-__all__ = ["CancelToken"]
+from actors.base.errors import LoopdError
+
+__all__ = ["CancelToken", "wait_out"]
+
+T = TypeVar("T")
 
 
 class CancelToken:
@@ -56,3 +61,30 @@ class CancelToken:
         finally:
             with self._lock:
                 self._children.discard(child)
+
+
+def wait_out(step: Callable[[], T | None], cancel: Callable[[], None]) -> T:
+    """Call ``step`` until it gives a result: a turn waited for by the person's command.
+
+    Ctrl-C (KeyboardInterrupt) while waiting calls ``cancel`` and waits on for the turn to
+    wind down (its LoopdError, e.g. Cancelled, is raised as usual). A subclass of
+    KeyboardInterrupt (the CLI's SIGTERM) cancels the same way and is raised again once the
+    turn has ended, so it ends the command too."""
+    ending: KeyboardInterrupt | None = None
+    while True:
+        try:
+            result = step()
+        except KeyboardInterrupt as e:
+            cancel()
+            if type(e) is not KeyboardInterrupt:
+                ending = e
+            continue
+        except LoopdError:
+            if ending is not None:
+                raise ending from None
+            raise
+        if result is not None:
+            break
+    if ending is not None:
+        raise ending
+    return result

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from actors.base import config as cfg
-from actors.base.cancel import CancelToken
+from actors.base.cancel import CancelToken, wait_out
 from actors.base.errors import DaemonError, LoopdError, UsageError
 from actors.base.events import Approver, TornTail
 from actors.base.rules import RuleBook, parse_rules
@@ -342,28 +342,17 @@ def _turn(session: Any, app: Any, message: str, sink: Any, approver: Approver) -
     SIGTERM does the same, then ends the command once the turn has wound down."""
     cancel = CancelToken()
     future = session.turn(app.runtime, message, sink, cancel, approver)
-    terminated = False
-    while True:
+
+    def step() -> TurnOutcome | None:
         try:
-            result: TurnOutcome = future.get(timeout=0.2)
+            outcome: TurnOutcome = future.get(timeout=0.2)  # short: Ctrl-C reaches us
         except pykka.Timeout:
             if getattr(sink, "closed", False):  # stdout's reader went away (JsonView)
                 cancel.cancel()
-            continue
-        except Terminated:
-            terminated = True
-            cancel.cancel()
-            continue
-        except KeyboardInterrupt:
-            cancel.cancel()
-            continue
-        except LoopdError:
-            if terminated:
-                raise Terminated from None
-            raise
-        if terminated:
-            raise Terminated
-        return result
+            return None
+        return outcome
+
+    return wait_out(step, cancel.cancel)
 
 
 # --- the daemon ------------------------------------------------------------------------
