@@ -22,24 +22,22 @@ The protocol is documented in :mod:`actors.daemon.protocol`.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import itertools
 import math
-import os
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
 from actors.base import errors
-from actors.base.cancel import CancelToken
+from actors.base.cancel import CancelToken, wait_out
 from actors.base.config import Config
 from actors.base.errors import DaemonError, LoopdError, WireError
 from actors.base.events import NO_APPROVER, ApprovalRequested, Approver, Choice, Decision, Event
@@ -49,6 +47,7 @@ from actors.daemon.address import not_private, runtime_dir
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
+from actors.wire.loop import Heartbeat, Loop
 
 __all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
 
@@ -84,12 +83,12 @@ class Client:
         self._pongs: list[queue.SimpleQueue[Any]] = []
         self._tokens: dict[int, CancelToken] = {}  # per turn: set on its end or the daemon's
         self._lock = threading.Lock()
-        self._outbox: collections.deque[bytes] = collections.deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
         self.gone: str | None = None
-        self._closing = False
+        self._loop = Loop()  # its thread owns the socket (ZeroMQ sockets are not thread-safe)
+        self._loop.add(self._sock, self._on_frames)
+        self._heartbeat = Heartbeat(
+            self._loop, heartbeat_s, self._silent, ping=functools.partial(self._put, _PING)
+        )
         self._thread = threading.Thread(target=self._run, name="loopd-client", daemon=True)
         self._thread.start()
 
@@ -213,48 +212,32 @@ class Client:
         return token
 
     def _send(self, frame: bytes) -> None:
-        self._outbox.append(frame)
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"!")
+        self._loop.post(self._put, frame)
 
     # --- the socket's thread -----------------------------------------------------------
 
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        last_rx = last_ping = time.monotonic()
-        hb = self.heartbeat_s
         try:
-            while not self._closing:
-                wait = max(0.0, min(last_ping + hb, last_rx + 3 * hb) - time.monotonic())
-                events = dict(poller.poll(int(wait * 1000) + 1))
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                while self._outbox:
-                    with contextlib.suppress(zmq.Again):  # not connected yet: heartbeats decide
-                        self._sock.send(self._outbox.popleft(), zmq.NOBLOCK)
-                if self._sock in events:
-                    while cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        self._deliver(self._sock.recv())
-                        last_rx = time.monotonic()
-                now = time.monotonic()
-                if now - last_rx > 3 * hb:
-                    self._end(f"the loopd daemon at {self.endpoint} stopped answering "
-                              f"(nothing for {now - last_rx:.1f} s)")  # fmt: skip
-                    return
-                if now - last_ping >= hb:
-                    with contextlib.suppress(zmq.Again):
-                        self._sock.send(_PING, zmq.NOBLOCK)
-                    last_ping = now
+            self._loop.run()  # until close(), or the daemon's silence
         finally:
+            self._heartbeat.cancel()
             if self.gone is None:
                 self._end("the client was closed")
-            while self._outbox:  # the bye, at least
-                with contextlib.suppress(zmq.Again):
-                    self._sock.send(self._outbox.popleft(), zmq.NOBLOCK)
-            self._sock.close(linger=_LINGER_MS)
+            self._sock.close(linger=_LINGER_MS)  # the bye, at least, may still leave
+
+    def _put(self, frame: bytes) -> None:
+        with contextlib.suppress(zmq.Again):  # not connected yet: heartbeats decide
+            self._sock.send(frame, zmq.NOBLOCK)
+
+    def _silent(self, silence: float) -> None:
+        self._end(f"the loopd daemon at {self.endpoint} stopped answering "
+                  f"(nothing for {silence:.1f} s)")  # fmt: skip
+        self._loop.stop()
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        self._heartbeat.heard()
+        for frame in frames:
+            self._deliver(frame)
 
     def _deliver(self, frame: bytes) -> None:
         try:
@@ -292,12 +275,9 @@ class Client:
         """Stop the socket's thread; the daemon detaches this client's sessions."""
         if self._thread.is_alive():
             self._send(_BYE)
-        self._closing = True
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"!")
+        self._loop.stop()
         self._thread.join(10)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._loop.close()
         self._ctx.term()
 
     def __enter__(self) -> Client:
@@ -377,29 +357,18 @@ class RemoteTurn:
 
         A subclass of KeyboardInterrupt (the CLI's SIGTERM) cancels the same way and is
         raised again once the turn has ended, so it ends the caller's command too."""
-        ending: KeyboardInterrupt | None = None
+
+        def step() -> TurnOutcome | None:
+            event = self._step()
+            if event is None:
+                return self.outcome
+            sink(event)
+            return None
+
         try:
-            while True:
-                try:
-                    event = self._step()
-                    if event is None:
-                        break
-                    sink(event)
-                except KeyboardInterrupt as e:  # in the wait, an approval prompt or the sink
-                    self.cancel()
-                    if type(e) is not KeyboardInterrupt:
-                        ending = e
-                    continue
-                except LoopdError:
-                    if ending is not None:
-                        raise ending from None
-                    raise
+            return wait_out(step, self.cancel)
         finally:
             self._finish()
-        if ending is not None:
-            raise ending
-        assert self.outcome is not None
-        return self.outcome
 
 
 def _read_log(rid: int, *, session: str, start: int) -> p.ReadLog:

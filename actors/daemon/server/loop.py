@@ -3,8 +3,8 @@
 The loop's thread owns the socket (ZeroMQ sockets are not thread-safe) and never waits on
 a session: it answers ``ping`` and ``status`` at once and hands every other request to a
 thread of its own (opening a session reads its log; a turn waits on its session actor).
-Those threads post their answers, and a turn's events as they happen, to one queue that
-the loop sends from, in order, woken through a pipe.
+Those threads post their answers, and a turn's events as they happen, to the loop
+(:class:`actors.wire.loop.Loop`), which sends them in order.
 
 A client is known by its ZeroMQ routing id. One silent for three ``daemon.heartbeat_s``
 (or whose socket stops taking messages) is gone: its turns are cancelled like Ctrl-C and
@@ -18,15 +18,14 @@ the caller then stops the World (the slot keeper saves the KV states, the hosts 
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -39,6 +38,7 @@ from actors.log.outcome import TurnOutcome
 from actors.log.records import encode as encode_record
 from actors.session.actor import list_sessions, session_path
 from actors.wire.complaints import Complaints
+from actors.wire.loop import Heartbeat, Loop
 
 from .approvals import RemoteApprover, TurnRules
 from .sessions import Sessions
@@ -53,7 +53,7 @@ SEND_QUEUE = 10_000  # messages queued for one client that does not read: it is 
 
 @dataclasses.dataclass(slots=True)
 class _Client:
-    last_rx: float
+    heartbeat: Heartbeat
     turns: dict[int, CancelToken] = dataclasses.field(default_factory=dict)
     approvers: dict[int, RemoteApprover] = dataclasses.field(default_factory=dict)
 
@@ -74,34 +74,19 @@ class Server:
         self.started = time.monotonic()
         self._clients: dict[bytes, _Client] = {}
         self._lock = threading.Lock()  # _clients' turns, touched by turn threads at their end
-        self._outbox: collections.deque[tuple[bytes, bytes]] = collections.deque()
-        self._wake_pending = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._loop = Loop()
+        self._loop.add(sock, self._on_frames)
         self._threads: set[threading.Thread] = set()
-        self._stop = False
         self._complain = Complaints(logger=log)
 
     # --- from any thread ---------------------------------------------------------------
 
     def request_stop(self) -> None:
         """End :meth:`serve` the clean way (safe from a signal handler)."""
-        self._stop = True
-        self._wake()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop already
-            os.write(self._wake_w, b"!")
+        self._loop.stop()
 
     def _post(self, peer: bytes, msg: p.Message) -> None:
-        self._post_frame(peer, p.encode(msg))
-
-    def _post_frame(self, peer: bytes, frame: bytes) -> None:
-        self._outbox.append((peer, frame))
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._wake()
+        self._loop.post(self._send, peer, p.encode(msg))
 
     def _spawn(self, name: str, fn: Callable[[], None]) -> None:
         def run() -> None:
@@ -120,31 +105,15 @@ class Server:
 
     def serve(self) -> None:
         """Answer until :meth:`request_stop`; then wind every turn down and close sessions."""
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
         log.info("serving the client protocol on %s", self.endpoint)
         try:
-            while not self._stop:
-                self._once(poller, int(self.heartbeat_s * 1000))
-            self._wind_down(poller)
+            self._loop.run()
+            self._wind_down()
         finally:
             self.sessions.close_all()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._loop.close()
 
-    def _once(self, poller: zmq.Poller, timeout_ms: int) -> None:
-        events = dict(poller.poll(timeout_ms))
-        if self._wake_r in events:
-            with contextlib.suppress(BlockingIOError):
-                os.read(self._wake_r, 4096)
-        if self.sock in events:
-            self._read()
-        self._wake_pending = False
-        self._send_outbox()
-        self._expire()
-
-    def _wind_down(self, poller: zmq.Poller) -> None:
+    def _wind_down(self) -> None:
         with self._lock:
             tokens = [t for c in self._clients.values() for t in c.turns.values()]
         if tokens:
@@ -157,33 +126,30 @@ class Server:
                 threads = list(self._threads)
             if not threads:
                 break
-            self._once(poller, 20)
-        self._send_outbox()
+            self._loop.run_once(0.02)
+        self._loop.run_once(0)  # what the last threads posted
 
-    def _read(self) -> None:
-        for _ in range(256):
-            if not cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            peer = frames[0]
-            if len(frames) != 2:
-                self._complain("client %s sent %d frames", peer.hex(), len(frames) - 1)
-                self._refuse(peer, WireError("one message must be one frame"))
-                continue
-            try:
-                msg = p.decode(frames[1], self.max_frame)
-            except WireError as e:
-                self._complain("bad frame from client %s: %s", peer.hex(), e)
-                self._refuse(peer, e)
-                continue
-            client = self._clients.get(peer)
-            if client is None:
-                client = self._clients[peer] = _Client(time.monotonic())
-            client.last_rx = time.monotonic()
-            self._handle(peer, client, msg)
+    def _on_frames(self, frames: list[bytes]) -> None:
+        peer = frames[0]
+        if len(frames) != 2:
+            self._complain("client %s sent %d frames", peer.hex(), len(frames) - 1)
+            self._refuse(peer, WireError("one message must be one frame"))
+            return
+        try:
+            msg = p.decode(frames[1], self.max_frame)
+        except WireError as e:
+            self._complain("bad frame from client %s: %s", peer.hex(), e)
+            self._refuse(peer, e)
+            return
+        client = self._clients.get(peer)
+        if client is None:
+            silent = functools.partial(self._silent, peer)
+            client = self._clients[peer] = _Client(Heartbeat(self._loop, self.heartbeat_s, silent))
+        client.heartbeat.heard()
+        self._handle(peer, client, msg)
+
+    def _silent(self, peer: bytes, silence: float) -> None:
+        self._gone(peer, f"was silent for {silence:.1f} s")
 
     def _refuse(self, peer: bytes, e: WireError) -> None:
         self._send(peer, p.encode(_error(e.id or 0, e)))
@@ -206,7 +172,7 @@ class Server:
                     approver = client.approvers.get(rid)
                 if approver is not None:  # else the turn has ended: nothing waits for it
                     approver.answer(msg)
-            case p.Turn() | p.Open() if self._stop:
+            case p.Turn() | p.Open() if self._loop.stopping:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
@@ -223,11 +189,6 @@ class Server:
                 refused = WireError(f"the daemon does not take {what} messages")
                 self._send(peer, p.encode(_error(rid, refused)))
 
-    def _send_outbox(self) -> None:
-        while self._outbox:
-            peer, frame = self._outbox.popleft()
-            self._send(peer, frame)
-
     def _send(self, peer: bytes, frame: bytes) -> None:
         try:
             self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
@@ -236,17 +197,11 @@ class Server:
         except zmq.ZMQError:  # EHOSTUNREACH (ROUTER_MANDATORY): disconnected
             self._gone(peer, "disconnected")
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        limit = 3 * self.heartbeat_s
-        for peer, client in list(self._clients.items()):
-            if now - client.last_rx > limit:
-                self._gone(peer, f"was silent for {now - client.last_rx:.1f} s")
-
     def _gone(self, peer: bytes, why: str) -> None:
         client = self._clients.pop(peer, None)
         if client is None:
             return
+        client.heartbeat.cancel()
         with self._lock:
             tokens = list(client.turns.values())
         if tokens:

@@ -4,8 +4,8 @@ The main thread owns the socket and never runs a tool: it answers ``Hello`` with
 list and ``Ping`` with ``Pong`` at once, checks each ``ToolRequest`` (known tool, arguments
 valid against its JSON schema, approval) and hands it to a worker thread, with at most
 ``max_calls`` tools running at a time (a call over the cap is answered ``Failed`` at once
-rather than queued behind a slow tool). Workers hand their answers back through a queue and
-a wake-up pipe, and the main thread sends them. A call that passes its timeout is answered
+rather than queued behind a slow tool). Workers post their answers to the main thread's
+loop (:class:`actors.wire.loop.Loop`), which sends them. A call that passes its timeout is answered
 ``Failed`` and told to stop (a tool with a subprocess kills its whole process tree).
 
 A worker still running ``STUCK_S`` after its call was told to stop is stuck for good (a
@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import jsonschema
 import jsonschema.exceptions
@@ -52,6 +52,7 @@ from actors.tools.protocol.wire import (
     ToolRequest,
 )
 from actors.wire.complaints import Complaints
+from actors.wire.loop import Loop, Timer
 from actors.wire.procs import kill_tree
 
 __all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
@@ -66,7 +67,6 @@ HOST_GRACE_S = 0.25
 STUCK_S = 5.0
 _PARENT_CHECK_S = 0.25
 _AWAIT_S = 0.0005  # how long the loop waits on a lone call before polling again
-_MAX_BATCH = 256  # frames read per wake-up before timers are looked at again
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,10 +124,10 @@ class Host:
         self._running = 0  # worker threads busy, including ones past their deadline
         self._busy: set[_Call] = set()  # their calls (to see the stuck ones)
         self._unhealthy = ""  # why, once a worker is stuck (logged once)
-        self._done: queue.SimpleQueue[tuple[_Call, bytes]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._sock: zmq.Socket[Any] | None = None  # serve's
+        self._loop = Loop()
+        self._loop.linger = self._linger
+        self._expiry: Timer | None = None  # at the earliest deadline of the calls running
         self._jobs: queue.SimpleQueue[tuple[_Call, _Tool, Mapping[str, Any]] | None] = (
             queue.SimpleQueue()
         )
@@ -135,20 +135,13 @@ class Host:
         # The CPU the loop and idle workers keep to, and all of the process's (see home_cpu).
         self._home = {cpu} if cpu is not None else None
         self._free = os.sched_getaffinity(0) if cpu is not None else None
-        self._awaiting = False  # the main thread waits on _done (see _await_lone_call)
-        self._stop = False
         self._complain = Complaints()
 
     # --- control -------------------------------------------------------------------------
 
     def request_stop(self) -> None:
         """Ask :meth:`serve` to return (safe from a signal handler or another thread)."""
-        self._stop = True
-        self._wake()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe already wakes the loop
-            os.write(self._wake_w, b"!")
+        self._loop.stop()
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -156,94 +149,62 @@ class Host:
         self, sock: zmq.Socket[Any], *, parent_alive: Callable[[], bool] | None = None
     ) -> None:
         """Answer on ``sock`` until :meth:`request_stop` or the parent is gone; then clean up."""
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        next_parent_check = 0.0
+        loop = self._loop
+        self._sock = sock
+        loop.add(sock, self._on_frames)
+        if parent_alive is not None:
+            loop.every(_PARENT_CHECK_S, self._check_parent, parent_alive)
         log.info(
             "serving %s on %s",
             ", ".join(self.tools) or "no tools",
             sock.getsockopt_string(zmq.LAST_ENDPOINT),
         )
         try:
-            while not self._stop:
-                events = dict(poller.poll(self._poll_timeout_ms()))
-                if sock in events:
-                    self._read(sock)
-                    if self._running == 1 and self._done.empty():
-                        self._await_lone_call(sock)
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                self._send_done(sock)
-                self._expire(sock)
-                now = time.monotonic()
-                if parent_alive is not None and now >= next_parent_check:
-                    next_parent_check = now + _PARENT_CHECK_S
-                    if not parent_alive():
-                        log.warning("the process that started this host is gone; exiting")
-                        break
+            loop.run()
         finally:
+            loop.remove(sock)
             self._shutdown()
 
-    def _await_lone_call(self, sock: zmq.Socket[Any]) -> None:
-        """Wait a moment on the queue for the one call running: most tools are that quick.
+    def _check_parent(self, parent_alive: Callable[[], bool]) -> None:
+        if not parent_alive():
+            log.warning("the process that started this host is gone; exiting")
+            self._loop.stop()
 
-        Waking from a queue is cheaper than from poll() and a pipe, and the worker need not
-        write the pipe. A slow tool only holds the loop up for ``_AWAIT_S`` once.
+    def _linger(self) -> float:
+        """Wait a moment for the one call running to be answered: most tools are that quick.
+
+        Waking from the loop's queue is cheaper than from poll(), and the worker need not
+        wake the loop. A slow tool only holds the loop up for ``_AWAIT_S`` once.
         """
-        self._awaiting = True
-        try:
-            done = self._done.get(timeout=_AWAIT_S)
-        except queue.Empty:
+        return _AWAIT_S if self._running == 1 else 0.0
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        peer = frames[0]
+        if len(frames) != 2:
+            self._complain(
+                "peer %s sent %d frames; one message is one frame", peer.hex(), len(frames) - 1
+            )
+            self._send(peer, Failed(0, f"tool host {self.name}: one message must be one frame"))
             return
-        finally:
-            self._awaiting = False  # then _send_done: a late answer is sent or woken for
-        self._send_one(sock, *done)
+        try:
+            msg = wire.decode(frames[1], self.max_frame)
+        except WireError as e:
+            self._complain("bad frame from peer %s: %s", peer.hex(), e)
+            self._send(
+                peer,
+                Failed(e.id or 0, f"tool host {self.name} could not read the message: {e}"),
+            )
+            return
+        self._handle(peer, msg)
 
-    def _poll_timeout_ms(self) -> int:
-        wait = _PARENT_CHECK_S
-        if self._active:
-            wait = min(wait, min(c.deadline for c in self._active.values()) - time.monotonic())
-        return max(0, int(wait * 1000) + 1)
-
-    def _read(self, sock: zmq.Socket[Any]) -> None:
-        for _ in range(_MAX_BATCH):
-            if not cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # cheaper than Again
-                return
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            peer = frames[0]
-            if len(frames) != 2:
-                self._complain(
-                    "peer %s sent %d frames; one message is one frame", peer.hex(), len(frames) - 1
-                )
-                self._send(
-                    sock, peer, Failed(0, f"tool host {self.name}: one message must be one frame")
-                )
-                continue
-            try:
-                msg = wire.decode(frames[1], self.max_frame)
-            except WireError as e:
-                self._complain("bad frame from peer %s: %s", peer.hex(), e)
-                self._send(
-                    sock,
-                    peer,
-                    Failed(e.id or 0, f"tool host {self.name} could not read the message: {e}"),
-                )
-                continue
-            self._handle(sock, peer, msg)
-
-    def _handle(self, sock: zmq.Socket[Any], peer: bytes, msg: wire.Message) -> None:
+    def _handle(self, peer: bytes, msg: wire.Message) -> None:
         if isinstance(msg, Ping):
             why = self._stuck()
-            self._send_frame(sock, peer, _PONG if not why else wire.encode(wire.Unhealthy(why)))
+            self._send_frame(peer, _PONG if not why else wire.encode(wire.Unhealthy(why)))
         elif isinstance(msg, ToolRequest):
-            self._start(sock, peer, msg)
+            self._start(peer, msg)
         elif isinstance(msg, Hello):
-            self._send_frame(sock, peer, self._tools_frame)
+            self._send_frame(peer, self._tools_frame)
         elif isinstance(msg, Cancel):
             call = self._active.pop((peer, msg.id), None)
             if call is not None:
@@ -253,17 +214,15 @@ class Host:
             kind = type(msg).__name__
             self._complain("peer %s sent %s, which only a host sends", peer.hex(), kind)
             self._send(
-                sock,
                 peer,
                 Failed(getattr(msg, "id", 0), f"a tool host does not take {kind} messages"),
             )
 
-    def _start(self, sock: zmq.Socket[Any], peer: bytes, req: ToolRequest) -> None:
+    def _start(self, peer: bytes, req: ToolRequest) -> None:
         tool = self.tools.get(req.tool)
         if tool is None:
             known = ", ".join(self.tools) or "none"
             self._send(
-                sock,
                 peer,
                 Failed(req.id, f"tool host {self.name} has no tool {req.tool!r} (it has: {known})"),
             )
@@ -272,7 +231,6 @@ class Host:
         if error is not None:
             where, what = error
             self._send(
-                sock,
                 peer,
                 Failed(
                     req.id,
@@ -286,20 +244,17 @@ class Host:
                 f"Allow {req.tool} to run with {args[:500]}? (To let it run without asking, "
                 f'add "{req.tool}" to tools.allow in the config.)'
             )
-            self._send(sock, peer, PendingApproval(req.id, prompt))
+            self._send(peer, PendingApproval(req.id, prompt))
             return
         key = (peer, req.id)
         if key in self._active:
-            self._send(
-                sock, peer, Failed(req.id, f"call id {req.id} is already running on this host")
-            )
+            self._send(peer, Failed(req.id, f"call id {req.id} is already running on this host"))
             return
         if self._unhealthy:
-            self._send(sock, peer, Failed(req.id, self._unhealthy))
+            self._send(peer, Failed(req.id, self._unhealthy))
             return
         if self._running >= self.max_calls:
             self._send(
-                sock,
                 peer,
                 Failed(
                     req.id,
@@ -311,6 +266,7 @@ class Host:
             return
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S)
         self._active[key] = call
+        self._expire_at(call.deadline)
         self._busy.add(call)
         self._running += 1
         if self._threads < self._running:  # every thread may be busy: add one (<= max_calls)
@@ -343,9 +299,8 @@ class Host:
         except Exception as e:  # pragma: no cover - a bug here must not lose the call
             log.exception("could not encode the answer of %s", call.tool)
             frame = wire.encode(Failed(call.id, f"{call.tool}: the answer could not be sent: {e}"))
-        self._done.put((call, frame))
-        if not self._awaiting:  # the main thread is in poll(), not on the queue: wake it
-            self._wake()  # last: the main thread wants the interpreter lock right after this
+        # last: the main thread wants the interpreter lock right after this
+        self._loop.post(self._answered, call, frame)
 
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""
@@ -380,10 +335,6 @@ class Host:
             frame = wire.encode(Failed(call.id, f"{call.tool}'s answer is too large to send"))
         return frame
 
-    def _send_done(self, sock: zmq.Socket[Any]) -> None:
-        while not self._done.empty():
-            self._send_one(sock, *self._done.get())
-
     def _stuck(self) -> str:
         """Why this host is unhealthy ("" while every worker comes back in time)."""
         if self._unhealthy:
@@ -403,14 +354,16 @@ class Host:
         log.error("%s", self._unhealthy)
         return self._unhealthy
 
-    def _send_one(self, sock: zmq.Socket[Any], call: _Call, frame: bytes) -> None:
+    def _answered(self, call: _Call, frame: bytes) -> None:
         self._busy.discard(call)
         self._running -= 1
         if self._active.get((call.peer, call.id)) is call:
             del self._active[(call.peer, call.id)]
-            self._send_frame(sock, call.peer, frame)
+            self._send_frame(call.peer, frame)
 
-    def _expire(self, sock: zmq.Socket[Any]) -> None:
+    def _expire(self) -> None:
+        """At the earliest deadline: answer every late call Failed and tell it to stop."""
+        self._expiry = None
         now = time.monotonic()
         late = [c for c in self._active.values() if c.deadline <= now]
         for call in late:
@@ -423,7 +376,6 @@ class Host:
                 self.timeout_s,
             )
             self._send(
-                sock,
                 call.peer,
                 Failed(
                     call.id,
@@ -431,13 +383,21 @@ class Host:
                     "limit, tools.timeout_s); it was stopped",
                 ),
             )
+        if self._active:
+            self._expire_at(min(c.deadline for c in self._active.values()))
 
-    def _send(self, sock: zmq.Socket[Any], peer: bytes, msg: wire.Message) -> None:
-        self._send_frame(sock, peer, wire.encode(msg))
+    def _expire_at(self, deadline: float) -> None:
+        if self._expiry is None or deadline < self._expiry.when:
+            self._loop.cancel(self._expiry)
+            self._expiry = self._loop.call_at(deadline, self._expire)
 
-    def _send_frame(self, sock: zmq.Socket[Any], peer: bytes, frame: bytes) -> None:
+    def _send(self, peer: bytes, msg: wire.Message) -> None:
+        self._send_frame(peer, wire.encode(msg))
+
+    def _send_frame(self, peer: bytes, frame: bytes) -> None:
+        assert self._sock is not None
         try:
-            sock.send_multipart([peer, frame], zmq.NOBLOCK)
+            self._sock.send_multipart([peer, frame], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("peer %s is not reading; an answer was dropped", peer.hex())
         except zmq.ZMQError as e:  # EHOSTUNREACH (ROUTER_MANDATORY): the peer is gone
@@ -450,13 +410,9 @@ class Host:
         self._active.clear()
         for _ in range(self._threads):
             self._jobs.put(None)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 2.0  # their answers are posted: nobody to send them to
         while self._running > 0 and time.monotonic() < deadline:
-            try:
-                self._done.get(timeout=0.05)
-                self._running -= 1
-            except queue.Empty:
-                pass
+            self._loop.run_once(0.05)
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children():
                 kill_tree(child.pid, wait_s=0.5)
@@ -465,8 +421,7 @@ class Host:
                 provider.close()
             except Exception as e:
                 log.warning("closing a provider failed: %s", e)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._loop.close()
 
 
 _PONG = wire.encode(Pong())

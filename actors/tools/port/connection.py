@@ -12,16 +12,11 @@ Calls never go through this thread; it only knows whether the host is there.
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
 import enum
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -29,6 +24,7 @@ from actors.base.errors import WireError
 from actors.tools.port.settings import PortSettings, configure
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
+from actors.wire.loop import Heartbeat, Loop, Timer
 
 __all__ = ["Connection", "PortState"]
 
@@ -43,16 +39,6 @@ class PortState(enum.StrEnum):
     READY = "ready"
     DOWN = "down"  # the host died or stopped answering; reconnecting
     STOPPED = "stopped"  # the port was closed
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _HostExited:
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Stop:
-    pass
 
 
 _PING = wire.encode(wire.Ping())
@@ -75,17 +61,13 @@ class Connection:
         # is unhealthy (set by the supervisor, which kills a local host so it restarts).
         self.on_unresponsive: Callable[[str], None] = lambda _why: None
         self._ends: dict[int, str] = {}
-        self._commands: collections.deque[_HostExited | _Stop] = collections.deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._loop = Loop()
         self._thread = threading.Thread(
             target=self._run, name=f"toolport-{settings.name}", daemon=True
         )
         self._sock: zmq.Socket[Any] | None = None
-        self._poller: zmq.Poller | None = None
-        self._last_rx = self._last_ping = self._last_hello = 0.0
-        self._hello_sent = False
+        self._heartbeat: Heartbeat | None = None  # while READY
+        self._hello: Timer | None = None  # while not READY: say Hello until the host answers
 
     # --- from other threads ----------------------------------------------------------------
 
@@ -98,71 +80,54 @@ class Connection:
 
     def host_exited(self, reason: str) -> None:
         """The supervisor saw the host process end: give up on it now, not after heartbeats."""
-        self._command(_HostExited(reason))
+        self._loop.post(self._down, f"exited ({reason})")
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread.is_alive():
-            self._command(_Stop())
+            self._loop.stop()
             self._thread.join(timeout)
         self.stopped = True
-
-    def _command(self, command: _HostExited | _Stop) -> None:
-        self._commands.append(command)
-        with contextlib.suppress(BlockingIOError):  # a full pipe already wakes the thread
-            os.write(self._wake_w, b"!")
 
     # --- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_r, zmq.POLLIN)
-        self._poller = poller
-        self._sock = self._new_socket(poller)
+        self._connect()
         try:
-            while self._loop_once(poller):
-                pass
+            self._loop.run()
         except Exception:  # pragma: no cover - a bug here must not leave callers hanging
             log.exception("tool port %s: connection thread failed", self.s.name)
         finally:
             self.stopped = True
             self._set_state(PortState.STOPPED, "the port was closed")
-            poller.unregister(self._sock)
-            self._sock.close(linger=0)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._disconnect()
+            self._loop.close()
 
-    def _new_socket(self, poller: zmq.Poller) -> zmq.Socket[Any]:
+    def _connect(self) -> None:
+        """A fresh socket to the host; Hello until it answers with its tools."""
         sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
         configure(sock, self.s)
         sock.connect(self.s.endpoint)
-        poller.register(sock, zmq.POLLIN)
-        self._hello_sent = False
-        self._last_hello = 0.0
-        return sock
+        self._loop.add(sock, self._on_frames)
+        self._sock = sock
+        self._say_hello()
 
-    def _loop_once(self, poller: zmq.Poller) -> bool:
-        events = dict(poller.poll(self._timeout_ms()))
-        if self._wake_r in events:
-            with contextlib.suppress(BlockingIOError):
-                os.read(self._wake_r, 4096)
-        while self._commands:
-            command = self._commands.popleft()
-            if isinstance(command, _Stop):
-                return False
-            self._down(f"exited ({command.reason})", poller)
-        assert self._sock is not None
-        if self._sock in events:
-            self._read()
-        self._timers(poller)
-        return True
+    def _disconnect(self) -> None:
+        self._loop.cancel(self._hello)
+        self._hello = None
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        if self._sock is not None:
+            self._loop.remove(self._sock)
+            self._sock.close(linger=0)
+            self._sock = None
 
-    def _timeout_ms(self) -> int:
-        hb = self.s.heartbeat_s
-        if self.state is PortState.READY:
-            wait = min(hb, self._last_ping + hb - time.monotonic())
-        else:
-            wait = _HELLO_RETRY_S
-        return max(0, int(wait * 1000) + 1)
+    def _say_hello(self) -> None:
+        """Hello now; again in a moment while not connected, or a heartbeat after one went."""
+        sent = self._send(_HELLO)
+        self._hello = self._loop.call_later(
+            self.s.heartbeat_s if sent else _HELLO_RETRY_S, self._say_hello
+        )
 
     def _send(self, frame: bytes) -> bool:
         assert self._sock is not None
@@ -172,16 +137,13 @@ class Connection:
             return False
         return True
 
-    def _read(self) -> None:
-        assert self._sock is not None
-        for _ in range(256):
-            if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # not Again
-                return
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._last_rx = time.monotonic()
+    def _ping(self) -> None:
+        self._send(_PING)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.heard()
+        for frame in frames:
             try:
                 msg = wire.decode(frame, self.s.max_frame_bytes)
             except WireError as e:
@@ -193,47 +155,38 @@ class Connection:
         if isinstance(msg, wire.Pong):
             return
         if isinstance(msg, wire.Unhealthy):
-            if self.state is PortState.READY and self._poller is not None:
-                self._down(msg.reason, self._poller)
-                self.on_unresponsive(msg.reason)
+            if self.state is PortState.READY:
+                self._unresponsive(msg.reason)
             return
         if isinstance(msg, wire.Tools):
             self.specs = msg.tools
             if self.state is not PortState.READY:
-                self._last_ping = self._last_rx
+                self._loop.cancel(self._hello)
+                self._hello = None
+                self._heartbeat = Heartbeat(
+                    self._loop, self.s.heartbeat_s, self._silent, ping=self._ping
+                )
                 self._set_state(PortState.READY, "")
         elif isinstance(msg, wire.Failed) and msg.id == 0:
             log.warning("tool host %s: %s", self.s.name, msg.message)
         else:  # no call is ever sent on this socket
             log.warning("tool host %s sent %s unasked", self.s.name, type(msg).__name__)
 
-    def _timers(self, poller: zmq.Poller) -> None:
-        now = time.monotonic()
-        hb = self.s.heartbeat_s
-        if self.state is PortState.READY:
-            if now - self._last_rx >= 3 * hb:
-                why = f"stopped answering (nothing for {now - self._last_rx:.1f} s)"
-                self._down(why, poller)
-                self.on_unresponsive(why)
-            elif now - self._last_ping >= hb:
-                self._send(_PING)
-                self._last_ping = now
-        else:
-            interval = hb if self._hello_sent else _HELLO_RETRY_S
-            if now - self._last_hello >= interval:
-                self._last_hello = now
-                self._hello_sent = self._send(_HELLO)
+    def _silent(self, silence: float) -> None:
+        self._unresponsive(f"stopped answering (nothing for {silence:.1f} s)")
 
-    def _down(self, why: str, poller: zmq.Poller) -> None:
+    def _unresponsive(self, why: str) -> None:
+        self._down(why)
+        self.on_unresponsive(why)
+
+    def _down(self, why: str) -> None:
         """The host is gone: end this generation and reconnect on a fresh socket."""
         self._ends[self.generation] = why
         self._ends.pop(self.generation - _ENDS_KEPT, None)
-        self.generation += 1  # callers waiting on their own sockets see it within a pulse
-        assert self._sock is not None
-        poller.unregister(self._sock)
-        self._sock.close(linger=0)
-        self._sock = self._new_socket(poller)
+        self._disconnect()
+        self._connect()
         self._set_state(PortState.DOWN, why)
+        self.generation += 1  # callers waiting on their own sockets see it within a pulse
 
     def _set_state(self, state: PortState, reason: str) -> None:
         changed = state is not self.state or reason != self.reason

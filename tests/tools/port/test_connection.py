@@ -107,7 +107,8 @@ def test_the_host_process_exit_ends_the_connection_at_once(world: World) -> None
 def test_a_host_that_says_it_is_unhealthy_is_given_up_on_with_its_reason(world: World) -> None:
     peer = world.connect()
     world.host.send(peer, wire.Unhealthy("worker 2 did not stop 5 s after its cancel"))
-    wait_until(lambda: world.conn.generation == 1, what="the port to give up on the host")
+    wait_until(lambda: world.unresponsive, what="the port to give up on the host")  # its last act
+    assert world.conn.generation == 1
     assert world.conn.why_ended(0) == "worker 2 did not stop 5 s after its cancel"
     assert world.unresponsive == ["worker 2 did not stop 5 s after its cancel"]
     world.host.expect(wire.Hello, not_from=peer)  # and it reconnects on a new socket
