@@ -16,13 +16,14 @@ ZeroMQ. The daemon binds a ROUTER socket; a client connects a DEALER. Where:
   a client with another key is refused in the handshake and gets nothing, not even an error.
 
 One message is one ZeroMQ frame holding one msgpack map: ``v`` (the version, the integer
-1), ``kind`` (text, below) and the kind's fields by name, exactly those: a missing field,
-an unknown field, a field of the wrong type, an unknown kind, another version, a frame of
-more than one part or over ``daemon.max_frame_bytes`` (4 MiB) is refused. The daemon
-answers a refused message with ``error`` (with the message's ``id`` when it could be read,
-else 0) and goes on; nothing a peer sends ends the daemon. Integers are msgpack integers
-(never booleans), ``id`` a request id the client chooses: a non-negative 63-bit integer,
-unique among the client's requests in flight. Every answer carries its request's ``id``.
+1), ``kind`` (text, below) and the kind's fields by name, exactly those: a missing field
+(but those added later, at the end), an unknown field, a field of the wrong type, an
+unknown kind, another version, a frame of more than one part or over
+``daemon.max_frame_bytes`` (4 MiB) is refused. The daemon answers a refused message with
+``error`` (with the message's ``id`` when it could be read, else 0) and goes on; nothing a
+peer sends ends the daemon. Integers are msgpack integers (never booleans), ``id`` a
+request id the client chooses: a non-negative 63-bit integer, unique among the client's
+requests in flight. Every answer carries its request's ``id``.
 
 Heartbeats
 ----------
@@ -105,6 +106,23 @@ Messages, daemon to client
   ``timeout_s`` is a denial that says so. A client gone, or a ``cancel``, while the turn
   waits cancels the turn: the call does not run. The same question also arrives as an
   ``approval_requested`` event, for views.
+
+Fields added later
+------------------
+A field added to a message that peers already send has a default, and a message without
+it reads as that default, so an older peer keeps working under the same ``v``; the version
+changes only for what an older peer cannot read. Added to version 1:
+
+- ``opened.cut_bytes`` (default 0: nothing was cut), when a torn tail cut by the daemon
+  came to be shown to the client (9b06d21);
+- ``turn.approve`` (default an empty list: no rules for this turn), with ``loopd run
+  --approve`` through the daemon (e06167b);
+- ``status_reply.workspace`` (default "": not said; a client cannot tell where the daemon's
+  tools work), with ``loopd acp`` (6e179f4).
+
+``approve`` and ``approval`` took their present fields when approvals first travelled to
+clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice
+``never`` came later (6e179f4): a daemon from before refuses it (an unknown value).
 """
 
 from __future__ import annotations
@@ -112,15 +130,14 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from actors.base import events as ev
 from actors.base.errors import WireError
 from actors.base.events import Choice
-from actors.log.records import SlotUse, check_slot_use
+from actors.log.records import SlotUse
 from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both protocols
-from actors.wire.codec import MessageCodec
-from actors.wire.fieldchecks import Check, exact, json_data, json_object, member, wire_id
+from actors.wire.codec import CHECK, Codec, Natural, added, shape_of
 
 __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Done", "Error",
@@ -130,173 +147,7 @@ __all__ = [
 ]  # fmt: skip
 
 VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Bye:
-    pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Open:
-    id: int
-    session: str
-    create: bool = True
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Opened:
-    id: int
-    session: str
-    created: bool
-    records: int
-    cut_bytes: int  # a torn last record cut when the daemon opened the log (0: none)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Close:
-    id: int
-    session: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ok:
-    id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Turn:
-    id: int
-    session: str
-    text: str
-    approve: tuple[str, ...] = ()  # allow rules for this turn only (loopd run --approve)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Cancel:
-    id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Approve:
-    id: int
-    call: int
-    choice: Choice
-    reason: str = ""
-    by: str = "person"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sessions:
-    id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionList:
-    id: int
-    names: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReadLog:
-    id: int
-    session: str
-    start: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Log:
-    id: int
-    records: tuple[bytes, ...]
-    next: int
-    done: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Status:
-    id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StatusReply:
-    id: int
-    pid: int
-    endpoint: str
-    uptime_s: float
-    clients: int
-    sessions: tuple[Mapping[str, Any], ...]
-    workspace: str = ""  # the file tools' root (tools.workspace, resolved) of the daemon
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Stop:
-    id: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EventMessage:
-    id: int
-    event: str
-    data: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Done:
-    id: int
-    content: str
-    iterations: int
-    tool_calls: int
-    cut: bool
-    usage: bytes
-    restored: SlotUse | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Error:
-    id: int
-    error: str
-    message: str
-    exit_code: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Approval:
-    id: int
-    call: int
-    tool: str
-    arguments: str
-    prompt: str
-    rule: str
-    timeout_s: float
-
-
-Message: TypeAlias = Any  # one of the classes above
-
-_KINDS: dict[type[Any], str] = {
-    Ping: "ping", Pong: "pong", Bye: "bye", Open: "open", Opened: "opened", Close: "close",
-    Ok: "ok", Turn: "turn", Cancel: "cancel", Approve: "approve", Sessions: "sessions",
-    SessionList: "session_list", ReadLog: "read_log", Log: "log", Status: "status",
-    StatusReply: "status_reply", Stop: "stop", EventMessage: "event", Done: "done", Error: "error",
-    Approval: "approval",
-}  # fmt: skip
-
-_STR, _BOOL, _INT = exact(str), exact(bool), exact(int)
-
-
-def _number(v: Any) -> float:
-    return float(exact(float, int)(v))
-
-
-def _texts(v: Any) -> tuple[str, ...]:
-    if type(v) is not list:
-        raise TypeError(f"expected a list of text, got {type(v).__name__}")
-    return tuple(_STR(x) for x in v)
-
-
-def _blobs(v: Any) -> tuple[bytes, ...]:
-    if type(v) is not list:
-        raise TypeError(f"expected a list of bin, got {type(v).__name__}")
-    return tuple(exact(bytes)(x) for x in v)
+MAX_FRAME = 4 * 1024 * 1024  # daemon.max_frame_bytes's default; both ends pass theirs
 
 
 def _session_rows(v: Any) -> tuple[Mapping[str, Any], ...]:
@@ -306,71 +157,168 @@ def _session_rows(v: Any) -> tuple[Mapping[str, Any], ...]:
     for row in v:
         if type(row) is not dict or set(row) != {"name", "busy"}:
             raise TypeError("a session row is a map of exactly name and busy")
-        rows.append({"name": _STR(row["name"]), "busy": _BOOL(row["busy"])})
+        if type(row["name"]) is not str or type(row["busy"]) is not bool:
+            raise TypeError("a session row's name is text, its busy a bool")
+        rows.append(row)
     return tuple(rows)
 
 
-def _restored(v: Any) -> SlotUse | None:
-    return None if v is None else check_slot_use(v)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bye:
+    pass
 
 
-def _f(**checks: Check) -> dict[str, tuple[str, Check]]:
-    return {name: (name, check) for name, check in checks.items()}
+@dataclasses.dataclass(frozen=True, slots=True)
+class Open:
+    id: Natural
+    session: str
+    create: bool = True
 
 
-_FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
-    "ping": {},
-    "pong": {},
-    "bye": {},
-    "open": _f(id=wire_id, session=_STR, create=_BOOL),
-    "opened": _f(id=wire_id, session=_STR, created=_BOOL, records=wire_id, cut_bytes=wire_id),
-    "close": _f(id=wire_id, session=_STR),
-    "ok": _f(id=wire_id),
-    "turn": _f(id=wire_id, session=_STR, text=_STR, approve=_texts),
-    "cancel": _f(id=wire_id),
-    "approve": _f(id=wire_id, call=wire_id, choice=member(Choice), reason=_STR, by=_STR),
-    "sessions": _f(id=wire_id),
-    "session_list": _f(id=wire_id, names=_texts),
-    "read_log": _f(id=wire_id, session=_STR, start=wire_id),
-    "log": _f(id=wire_id, records=_blobs, next=wire_id, done=_BOOL),
-    "status": _f(id=wire_id),
-    "status_reply": _f(
-        id=wire_id, pid=wire_id, endpoint=_STR, uptime_s=_number, clients=wire_id,
-        sessions=_session_rows, workspace=_STR,
-    ),
-    "stop": _f(id=wire_id),
-    "event": _f(id=wire_id, event=_STR, data=json_object),
-    "done": _f(
-        id=wire_id, content=_STR, iterations=wire_id, tool_calls=wire_id, cut=_BOOL,
-        usage=exact(bytes), restored=_restored,
-    ),
-    "error": _f(id=wire_id, error=_STR, message=_STR, exit_code=_INT),
-    "approval": _f(
-        id=wire_id, call=wire_id, tool=_STR, arguments=_STR, prompt=_STR, rule=_STR,
-        timeout_s=_number,
-    ),
-}
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opened:
+    id: Natural
+    session: str
+    created: bool
+    records: Natural
+    cut_bytes: Natural = added(0, "a torn tail shown through the daemon (9b06d21)")
 
 
-def _plain(value: Any) -> Any:
-    t = type(value)
-    if t is str or t is int or t is float or t is bool or t is bytes or value is None:
-        return value
-    if isinstance(value, SlotUse):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if hasattr(value, "value"):  # an enum
-        return value.value
-    return value
+@dataclasses.dataclass(frozen=True, slots=True)
+class Close:
+    id: Natural
+    session: str
 
 
-CODEC = MessageCodec(
-    name="loopd client protocol", version=VERSION, kinds=_KINDS, fields=_FIELDS, plain=_plain,
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ok:
+    id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Turn:
+    id: Natural
+    session: str
+    text: str
+    approve: tuple[str, ...] = added((), "loopd run --approve through the daemon (e06167b)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cancel:
+    id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approve:
+    id: Natural
+    call: Natural
+    choice: Choice
+    reason: str = ""
+    by: str = "person"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sessions:
+    id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionList:
+    id: Natural
+    names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadLog:
+    id: Natural
+    session: str
+    start: Natural = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Log:
+    id: Natural
+    records: tuple[bytes, ...]
+    next: Natural
+    done: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Status:
+    id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StatusReply:
+    id: Natural
+    pid: Natural
+    endpoint: str
+    uptime_s: float
+    clients: Natural
+    sessions: tuple[Mapping[str, Any], ...] = dataclasses.field(
+        metadata={CHECK: _session_rows}
+    )
+    # the file tools' root (tools.workspace, resolved) of the daemon
+    workspace: str = added("", "loopd acp (6e179f4)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stop:
+    id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventMessage:
+    KIND: ClassVar[str] = "event"
+
+    id: Natural
+    event: str
+    data: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    id: Natural
+    content: str
+    iterations: Natural
+    tool_calls: Natural
+    cut: bool
+    usage: bytes
+    restored: SlotUse | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Error:
+    id: Natural
+    error: str
+    message: str
+    exit_code: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approval:
+    id: Natural
+    call: Natural
+    tool: str
+    arguments: str
+    prompt: str
+    rule: str
+    timeout_s: float
+
+
+Message: TypeAlias = Any  # one of MESSAGES
+
+MESSAGES = (
+    Ping, Pong, Bye, Open, Opened, Close, Ok, Turn, Cancel, Approve, Sessions, SessionList,
+    ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval,
+)  # fmt: skip
+"""Every message of the protocol; a new one is its dataclass above, its name here and its
+row in the document."""
+
+CODEC = Codec(
+    "loopd client protocol", MESSAGES, version=VERSION, max_frame=MAX_FRAME,
     max_array=1_000_000,
-)
+)  # fmt: skip
 
 
 def encode(msg: Message) -> bytes:
@@ -385,33 +333,7 @@ def decode(frame: bytes, max_bytes: int) -> Message:
 
 # --- events: the turn's events by their --json names ---------------------------------------
 
-_ANNOTATION_CHECKS: dict[str, Check] = {
-    "str": _STR, "int": _INT, "bool": _BOOL, "float": _number,
-    "str | None": lambda v: None if v is None else _STR(v),
-    "int | None": lambda v: None if v is None else _INT(v),
-    "Mapping[str, Any]": json_object, "dict[str, Any]": json_object, "Any": json_data,
-}  # fmt: skip
-
-
-def _event_table() -> dict[str, tuple[type[Any], dict[str, tuple[str, Check]]]]:
-    """Event name -> (class, its fields by --json name with their checks)."""
-    table = {}
-    for cls in typing.get_args(ev.Event):
-        fields = {}
-        for f in dataclasses.fields(cls):
-            check = _ANNOTATION_CHECKS.get(str(f.type))
-            assert check is not None, f"{cls.__name__}.{f.name}: no check for {f.type}"
-            fields[f.name.rstrip("_")] = (f.name, check)
-        table[ev.event_name(_sample(cls))] = (cls, fields)
-    return table
-
-
-def _sample(cls: type[Any]) -> Any:
-    """An instance of event ``cls`` (its name is a function of the instance's class)."""
-    return object.__new__(cls)
-
-
-_EVENTS = _event_table()
+_EVENTS = {ev.event_name(object.__new__(cls)): shape_of(cls) for cls in typing.get_args(ev.Event)}
 
 
 def encode_event(turn: int, event: ev.Event) -> EventMessage:
@@ -421,17 +343,11 @@ def encode_event(turn: int, event: ev.Event) -> EventMessage:
 
 def decode_event(msg: EventMessage) -> ev.Event:
     """The event an ``event`` message carries; WireError when it is not a known, valid one."""
-    entry = _EVENTS.get(msg.event)
-    if entry is None:
+    shape = _EVENTS.get(msg.event)
+    if shape is None:
         raise WireError(f"event: unknown event {msg.event!r:.40}", msg.id)
-    cls, fields = entry
-    if set(msg.data) != set(fields):
-        raise WireError(
-            f"event {msg.event}: fields must be exactly {', '.join(fields) or 'none'}", msg.id
-        )
     try:
-        values = {attr: check(msg.data[name]) for name, (attr, check) in fields.items()}
+        event: ev.Event = shape.from_map(dict(msg.data))
     except TypeError as e:
         raise WireError(f"event {msg.event}: {e}", msg.id) from None
-    event: ev.Event = cls(**values)
     return event

@@ -60,6 +60,7 @@ from actors.inference.types import (
     error_object,
 )
 from actors.inference.watchdog import Watch, Watchdog, tracked_transport
+from actors.wire.codec import plain
 
 __all__ = ["CONTROL_GRACE", "LlamaClient", "encode_body", "request_body"]
 
@@ -74,9 +75,9 @@ def encode_body(request: ChatRequest, slot: int = 0) -> bytes:
     """``request_body`` as UTF-8 JSON; orjson, with json for what it refuses (ints > 64 bits)."""
     body = request_body(request, slot)
     try:
-        return orjson.dumps(body, default=_plain)
+        return orjson.dumps(body, default=plain)
     except TypeError:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=plain).encode()
 
 
 def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
@@ -534,13 +535,6 @@ def _thinking_on(deltas: int) -> InferError:
 def _retryable_status(status: int | None) -> bool:
     return status is not None and status >= 500
 
-
-
-def _plain(value: object) -> Any:
-    """JSON for the Mapping and tuple types the records use."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _interrupted(watch: Watch | None, cancel: CancelToken) -> bool:

@@ -1,9 +1,15 @@
-"""The records of a session log, and their msgpack codec.
+"""The records of a session log, and their msgpack encoding.
 
 A record is a frozen dataclass. On disk it is a msgpack map: ``kind`` plus the fields by
-their names (docs/log.md#encoding) (``class`` for :attr:`ToolResult.class_`), ``time`` as msgpack's
-timestamp extension. Decoding checks every field's type, so a log written by a buggy or
-foreign writer is refused with the kind and field named instead of being half-read.
+their names (docs/log.md#encoding) (``class`` for :attr:`ToolResult.class_`), ``time`` as
+msgpack's timestamp extension. The codec (:mod:`actors.wire.codec`) reads the kinds, fields
+and checks from the dataclasses below. Decoding checks every field's type, so a log written
+by a buggy or foreign writer is refused with the kind and field named instead of being
+half-read.
+
+Fields added after logs were first written (a log without them reads as the default):
+
+- ``usage.slot`` (nil) and ``cache_loss.cause`` (""): with the slot keeper (f41d248).
 """
 
 from __future__ import annotations
@@ -12,17 +18,18 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+import typing
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-import msgpack
-
-from actors.base.errors import RecordError
+from actors.base.errors import RecordError, WireError
 from actors.log import server_values
 from actors.tools.protocol.spec import ResultClass
-from actors.wire.fieldchecks import Check, exact, member
+from actors.wire.codec import CHECK, Codec, Natural, added
 
 __all__ = [
+    "CODEC",
+    "MAX_RECORD",
     "Approval",
     "ApprovalDecision",
     "ApprovalScope",
@@ -38,7 +45,6 @@ __all__ = [
     "ToolResult",
     "Usage",
     "User",
-    "check_slot_use",
     "decode",
     "encode",
     "kind_of",
@@ -115,15 +121,23 @@ class Assistant:
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
+def _timings(v: Any) -> Mapping[str, JSON]:
+    """A Usage's timings: its well-formed numbers (a bad value an older loopd logged is
+    left out, so the session still runs)."""
+    if type(v) is not dict:
+        raise TypeError(f"expected a map, got {type(v).__name__}")
+    return server_values.timings(v)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Usage:
-    timings: Mapping[str, JSON]
+    timings: Mapping[str, JSON] = dataclasses.field(metadata={CHECK: _timings})
     reasoning_tokens: int
     thinking_capped: bool
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
-    slot: SlotUse | None = None  # None in logs written before the slot keeper
+    slot: SlotUse | None = added(None, "the slot keeper (f41d248)")
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
@@ -131,7 +145,7 @@ class Usage:
 class CacheLoss:
     expected: int
     got: int
-    cause: str = ""  # why, as far as loopd knows ("" in logs written before the keeper)
+    cause: str = added("", "the slot keeper (f41d248)")  # why, as far as loopd knows
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
@@ -198,8 +212,8 @@ class Compaction:
     """
 
     summary: str
-    kept: int
-    tokens_before: int
+    kept: Natural
+    tokens_before: Natural
     by: CompactionBy
     time: dt.datetime = dataclasses.field(default_factory=now)
 
@@ -207,228 +221,43 @@ class Compaction:
 Record: TypeAlias = (
     Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval | Compaction
 )
+"""Every kind of record the log holds; adding one here (and its dataclass above) is all the
+codec needs."""
 
-_KINDS: dict[type[Any], str] = {
-    Baseline: "baseline",
-    User: "user",
-    Assistant: "assistant",
-    Usage: "usage",
-    CacheLoss: "cache_loss",
-    ToolResult: "tool_result",
-    Approval: "approval",
-    Compaction: "compaction",
-}
-_BY_KIND = {kind: cls for cls, kind in _KINDS.items()}
+MAX_RECORD = 64 * 1024 * 1024  # a larger frame is never allocated: torn or corrupt
 
-
-# --- field checks ---------------------------------------------------------------------
-# Each check returns the decoded Python value or raises TypeError with what was expected.
-
-def _count(v: Any) -> int:
-    """A non-negative integer (an index, a number of tokens)."""
-    n: int = _INT(v)
-    if n < 0:
-        raise TypeError(f"expected a non-negative integer, got {n}")
-    return n
-
-
-def _optional(inner: Check) -> Check:
-    return lambda v: None if v is None else inner(v)
-
-
-def _time(v: Any) -> dt.datetime:
-    if not isinstance(v, dt.datetime) or v.tzinfo is None:
-        raise TypeError(f"expected a UTC timestamp, got {type(v).__name__}")
-    return v
-
-
-def _mapping(v: Any) -> Mapping[str, JSON]:
-    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-        raise TypeError(f"expected a map with text keys, got {type(v).__name__}")
-    return v
-
-
-def _timings(v: Any) -> Mapping[str, JSON]:
-    """A Usage's timings: its well-formed numbers (a bad value an older loopd logged is
-    left out, so the session still runs)."""
-    return server_values.timings(_mapping(v))
-
-
-def _tools(v: Any) -> tuple[Mapping[str, JSON], ...]:
-    if not isinstance(v, list):
-        raise TypeError(f"expected a list of tool definitions, got {type(v).__name__}")
-    return tuple(_mapping(t) for t in v)
-
-
-def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
-    if not isinstance(v, list):
-        raise TypeError(f"expected a list of tool calls, got {type(v).__name__}")
-    calls = []
-    for c in v:
-        m = _mapping(c)
-        try:
-            calls.append(ToolCall(**{k: _STR(m[k]) for k in ("id", "name", "arguments")}))
-        except KeyError as e:
-            raise TypeError(f"tool call without {e.args[0]!r}") from None
-    return tuple(calls)
-
-
-_STR, _INT, _BOOL = exact(str), exact(int), exact(bool)
-_result_class = member(ResultClass)
-_slot_state = member(SlotState)
-_decision = member(ApprovalDecision)
-_scope = member(ApprovalScope)
-_by = member(CompactionBy)
-_NUMBER = exact(float, int)
-_SLOT_USE: dict[str, Check] = {
-    "server": _STR, "slot": _INT, "state": _slot_state, "restored": _INT,
-    "restore_ms": lambda v: float(_NUMBER(v)), "reason": _STR,
-}
-
-
-def check_slot_use(v: Any) -> SlotUse:
-    """A SlotUse from its map (the field check of ``Usage.slot``; the daemon protocol's too)."""
-    m = _mapping(v)
-    try:
-        return SlotUse(**{k: check(m[k]) for k, check in _SLOT_USE.items()})
-    except KeyError as e:
-        raise TypeError(f"slot use without {e.args[0]!r}") from None
-
-# wire name -> (attribute name, check)
-_FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
-    "baseline": {
-        "system": ("system", _STR),
-        "tools": ("tools", _tools),
-        "model": ("model", _STR),
-        "created": ("created", _time),
-    },
-    "user": {"content": ("content", _STR)},
-    "assistant": {
-        "content": ("content", _optional(_STR)),
-        "reasoning": ("reasoning", _optional(_STR)),
-        "tool_calls": ("tool_calls", _tool_calls),
-    },
-    "usage": {
-        "timings": ("timings", _timings),
-        "reasoning_tokens": ("reasoning_tokens", _INT),
-        "thinking_capped": ("thinking_capped", _BOOL),
-        "prompt_tokens": ("prompt_tokens", _INT),
-        "completion_tokens": ("completion_tokens", _INT),
-        "finish_reason": ("finish_reason", _STR),
-        "slot": ("slot", _optional(check_slot_use)),
-    },
-    "cache_loss": {"expected": ("expected", _INT), "got": ("got", _INT), "cause": ("cause", _STR)},
-    "tool_result": {
-        "call": ("call", _INT),
-        "tool_call_id": ("tool_call_id", _STR),
-        "content": ("content", _STR),
-        "class": ("class_", _result_class),
-        "untrusted": ("untrusted", _BOOL),
-        "truncated": ("truncated", _BOOL),
-    },
-    "approval": {
-        "call": ("call", _INT),
-        "tool": ("tool", _STR),
-        "decision": ("decision", _decision),
-        "scope": ("scope", _scope),
-        "by": ("by", _STR),
-        "reason": ("reason", _STR),
-        "rule": ("rule", _STR),
-    },
-    "compaction": {
-        "summary": ("summary", _STR),
-        "kept": ("kept", _count),
-        "tokens_before": ("tokens_before", _count),
-        "by": ("by", _by),
-    },
-}
-for _fields in _FIELDS.values():
-    _fields["time"] = ("time", _time)
-# Fields added after logs were first written: a record without one decodes to its default.
-_ADDED = {"usage": frozenset({"slot"}), "cache_loss": frozenset({"cause"})}
-
-
-_LEAVES = frozenset({str, int, float, bool, type(None), bytes, dt.datetime})
-
-
-def _plain(value: Any) -> Any:
-    """Record values as msgpack-ready data (tuples become lists, dataclasses maps)."""
-    kind = type(value)
-    if kind in _LEAVES:  # most values: no ABC check (this runs for every appended record)
-        return value
-    if kind is dict:
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, ToolCall):
-        return {"id": value.id, "name": value.name, "arguments": value.arguments}
-    if isinstance(value, SlotUse):
-        return {k: _plain(getattr(value, k)) for k in _SLOT_USE}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+CODEC = Codec(
+    "log", typing.get_args(Record), version=None, noun="record", timestamps=True,
+    max_frame=MAX_RECORD,
+)  # fmt: skip
 
 
 def kind_of(record: Record) -> str:
     """The record's kind as written in the log (``user``, ``tool_result``...)."""
-    return _KINDS[type(record)]
+    return CODEC.kind_of(record)
 
 
 def encode(record: Record) -> bytes:
     """The msgpack payload of one record."""
-    kind = _KINDS.get(type(record))
-    if kind is None:
-        raise RecordError(f"cannot encode {type(record).__name__}: not a log record")
-    body: dict[str, Any] = {"kind": kind}
-    for wire, (attr, check) in _FIELDS[kind].items():
-        value = _plain(getattr(record, attr))
-        try:
-            check(value)
-        except TypeError as e:
-            raise RecordError(f"{kind}.{wire}: {e}") from None
-        body[wire] = value
     try:
-        return msgpack.packb(body, datetime=True, strict_types=False)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise RecordError(f"{kind}: cannot encode: {e}") from None
+        return CODEC.encode(record)
+    except WireError as e:
+        raise RecordError(str(e)) from None
 
 
 def decode(payload: bytes) -> Record:
     """One record from its msgpack payload; RecordError names what is wrong."""
     try:
-        body = msgpack.unpackb(payload, timestamp=3, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types
-        raise RecordError(f"not a msgpack record: {e}") from None
-    if not isinstance(body, dict):
-        raise RecordError(f"a record must be a map, got {type(body).__name__}")
-    kind = body.get("kind")
-    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
-    if fields is None:
-        raise RecordError(f"unknown record kind {kind!r}; known: {', '.join(_BY_KIND)}")
-    unknown = set(body) - set(fields) - {"kind"}
-    if unknown:
-        raise RecordError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
-    added = _ADDED.get(str(kind), frozenset())
-    for wire, (attr, check) in fields.items():
-        if wire not in body:
-            if wire in added:
-                continue  # an older log: the field's default
-            raise RecordError(f"{kind}.{wire}: missing")
-        try:
-            values[attr] = check(body[wire])
-        except TypeError as e:
-            raise RecordError(f"{kind}.{wire}: {e}") from None
-    record: Record = _BY_KIND[str(kind)](**values)
+        record: Record = CODEC.decode(payload)
+    except WireError as e:
+        raise RecordError(str(e)) from None
     return record
 
 
 def to_json(record: Record) -> dict[str, Any]:
     """A JSON-ready map of a record, as in the log (``kind``, fields; times in ISO 8601)."""
-    out: dict[str, Any] = {"kind": kind_of(record)}
-    for wire, (attr, _) in _FIELDS[out["kind"]].items():
-        value = _plain(getattr(record, attr))
-        out[wire] = value.isoformat() if isinstance(value, dt.datetime) else value
-    return out
+    try:
+        body = CODEC.to_map(record)
+    except WireError as e:
+        raise RecordError(str(e)) from None
+    return {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in body.items()}

@@ -10,6 +10,7 @@ older loopd wrote with such a value still opens and runs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -45,12 +46,18 @@ def timings(obj: Any) -> dict[str, int | float]:
     """The well-formed entries of a ``timings`` object (text keys, numbers); {} for a non-map."""
     if not isinstance(obj, Mapping):
         return {}
-    kept: dict[str, int | float] = {}
-    for key, value in obj.items():
-        if type(key) is str and len(key) <= _MAX_KEY and (n := number(value)) is not None:
-            kept[key] = n
-            if len(kept) >= MAX_FIELDS:
-                break
+    # One comprehension, not a loop calling number(): this runs for every Usage record of
+    # a log that is opened.
+    kept = {
+        key: value
+        for key, value in obj.items()
+        if type(key) is str and len(key) <= _MAX_KEY and (
+            (type(value) is int and 0 <= value <= MAX_COUNT)
+            or (type(value) is float and 0.0 <= value < math.inf)  # NaN compares False
+        )
+    }  # fmt: skip
+    if len(kept) > MAX_FIELDS:
+        kept = dict(itertools.islice(kept.items(), MAX_FIELDS))
     return kept
 
 

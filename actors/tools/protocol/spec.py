@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["ResultClass", "ToolSpec"]
 
@@ -20,6 +20,8 @@ class ResultClass(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolSpec:
+    KIND: ClassVar[str] = "tool"  # its name in a wire message's errors ("tool 0: ...")
+
     name: str
     description: str
     parameters: Mapping[str, Any]  # JSON schema of the arguments object

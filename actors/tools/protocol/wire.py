@@ -1,26 +1,82 @@
-"""The messages between a tool port (DEALER) and a tool host (ROUTER), and their codec.
+"""The tool wire, version 1: how a tool port (the session's side) talks to a tool host.
 
-A table of kinds for :class:`~actors.wire.codec.MessageCodec` (one frame, one msgpack map with
-``v``, ``kind`` and the fields by name; ``class`` for :attr:`Result.class_`), which trusts
-nothing it decodes and raises only :class:`~actors.base.errors.WireError`. ``ToolRequest``, the
-most frequent message, has a fast path that skips the general loop when every field is
-already plain.
+This docstring is the protocol document: a port or a host in any language can be written
+from it. The Python port is :mod:`actors.tools.port`, the host :mod:`actors.tools.host`;
+the codec (:mod:`actors.wire.codec`) reads the kinds and fields below from the dataclasses.
 
-The answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default their ``id`` to
-0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build them without knowing
-the wire id; the host fills it in.
+Transport
+---------
+ZeroMQ. The host binds a ROUTER socket (``ipc://PATH`` for a host loopd starts, or
+``tcp://HOST:PORT`` with CURVE: the host admits only the client keys of its allow list);
+a port connects a DEALER. One message is one frame holding one msgpack map: ``v`` (the
+version, the integer 1), ``kind`` (text, below) and the kind's fields by name. A frame over
+``tools.max_frame_bytes`` (4 MiB) is not read (ZeroMQ drops the connection). A frame of
+more than one part, another version, an unknown kind, an unknown field, a missing field
+(but those added later, below) or a field of the wrong type is refused: the host answers
+``failed`` with the request's ``id`` when it could be read (else 0) and goes on. Integers
+are msgpack integers (never booleans); an ``id`` is a non-negative 63-bit integer the port
+chooses, unique among its calls in flight.
+
+Messages
+--------
+==================== =========== ==========================================================
+kind                 direction   fields
+==================== =========== ==========================================================
+``hello``            port->host  (none): on (re)connect; the host answers ``tools``
+``tools``            host->port  ``tools`` list of maps, each exactly ``name`` text,
+                                 ``description`` text, ``parameters`` map (the arguments'
+                                 JSON schema), ``result_class`` text (``public``,
+                                 ``internal`` or ``secret``), ``needs_approval`` bool,
+                                 ``untrusted`` bool (results come from outside)
+``request``          port->host  ``id``, ``session`` text, ``call`` int (the session's call
+                                 number), ``tool`` text, ``arguments`` map (JSON data, at
+                                 most 64 deep), ``approved`` bool (see below)
+``result``           host->port  ``id``, ``content`` text, ``class`` text (as
+                                 ``result_class``), ``untrusted`` bool
+``failed``           host->port  ``id``, ``message`` text (the call failed, or the message
+                                 was refused)
+``denied``           host->port  ``id``, ``reason`` text (e.g. a path outside the workspace)
+``pending_approval`` host->port  ``id``, ``prompt`` text: the tool needs approval and the
+                                 request was not approved; nothing ran
+``cancel``           port->host  ``id``: the caller gave up on that call; stop it (its
+                                 answer is not wanted)
+``ping``             port->host  (none): a heartbeat every ``tools.heartbeat_s``
+``pong``             host->port  (none): the answer to ``ping``; a host silent for three
+                                 heartbeats is gone
+``unhealthy``        host->port  ``reason`` text, in place of ``pong``: a worker did not
+                                 come back; restart this host
+==================== =========== ==========================================================
+
+Every answer (``result``, ``failed``, ``denied``, ``pending_approval``) carries its
+request's ``id``. A call of a tool whose ``needs_approval`` is true runs only when its
+request says ``approved: true``: the person (or a rule) allowed it after the host answered
+``pending_approval``. ``approved`` never loosens anything else the host checks.
+
+Fields added later
+------------------
+A field added to a message that peers already send has a default, and a message without
+it reads as that default, so an older peer keeps working under the same ``v``; the
+version changes only for what an older peer cannot read.
+
+- ``request.approved`` (default ``false``: not approved), added with approvals (22fd1a9).
+  A port written before it sends no ``approved``: its calls of tools that need no
+  approval run; the others are answered ``pending_approval``.
+
+In Python, the answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default
+their ``id`` to 0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build
+them without knowing the wire id; the host fills it in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from actors.base.errors import WireError
 from actors.tools.protocol.spec import ResultClass, ToolSpec
-from actors.wire.codec import MessageCodec
-from actors.wire.fieldchecks import SCALARS, Check, exact, json_object, member, wire_id
+from actors.wire.codec import Codec, Natural, added
 
 __all__ = [
     "CODEC",
@@ -60,19 +116,21 @@ class Tools:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolRequest:
-    id: int
+    KIND: ClassVar[str] = "request"
+
+    id: Natural
     session: str
-    call: int
+    call: Natural
     tool: str
     arguments: Mapping[str, Any]
     # The person (or a rule) approved this call after the host answered PendingApproval:
     # the host runs it. It never loosens anything else the host checks.
-    approved: bool = False
+    approved: bool = added(False, "approvals (22fd1a9)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Result:
-    id: int = 0
+    id: Natural = 0
     content: str = ""
     class_: ResultClass = ResultClass.PUBLIC
     untrusted: bool = False
@@ -80,19 +138,19 @@ class Result:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failed:
-    id: int = 0
+    id: Natural = 0
     message: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Denied:
-    id: int = 0
+    id: Natural = 0
     reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PendingApproval:
-    id: int = 0
+    id: Natural = 0
     prompt: str = ""
 
 
@@ -121,7 +179,7 @@ class Unhealthy:
 class Cancel:
     """Port -> host: the caller gave up on call ``id``; stop it (its answer is not wanted)."""
 
-    id: int
+    id: Natural
 
 
 Message: TypeAlias = (
@@ -139,132 +197,12 @@ Message: TypeAlias = (
 )
 Answer: TypeAlias = Result | Failed | Denied | PendingApproval
 
-_KIND: dict[type[Any], str] = {
-    Hello: "hello",
-    Tools: "tools",
-    ToolRequest: "request",
-    Result: "result",
-    Failed: "failed",
-    Denied: "denied",
-    PendingApproval: "pending_approval",
-    Ping: "ping",
-    Pong: "pong",
-    Unhealthy: "unhealthy",
-    Cancel: "cancel",
-}
-
-_result_class = member(ResultClass)
-
-_SPEC_FIELDS: dict[str, Check] = {
-    "name": exact(str),
-    "description": exact(str),
-    "parameters": json_object,
-    "result_class": _result_class,
-    "needs_approval": exact(bool),
-    "untrusted": exact(bool),
-}
-
-
-def _tools(v: Any) -> tuple[ToolSpec, ...]:
-    if type(v) is not list:
-        raise TypeError(f"expected a list of tools, got {type(v).__name__}")
-    specs = []
-    for i, item in enumerate(v):
-        if type(item) is not dict:
-            raise TypeError(f"tool {i}: expected a map, got {type(item).__name__}")
-        if set(item) != set(_SPEC_FIELDS):
-            raise TypeError(f"tool {i}: fields must be exactly {', '.join(_SPEC_FIELDS)}")
-        try:
-            specs.append(ToolSpec(**{k: check(item[k]) for k, check in _SPEC_FIELDS.items()}))
-        except TypeError as e:
-            raise TypeError(f"tool {i}: {e}") from None
-    return tuple(specs)
-
-
-_STR, _BOOL = exact(str), exact(bool)
-
-# wire name -> (attribute name, check), per kind
-_FIELDS: dict[str, dict[str, tuple[str, Check]]] = {
-    "hello": {},
-    "tools": {"tools": ("tools", _tools)},
-    "request": {
-        "id": ("id", wire_id),
-        "session": ("session", _STR),
-        "call": ("call", wire_id),
-        "tool": ("tool", _STR),
-        "arguments": ("arguments", json_object),
-        "approved": ("approved", _BOOL),
-    },
-    "result": {
-        "id": ("id", wire_id),
-        "content": ("content", _STR),
-        "class": ("class_", _result_class),
-        "untrusted": ("untrusted", _BOOL),
-    },
-    "failed": {"id": ("id", wire_id), "message": ("message", _STR)},
-    "denied": {"id": ("id", wire_id), "reason": ("reason", _STR)},
-    "pending_approval": {"id": ("id", wire_id), "prompt": ("prompt", _STR)},
-    "ping": {},
-    "pong": {},
-    "unhealthy": {"reason": ("reason", _STR)},
-    "cancel": {"id": ("id", wire_id)},
-}
-
-
-def _plain(value: Any) -> Any:
-    if type(value) in SCALARS:  # the usual case, before the slower isinstance checks
-        return value
-    if type(value) is dict:
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, ResultClass):
-        return value.value
-    if isinstance(value, ToolSpec):
-        return {
-            "name": value.name,
-            "description": value.description,
-            "parameters": _plain(value.parameters),
-            "result_class": ResultClass(value.result_class).value,
-            "needs_approval": value.needs_approval,
-            "untrusted": value.untrusted,
-        }
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-CODEC = MessageCodec(name="tool wire", version=VERSION, kinds=_KIND, fields=_FIELDS, plain=_plain)
+CODEC = Codec("tool wire", typing.get_args(Message), version=VERSION, max_frame=DEFAULT_MAX_FRAME)
 
 
 def encode(msg: Message) -> bytes:
     """The frame of one message; WireError if a field cannot go on the wire."""
-    if type(msg) is ToolRequest:  # the most frequent message, built without the general loop
-        return _encode_request(msg)
     return CODEC.encode(msg)
-
-
-def _encode_request(msg: ToolRequest) -> bytes:
-    try:
-        wire_id(msg.id)
-        wire_id(msg.call)
-        _STR(msg.session)
-        _STR(msg.tool)
-        json_object(msg.arguments)
-        _BOOL(msg.approved)
-    except TypeError:  # the general path says which field is wrong, or converts Mappings
-        return CODEC.encode(msg)
-    body = {
-        "v": VERSION,
-        "kind": "request",
-        "id": msg.id,
-        "session": msg.session,
-        "call": msg.call,
-        "tool": msg.tool,
-        "arguments": msg.arguments,
-        "approved": msg.approved,
-    }
-    return CODEC.pack("request", body)
 
 
 def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME) -> Message:

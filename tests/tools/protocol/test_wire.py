@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -182,3 +183,47 @@ def test_encode_refuses_what_cannot_go_on_the_wire() -> None:
 def test_answers_default_their_id_so_providers_need_not_know_it() -> None:
     assert wire.Result(content="x").id == 0
     assert wire.Failed(message="x") == wire.Failed(0, "x")
+
+
+# Frames written by loopd at ee2b571, before the one codec, from these messages (in order):
+# today's encoding must be the same bytes, and reading them the same messages.
+OLD_FRAMES = Path(__file__).parent / "fixtures" / "frames-before-one-codec.msgpack"
+OLD_MESSAGES: list[wire.Message] = [
+    wire.Hello(), wire.Ping(), wire.Pong(), wire.Unhealthy("worker gone"),
+    wire.Tools((
+        ToolSpec(
+            "read_file", "Read",
+            {"type": "object", "properties": {"path": {"type": "string"}}},
+            ResultClass.INTERNAL, True, False,
+        ),
+        ToolSpec("x", "", {}),
+    )),
+    wire.ToolRequest(1, "s", 2, "read_file", {"path": "a", "n": [1, 2.5, None, True]},
+                     approved=True),
+    wire.ToolRequest(2**63 - 1, "s", 0, "t", {}),
+    wire.Result(1, "content", ResultClass.SECRET, True), wire.Result(),
+    wire.Failed(3, "boom"), wire.Denied(4, "no"), wire.PendingApproval(5, "ok?"), wire.Cancel(6),
+]  # fmt: skip
+
+
+def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
+    frames = msgpack.unpackb(OLD_FRAMES.read_bytes())
+    assert len(frames) == len(OLD_MESSAGES)
+    for frame, msg in zip(frames, OLD_MESSAGES, strict=True):
+        assert wire.decode(frame) == msg
+        assert wire.encode(msg) == frame, type(msg).__name__
+
+
+def test_a_request_without_approved_is_not_approved() -> None:
+    """A port written before approvals sends no ``approved``: the request reads as not
+    approved (the host then asks, for a tool that needs approval) instead of being refused."""
+    frame = _frame(kind="request", id=3, session="s", call=1, tool="t", arguments={"a": 1})
+    assert wire.decode(frame) == wire.ToolRequest(3, "s", 1, "t", {"a": 1}, approved=False)
+
+
+def test_the_document_names_every_field_added_later_with_its_default() -> None:
+    assert [(kind, field, default) for kind, field, default, _ in wire.CODEC.added()] == [
+        ("request", "approved", False)
+    ]
+    doc = " ".join((wire.__doc__ or "").split())
+    assert "``request.approved`` (default ``false``: not approved)" in doc
