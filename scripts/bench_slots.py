@@ -139,6 +139,9 @@ class _SlotZero:
     def complete(self, request: ChatRequest, sink: Any, cancel: CancelToken) -> Completion:
         return self._client.chat_with_retry(request, sink, cancel, slot=0)
 
+    def turn_ended(self, session: str) -> None:
+        """Nothing is kept between turns."""
+
 
 def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""

@@ -43,10 +43,13 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Queued:
-    """The request waits: for a free slot (all are leased) or an idle inference actor."""
+    """The request waits behind other sessions: for a free slot (all are leased) or an idle
+    inference actor. ``sessions``: the ones it waits on ("b, c"). A session never queues
+    behind itself (the save of its own state after a turn is waited for silently)."""
 
     ahead: int = 1
     waiting_for: str = "an inference actor"  # or "a free slot"
+    sessions: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -193,9 +193,12 @@ class LiveView:
                 self.console.print(f"  [{'green' if decision == 'allow' else 'yellow'}]"
                                    f"{escape(_decided(decision, scope, by, rule, reason))}[/]",
                                    highlight=False)
-            case ev.Queued(ahead=ahead, waiting_for=what):
+            case ev.Queued(ahead=ahead, waiting_for=what, sessions=others):
+                self._switch("")
+                whom = f", in use by {'sessions' if ',' in others else 'session'} {others}"
                 self.console.print(
-                    f"[dim]queued: waiting for {escape(what)} ({ahead} in line)[/]"
+                    f"[dim]queued: waiting for {escape(what)}"
+                    f"{escape(whom) if others else ''} ({ahead} in line)[/]", highlight=False,
                 )
             case _:
                 pass

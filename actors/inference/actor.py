@@ -6,7 +6,8 @@ that, the handle (:class:`Inference`) takes a lease on a slot from the slot keep
 (:mod:`actors.inference.slots.keeper`: the session's own slot, or a slot its state is restored
 into), then lends the request an idle actor, streams on that server and slot, and gives the
 lease back. When no slot or no actor is free the request emits ``Queued`` (saying which it
-waits for) and waits in one loop, where cancel and the deadline apply. At most
+waits for, behind which other sessions) and waits in one loop, where cancel and the
+deadline apply; waiting for its own session's save after its last turn is silent. At most
 ``inference.parallel`` requests stream from this process at once. A request whose server
 stops answering (connect errors after the retries) is asked again on another server when
 there is one; the keeper moves the session there.
@@ -99,6 +100,7 @@ class Inference:
             self._idle.put(ref)
         self._lock = threading.Lock()
         self._flying: set[CancelToken] = set()
+        self._streaming: list[str] = []  # the sessions whose requests have an actor now
         self._waiting = 0
         self._stopping = False
 
@@ -148,12 +150,17 @@ class Inference:
                 with self._lock:
                     self._flying.discard(token)
 
+    def turn_ended(self, session: str) -> None:
+        """``session``'s turn is over: the keeper may save its state now
+        (:meth:`SlotKeeper.turn_ended`)."""
+        self.keeper.turn_ended(session)
+
     def _lease(self, session: str, sink: Sink, cancel: CancelToken, deadline: float) -> Lease:
         ticket = self.keeper.enter(session)
         try:
             return self._wait(
                 lambda timeout: self.keeper.take(ticket, timeout),
-                lambda: self.keeper.ahead(ticket),
+                lambda: self.keeper.ahead(ticket), lambda: self.keeper.waiting_on(ticket),
                 "a free slot", "all slots of the model servers were leased",
                 sink, cancel, deadline,
             )
@@ -165,12 +172,14 @@ class Inference:
         """On ``lease``'s server and slot, with an idle actor; the lease is given back."""
         outcome: Completion | InferError = InferError.cancelled(_STOPPED)
         try:
-            ref = self._lend(sink, cancel, deadline)
+            ref = self._lend(request.session, sink, cancel, deadline)
             try:
                 outcome = self._ask(
                     ref, _Ask(request, lease.client, lease.slot, sink, cancel, deadline)
                 )
             finally:
+                with self._lock:
+                    self._streaming.remove(request.session)
                 self._idle.put(ref)
         except InferError as e:
             outcome = e
@@ -179,21 +188,29 @@ class Inference:
         return outcome
 
     def _lend(
-        self, sink: Sink, cancel: CancelToken, deadline: float
+        self, session: str, sink: Sink, cancel: CancelToken, deadline: float
     ) -> pykka.ActorRef[InferenceActor]:
-        """An idle actor; Queued first when there is none (cancel and deadline apply)."""
+        """An idle actor, lent to ``session``'s request; Queued first when there is none
+        (cancel and deadline apply)."""
 
         def take(timeout: float) -> pykka.ActorRef[InferenceActor] | None:
             try:
-                return self._idle.get(timeout=timeout) if timeout else self._idle.get_nowait()
+                ref = self._idle.get(timeout=timeout) if timeout else self._idle.get_nowait()
             except queue.Empty:
                 return None
+            with self._lock:
+                self._streaming.append(session)
+            return ref
+
+        def streaming() -> tuple[str, ...]:  # the others: a session never waits on itself
+            with self._lock:
+                return tuple(n for n in dict.fromkeys(self._streaming) if n != session)
 
         with self._lock:
             self._waiting += 1
         try:
             return self._wait(
-                take, lambda: self._waiting, "an inference actor",
+                take, lambda: self._waiting, streaming, "an inference actor",
                 f"queued behind inference.parallel = {self._config.parallel} requests",
                 sink, cancel, deadline,
             )
@@ -202,15 +219,19 @@ class Inference:
                 self._waiting -= 1
 
     def _wait(
-        self, take: Callable[[float], T | None], ahead: Callable[[], int], what: str, why: str,
-        sink: Sink, cancel: CancelToken, deadline: float,
+        self, take: Callable[[float], T | None], ahead: Callable[[], int],
+        behind: Callable[[], tuple[str, ...]], what: str, why: str, sink: Sink,
+        cancel: CancelToken, deadline: float,
     ) -> T:
-        """What ``take`` gives; Queued (waiting for ``what``) first when it gives nothing at
-        once. Cancel and the deadline end the wait (InferError)."""
+        """What ``take`` gives; Queued (waiting for ``what``, behind the sessions ``behind``
+        names) first when it gives nothing at once and others hold it: a wait for the
+        session's own save is silent. Cancel and the deadline end the wait (InferError)."""
         got = take(0.0)
         if got is not None:
             return got
-        sink(Queued(ahead=ahead(), waiting_for=what))
+        others = behind()
+        if others:
+            sink(Queued(ahead=ahead(), waiting_for=what, sessions=", ".join(others)))
         while True:
             if cancel.cancelled:
                 raise InferError.cancelled(_STOPPED if self._stopping else "cancelled")

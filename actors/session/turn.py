@@ -68,6 +68,8 @@ class Model(Protocol):
         self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
     ) -> Completion: ...
 
+    def turn_ended(self, session: str) -> None: ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Runtime:
@@ -104,6 +106,7 @@ def run_turn(
     try:
         return _Turn(log, runtime, on_event, cancel, approver).run(content)
     finally:
+        runtime.inference.turn_ended(log.name)  # its KV state may be saved now
         if runtime.config.log.fsync == "turn":
             with contextlib.suppress(SessionError):  # the failed append already said so
                 log.sync()
@@ -159,7 +162,8 @@ class _Turn:
             sampling=self.sampling,
             grammar=grammar,
         )
-        sink = self._pass_on if grammar is None else WordFilter(self._pass_on)
+        sink = WordFilter(self._pass_on, word=grammar is not None,
+                          bare=self.runtime.bare_json_tool_calls)
         try:
             completion = self.runtime.inference.complete(request, sink, self.cancel)
         except InferError as e:
@@ -174,6 +178,8 @@ class _Turn:
         if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
             completion = dataclasses.replace(completion, content=strip_word(completion.content))
         completion = self._bare_json(completion)
+        if completion.content is not None:
+            sink.flush()  # text held back as a possible bare call was not one: shown now
         if len(completion.tool_calls) > self.loop.max_calls_per_response:
             raise TurnLimit("calls per response", TOO_MANY_CALLS.format(
                 count=len(completion.tool_calls), cap=self.loop.max_calls_per_response))

@@ -146,3 +146,74 @@ def test_the_readme_says_where_loopd_is_and_make_chat_chats_on_the_example() -> 
                          timeout=60, env={"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": ""})
     assert dry.returncode == 0, dry.stderr
     assert ".venv/bin/loopd chat --workspace examples/workspace" in dry.stdout
+
+
+# --- a call written as text never reaches the person or a script as answer text -------------
+
+CALL = '{"name": "read_file", "arguments": {"path": "notes.txt"}}'
+
+
+@pytest.mark.parametrize(("setting", "written"), [
+    ("bare_json_tool_calls", CALL),  # a small model's bare JSON call
+    ("constrained_calls", f"TOOL {CALL}"),  # the decision word, then the call
+])
+def test_a_call_written_as_text_is_never_content_in_json_output(
+    env: dict[str, Any], capsys: Any, setting: str, written: str
+) -> None:
+    config = Path(env["config"])
+    config.write_text(config.read_text() + f'{setting} = "on"\n')
+    script = [answer(written, chunk=3), answer("ANSWER It says to buy seeds." if
+                                               setting == "constrained_calls" else
+                                               "It says to buy seeds.", chunk=3)]
+    with FakeLlama(script) as fake:
+        assert main(["run", "What does notes.txt say?", "--json", "--config", env["config"],
+                     "--url", fake.url]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    shown = "".join(e["text"] for e in lines if e["event"] == "content")
+    assert shown == "It says to buy seeds."
+    started = [e for e in lines if e["event"] == "tool_call_started"]
+    assert len(started) == 1 and "notes.txt" in started[0]["arguments"]  # shown as a call
+    assert lines[-1]["event"] == "answer" and lines[-1]["content"] == "It says to buy seeds."
+
+
+# --- a session never queues behind itself ----------------------------------------------------
+
+
+def test_a_tool_turn_of_one_session_is_never_queued(env: dict[str, Any], tmp_path: Path) -> None:
+    """A call written as text is, to the server, an answer without tool calls. Its state must
+    not be saved (and the turn's next request held up behind that save, "queued") before the
+    turn ends. The fake server's saves are held until the answer is out, so a save in the
+    middle of the turn would show as a queued line (or never end)."""
+    save_dir = tmp_path / "slots"
+    save_dir.mkdir()
+    config = Path(env["config"])
+    config.write_text(config.read_text() + 'bare_json_tool_calls = "on"\n'
+                      f'[slots]\nsave_dir = "{save_dir}"\nsave_after_turn = "on"\n')
+    replies = [answer(CALL), answer("It says to buy seeds.")]
+
+    def script(body: dict[str, Any]) -> Any:
+        fake.slot_gate.clear()  # from the turn's first request on (not the start's probe)
+        return replies.pop(0)
+
+    with FakeLlama(script, save_dir=save_dir) as fake:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "run", "What does notes.txt say?", "--json",
+             "--config", env["config"], "--url", fake.url],
+            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        events = []
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            for line in proc.stdout:
+                events.append(json.loads(line))
+                if events[-1]["event"] in ("answer", "queued", "error"):
+                    break
+            fake.slot_gate.set()  # the save after the turn may go now
+            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finally:
+            fake.slot_gate.set()
+            proc.kill()
+            proc.wait()
+    names = [e["event"] for e in events]
+    assert "queued" not in names, events
+    assert names[-1] == "answer" and [c[0] for c in fake.slot_calls][-1:] == ["save"]

@@ -45,11 +45,12 @@ def gated() -> Iterator[tuple[GatedServer, Inference]]:
 
 def in_thread(
     inference: Inference, events: queue.Queue[Event], out: queue.Queue[Outcome],
-    cancel: CancelToken | None = None,
+    cancel: CancelToken | None = None, session: str = "test",
 ) -> threading.Thread:
     def run() -> None:
         try:
-            out.put(inference.complete(request(), events.put, cancel or CancelToken()))
+            out.put(inference.complete(request(session=session), events.put,
+                                       cancel or CancelToken()))
         except BaseException as e:
             out.put(e)
 
@@ -104,8 +105,8 @@ def held_and_queued(server: GatedServer, inference: Inference) -> Iterator[Queue
     threads = [in_thread(inference, first, q.out)]
     try:
         assert first.get(timeout=WAIT) == Waiting()  # the first holds the only actor
-        threads.append(in_thread(inference, q.second, q.out, q.cancel))
-        assert q.second.get(timeout=WAIT) == Queued(ahead=1)
+        threads.append(in_thread(inference, q.second, q.out, q.cancel, session="other"))
+        assert q.second.get(timeout=WAIT) == Queued(ahead=1, sessions="test")  # on whom
         yield q
     finally:
         server.release(100)

@@ -20,10 +20,13 @@ does both around the stream), so:
   Every failure is a reason on the lease (``SlotUse.reason``), never an error.
 - **Queueing**: a request that finds no slot for it waits in arrival order (per server),
   through the handle's waiting loop (Queued, cancel, deadline).
-- **Saves**: before a slot changes hands, after a turn's last request
-  (``slots.save_after_turn``, in the keeper's saver thread, after the answer was shown; the
-  slot is not leased again until its save is done), and for every changed state when the
-  command ends (:meth:`SlotKeeper.close`).
+- **Saves**: before a slot changes hands, after a turn (``slots.save_after_turn``, when the
+  turn says it ended, :meth:`SlotKeeper.turn_ended`, in the keeper's saver thread, after
+  the answer was shown; the slot is not leased again until its save is done), and for
+  every changed state when the command ends (:meth:`SlotKeeper.close`).
+- **Queued means others**: a request waits silently for its own session's save; the
+  ``Queued`` event is for waiting behind other sessions and names them
+  (:meth:`SlotKeeper.waiting_on`).
 - **Several servers**: a session keeps its server; a new one goes to the server with the
   most free slots; a server that stops answering (connect errors after the usual retries)
   is dropped while another one is left, and its sessions move ("server changed").
@@ -102,6 +105,7 @@ class _Slot:
     holder: str | None = None  # the session whose state the slot holds
     dirty: bool = False  # the holder's state changed since its last save
     leased: bool = False
+    lessee: str = ""  # the session whose request has the slot leased
     saving: bool = False
     used: int = 0  # logical time of its last lease (least recently used goes first)
 
@@ -227,6 +231,28 @@ class SlotKeeper:
             return sum(1 for number, other in self._waiting.items() if number <= ticket.number
                        and self._target(self._session(other.session)) == target)
 
+    def waiting_on(self, ticket: Ticket) -> tuple[str, ...]:
+        """The other sessions this request waits behind: earlier requests for the same
+        server, else those holding its slots. Empty when it waits only on its own session
+        (the save of its state after its last turn): a session never queues behind itself."""
+        with self._cond:
+            session = self._session(ticket.session)
+            target = self._target(session)
+            names: list[str] = []
+            for number, other in self._waiting.items():
+                if number == ticket.number:
+                    break
+                if self._target(self._session(other.session)) == target:
+                    names.append(other.session)
+            slots = self._servers[target].slots
+            if not names and not any(s.holder == session.key for s in slots):
+                for s in slots:
+                    if s.leased:
+                        names.append(s.lessee)
+                    elif s.saving and (saved := self._by_key(s.holder or "")) is not None:
+                        names.append(saved.name)
+            return tuple(dict.fromkeys(n for n in names if n and n != ticket.session))
+
     def take(self, ticket: Ticket, timeout: float) -> Lease | None:
         """A lease for ``ticket`` within ``timeout`` seconds, or None (ask again)."""
         end = time.monotonic() + timeout
@@ -257,7 +283,7 @@ class SlotKeeper:
         self._waiting.pop(ticket.number, None)
         slot = server.slots[pick.slot]
         save_first = pick.kind == "evict" and slot.dirty and server.store is not None
-        slot.leased, slot.used = True, next(self._clock)
+        slot.leased, slot.lessee, slot.used = True, ticket.session, next(self._clock)
         if pick.kind != "kept":
             slot.holder, slot.dirty = None, False
         session.home = target
@@ -294,32 +320,40 @@ class SlotKeeper:
 
         Whatever the outcome, what the slot holds is a prefix of the session's next prompt
         (a cancelled request keeps the part of its prompt already processed) or nothing
-        (after a failed restore; saving nothing leaves the older file in place). After a
-        turn's last request (an answer without tool calls) the state is saved in the saver
-        thread when ``save_after_turn`` is on; the slot waits for that save.
+        (after a failed restore; saving nothing leaves the older file in place).
         """
-        save = (isinstance(outcome, Completion) and not outcome.tool_calls
-                and self._settings.save_after_turn)
-        self._release(lease.server, lease.slot, self._session(lease.session).key, save=save)
+        self._release(lease.server, lease.slot, self._session(lease.session).key)
 
-    def _release(self, target: int, index: int, holder: str | None, *,
-                 save: bool = False) -> None:
+    def turn_ended(self, session: str) -> None:
+        """``session``'s turn is over (answered or not): with ``save_after_turn`` its changed
+        state is saved now, in the saver thread, after the answer was shown; its slot waits
+        for that save. Only the turn knows its last request: a small model's call written
+        as text is an answer without tool calls to the server, and a save after it would
+        hold up the turn's next request."""
+        with self._cond:
+            if not self._settings.save_after_turn or self._closed:
+                return
+            key = self._session(session).key
+            for target, server in enumerate(self._servers):
+                for slot in server.slots:
+                    if (slot.holder == key and slot.dirty and not slot.leased
+                            and not slot.saving and server.store is not None):
+                        slot.saving = True
+                        if self._saver is None:
+                            self._saver = threading.Thread(
+                                target=self._save_loop, name="slot-saver", daemon=True)
+                            self._saver.start()
+                        self._saves.put((target, slot.index, key))
+
+    def _release(self, target: int, index: int, holder: str | None) -> None:
         with self._cond:
             server = self._servers[target]
             slot = server.slots[index]
-            slot.leased = False
+            slot.leased, slot.lessee = False, ""
             slot.holder, slot.dirty = holder, holder is not None and server.alive
             for other in server.slots:
                 if other is not slot and holder is not None and other.holder == holder:
                     other.holder, other.dirty = None, False  # its state moved here
-            save = save and slot.dirty and server.store is not None and not self._closed
-            if save:
-                slot.saving = True
-                if self._saver is None:
-                    self._saver = threading.Thread(target=self._save_loop, name="slot-saver",
-                                                   daemon=True)
-                    self._saver.start()
-                self._saves.put((target, index, slot.holder or ""))
             self._cond.notify_all()
 
     def server_failed(self, lease: Lease, error: InferError) -> bool:

@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["parse_bare_tool_call", "via_call_tool"]
+__all__ = ["could_be_call", "parse_bare_tool_call", "via_call_tool"]
 
 _FENCE = re.compile(r"\A```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL | re.IGNORECASE)
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -56,6 +56,30 @@ def parse_bare_tool_call(content: str | None, known: Collection[str]) -> tuple[s
         if arguments is None:
             return None
     return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def could_be_call(text: str) -> bool:
+    """Whether streamed ``text`` could still grow into what :func:`parse_bare_tool_call`
+    takes: nothing yet but whitespace, a JSON object begun (it may close as a call), or the
+    start of a code fence that could hold one. Text that cannot is answer text, and the
+    live view may show it at once."""
+    t = text.lstrip()
+    if not t or t.startswith("{") or "```".startswith(t):
+        return True
+    if not t.startswith("```"):
+        return False
+    rest = t[3:]
+    if "json".startswith(rest.lower()):
+        return True  # "```", "```js": the fence's language may still be json
+    if rest.lower().startswith("json"):
+        rest = rest[4:]
+    rest = rest.lstrip(" \t")
+    if rest in ("", "\r"):
+        return True
+    if not rest.startswith(("\n", "\r\n")):
+        return False  # another language, or text on the fence's line
+    body = rest.lstrip()
+    return not body or body.startswith("{")
 
 
 def via_call_tool(name: str, arguments_json: str) -> tuple[str, str]:

@@ -12,7 +12,8 @@ workspace or its files", it answered all 11 questions of a probe that need no to
 choice: a call first (38 of the 40 first answers right, the 2 others the wrong tool).
 
 The word is loopd's, not the answer's: :func:`strip_word` takes it off the completion and
-:class:`WordFilter` off the streamed text, so the log, the view and the person never see it.
+:class:`WordFilter` off the streamed text, so the log, the view and the person never see it;
+nor do they see the call after ``TOOL`` as answer text (the view shows it as a call).
 The server's cache does not mind: the next request's prompt ends where the last one did
 (generated tokens are not counted as cached, :func:`actors.session.limits.cache_outcome`).
 """
@@ -23,6 +24,7 @@ import re
 from collections.abc import Callable
 
 from actors.base.events import Content, Event, Retrying
+from actors.inference.smallmodel.bare_json import could_be_call
 
 __all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "names_a_file", "strip_word"]
 
@@ -53,27 +55,54 @@ def strip_word(content: str | None) -> str | None:
 
 
 class WordFilter:
-    """A sink that passes events on, the streamed text without its leading decision word.
+    """A sink that passes events on, the streamed text as the person may see it.
 
-    Text is held back only while it could still be the start of a word; a retry (the stream
-    starts again) looks for the word again.
+    ``word`` (a request under the grammar): text is held back only while it could still be
+    the start of a decision word; after ``ANSWER`` the rest is the answer, after ``TOOL`` the
+    rest is a call and is never passed on. ``bare`` (``inference.bare_json_tool_calls``):
+    text that could still be a call written as bare JSON (:func:`could_be_call`) is held
+    back until it cannot be one, or until :meth:`flush` says the stream was not a call. So
+    neither the person nor a ``--json`` script sees a call as answer text. A retry (the
+    stream starts again) drops what was held and looks for the word again.
     """
 
-    def __init__(self, sink: Callable[[Event], None]) -> None:
-        self._sink = sink
-        self._held: str | None = ""  # None: the word is behind us
+    def __init__(self, sink: Callable[[Event], None], *, word: bool = True,
+                 bare: bool = False) -> None:
+        self._sink, self._word, self._bare = sink, word, bare
+        self._reset()
+
+    def _reset(self) -> None:
+        self._start: str | None = "" if self._word else None  # None: no word (any more)
+        self._call = False  # the word was TOOL: the rest is a call
+        self._held: str | None = "" if self._bare else None  # None: shown as it comes
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, Retrying):
-            self._held = ""
-        elif isinstance(event, Content) and self._held is not None:
-            held = self._held + event.text
-            if any(word.startswith(held) for word in WORDS):
-                self._held = held  # still maybe a word: wait for more
-                return
-            self._held = None
-            rest = strip_word(held) or ""
-            if rest:
-                self._sink(Content(rest))
+            self._reset()
+        if not isinstance(event, Content):
+            self._sink(event)
             return
-        self._sink(event)
+        text = event.text
+        if self._start is not None:
+            start = self._start + text
+            if any(word.startswith(start) for word in WORDS):
+                self._start = start  # still maybe a word: wait for more
+                return
+            self._start = None
+            self._call = start.startswith(TOOL)
+            text = strip_word(start) or ""
+        if self._call or not text:
+            return
+        if self._held is not None:
+            held = self._held + text
+            if could_be_call(held):
+                self._held = held
+                return
+            self._held, text = None, held
+        self._sink(Content(text))
+
+    def flush(self) -> None:
+        """The stream ended and was not taken as a call: what was held back is shown now."""
+        held, self._held = self._held, None
+        if held:
+            self._sink(Content(held))

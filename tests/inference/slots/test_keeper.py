@@ -189,7 +189,7 @@ def test_a_request_waiting_for_a_slot_says_so_and_can_be_cancelled(make: Any) ->
     t = threading.Thread(target=third)
     t.start()
     wait_until(lambda: any(isinstance(e, Queued) for e in events))
-    assert Queued(ahead=1, waiting_for="a free slot") in events
+    assert Queued(ahead=1, waiting_for="a free slot", sessions="b") in events  # on whom
     cancel.cancel()
     t.join(10)
     assert outcome and isinstance(outcome[0], InferError)
@@ -228,13 +228,30 @@ def test_save_after_turn_comes_after_the_answer_and_the_next_lease_waits_for_it(
     events: list[Any] = []
     second = threading.Thread(target=lambda: rig.turn("a", "again", events))
     second.start()
-    wait_until(lambda: bool(events))
-    assert events[0] == Queued(ahead=1, waiting_for="a free slot")  # its slot is saving
-    assert len(fake.requests) == 1
+    wait_until(lambda: [c[0] for c in rig.calls()][:1] == ["save"])
+    assert len(fake.requests) == 1  # its slot is saving: the next request waits for it
     fake.slot_gate.set()
     second.join(10)
     assert [c[0] for c in rig.calls()][:1] == ["save"]
     assert rig.last("a").state is SlotState.KEPT and rig.losses("a") == []
+    assert not [e for e in events if isinstance(e, Queued)]  # never queued behind itself
+
+
+def test_a_tool_turn_is_not_saved_between_its_requests_nor_queued_behind_itself(
+    make: Any,
+) -> None:
+    """A small model writes its call as text: to the server (and the keeper) that request is
+    an answer without tool calls. The save waits for the turn's end; no Queued in between."""
+    rig = make(slots=1, after_turn=True)
+    events: list[Any] = []
+    first = rig.inference.complete(request(session="a"), events.append, CancelToken())
+    assert not first.tool_calls  # e.g. '{"name": "read_file", ...}' as its content
+    assert rig.calls() == []  # no save after it: the turn is not over
+    rig.inference.complete(request(session="a"), events.append, CancelToken())
+    assert not [e for e in events if isinstance(e, Queued)]
+    assert rig.calls() == []
+    rig.inference.turn_ended("a")
+    wait_until(lambda: [c[0] for c in rig.calls()] == ["save"])
 
 
 def test_a_new_command_restores_what_the_last_one_saved_when_it_ended(make: Any) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.base.events import Content, Event, Progress, Retrying
-from actors.inference.smallmodel.decision import WORDS, WordFilter, names_a_file, strip_word
+from actors.inference.smallmodel.bare_json import could_be_call
+from actors.inference.smallmodel.decision import ANSWER, TOOL, WordFilter, names_a_file, strip_word
 
 
 def test_the_word_is_taken_off_once_and_other_text_is_left_alone() -> None:
@@ -19,26 +21,78 @@ def test_the_word_is_taken_off_once_and_other_text_is_left_alone() -> None:
     assert strip_word(None) is None
 
 
-def _streamed(pieces: list[str], *, retry_at: int | None = None) -> tuple[str, list[Event]]:
+def _streamed(pieces: list[str], *, retry_at: int | None = None, word: bool = True,
+              bare: bool = False, flush: bool = False) -> tuple[str, list[Event]]:
     seen: list[Event] = []
-    sink = WordFilter(seen.append)
+    sink = WordFilter(seen.append, word=word, bare=bare)
     for i, piece in enumerate(pieces):
         if i == retry_at:
             sink(Retrying(attempt=1, delay=0.0, reason="stream broke"))
         sink(Content(piece))
+    if flush:
+        sink.flush()
     text = "".join(e.text for e in seen if isinstance(e, Content))
     return text, seen
 
 
-@given(st.sampled_from(WORDS), st.text(min_size=1, max_size=40), st.data())
+def _cut(whole: str, data: st.DataObject) -> list[str]:
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(whole) - 1)), max_size=6)))
+    cuts = [c for c in cuts if c < len(whole)]
+    return [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
+
+
+@given(st.text(min_size=1, max_size=40), st.booleans(), st.data())
 def test_however_the_stream_is_cut_the_person_sees_the_answer_without_the_word(
-    word: str, answer: str, data: st.DataObject
+    answer: str, bare: bool, data: st.DataObject
 ) -> None:
-    whole = word + answer
-    cuts = sorted(data.draw(st.sets(st.integers(1, len(whole) - 1), max_size=6)))
-    pieces = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
-    text, _ = _streamed(pieces)
+    text, _ = _streamed(_cut(ANSWER + answer, data), bare=bare, flush=True)
     assert text == answer
+
+
+CALL = '{"name": "read_file", "arguments": {"path": "notes.txt"}}'
+
+
+@given(st.booleans(), st.booleans(), st.data())
+def test_after_the_word_tool_nothing_of_the_call_is_shown(
+    bare: bool, flush: bool, data: st.DataObject
+) -> None:
+    text, _ = _streamed(_cut(TOOL + CALL, data), bare=bare, flush=flush)
+    assert text == ""
+
+
+@pytest.mark.parametrize("call", [CALL, f"  {CALL}\n", f"```json\n{CALL}\n```",
+                                  f"```\n{CALL}\n```", f"```JSON \r\n{CALL}```"])
+@given(data=st.data())
+def test_a_bare_call_is_held_back_until_the_end_of_the_stream(
+    call: str, data: st.DataObject
+) -> None:
+    text, _ = _streamed(_cut(call, data), word=False, bare=True)  # taken as a call: no flush
+    assert text == ""
+
+
+@pytest.mark.parametrize("answer", ["The file says: buy seeds.", "```python\nprint(1)\n```",
+                                    "`notes.txt` says hello.", "``` text"])
+def test_text_that_cannot_be_a_bare_call_is_shown_as_it_comes(answer: str) -> None:
+    seen: list[Event] = []
+    sink = WordFilter(seen.append, word=False, bare=True)
+    for ch in answer:
+        sink(Content(ch))
+    shown = "".join(e.text for e in seen if isinstance(e, Content))
+    assert shown == answer  # before any flush: nothing waits for the end
+    assert not could_be_call(answer)
+
+
+def test_json_that_is_no_call_is_shown_when_the_stream_ends() -> None:
+    text, _ = _streamed(['{"total": ', "3}"], word=False, bare=True)
+    assert text == ""
+    text, _ = _streamed(['{"total": ', "3}"], word=False, bare=True, flush=True)
+    assert text == '{"total": 3}'
+
+
+def test_a_retry_drops_what_was_held_back() -> None:
+    text, _ = _streamed(['{"name": "re', "Sorry, here it is."], retry_at=1, word=False,
+                        bare=True, flush=True)
+    assert text == "Sorry, here it is."
 
 
 def test_a_retry_looks_for_the_word_again_and_other_events_pass_at_once() -> None:
