@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from actors.log.file import read_log
-from actors.log.records import Record
+from actors.log.records import Approval, Record, ToolResult, User
 from tests.support.fake_llama import FakeLlama, Reply, answer, stall
 from tests.support.scripted_llama import agent
 
@@ -88,6 +88,27 @@ class AcpEnv:
         records, torn = read_log(self.sessions / session / "log.bin", name=session)
         assert torn == 0, f"session {session}: a torn tail of {torn} bytes"
         return records
+
+
+def check_flow_log(env: AcpEnv, session: str) -> None:
+    """After the flow both SDK clients run (test_python_client.py, flow.mjs): the log is
+    valid and says what was decided, and the rules file keeps both "always" answers."""
+    records = env.records(session)
+    assert [r.content for r in records if isinstance(r, User)][-1] == "t12"
+    decided = [(a.decision.value, a.scope.value, a.by, a.rule) for a in records
+               if isinstance(a, Approval)]
+    assert decided == [
+        ("allow", "once", "person", ""),
+        ("allow", "always", "person", "run_command = touch made.txt"),
+        ("allow", "always", "rule", "run_command = touch made.txt"),
+        ("deny", "once", "person", ""),
+        ("deny", "always", "person", "run_command = rm notes.txt"),
+        ("deny", "always", "rule", "run_command = rm notes.txt"),
+    ]
+    assert sum(isinstance(r, ToolResult) for r in records) >= 9
+    rules = env.rules.read_text()
+    assert 'allow = ["run_command = touch made.txt"]' in rules
+    assert 'deny = ["run_command = rm notes.txt"]' in rules
 
 
 @pytest.fixture

@@ -1,0 +1,203 @@
+// The official ACP TypeScript SDK's client (@agentclientprotocol/sdk, pinned in
+// package-lock.json) drives `loopd acp` through a whole session: a tool call, each approval
+// answer, a cancel mid-turn, every stop reason, then a second `loopd acp` process that
+// loads the session and receives its history. Run by tests/acp/test_node_client.py:
+//
+//   node flow.mjs   with LOOPD_ACP = {"argv": [...], "cwd": ..., "workspace": ..., "stderr": ...}
+//
+// Every check is an assertion here (a failure exits non-zero with its message); the last
+// line on stdout is a JSON summary the Python side checks against the log and rules file.
+
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { Readable, Writable } from "node:stream";
+
+import * as acp from "@agentclientprotocol/sdk";
+
+const setup = JSON.parse(process.env.LOOPD_ACP);
+const guard = setTimeout(() => {
+  console.error("flow.mjs: no end after 280 s");
+  process.exit(3);
+}, 280_000);
+
+function order(tag, ...steps) {
+  return [tag, ...steps.map(([name, args]) => `${name} ${JSON.stringify(args)}`)].join(" :: ");
+}
+const write = (p, content) => ["write_file", { path: p, content }];
+const run = (command) => ["run_command", { command }];
+const textOf = (updates) =>
+  updates.filter((u) => u.sessionUpdate === "agent_message_chunk").map((u) => u.content.text).join("");
+const statuses = (updates) =>
+  updates
+    .filter((u) => u.sessionUpdate === "tool_call" || u.sessionUpdate === "tool_call_update")
+    .map((u) => `${u.sessionUpdate}:${u.status ?? ""}`);
+
+// One `loopd acp` process and a client connected to it; `op(ctx, editor)` runs the session.
+async function withAgent(op) {
+  const err = fs.openSync(setup.stderr, "a");
+  const child = spawn(setup.argv[0], setup.argv.slice(1), {
+    cwd: setup.cwd,
+    stdio: ["pipe", "pipe", err],
+  });
+  const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+  const editor = { updates: [], asked: [], answers: [], onUpdate: null };
+  const app = acp
+    .client({ name: "loopd-acp-test" })
+    .onNotification(acp.methods.client.session.update, async ({ params, agent }) => {
+      editor.updates.push(params.update);
+      if (editor.onUpdate) await editor.onUpdate(params, agent);
+    })
+    .onRequest(acp.methods.client.session.requestPermission, async ({ params }) => {
+      editor.asked.push(params);
+      const kind = editor.answers.shift();
+      const option = params.options.find((o) => o.kind === kind);
+      assert.ok(option, `no ${kind} option in ${JSON.stringify(params.options)}`);
+      return { outcome: { outcome: "selected", optionId: option.optionId } };
+    });
+  let result;
+  try {
+    result = await app.connectWith(stream, (ctx) => op(ctx, editor));
+  } finally {
+    child.stdin.end();
+  }
+  const end = await exited;
+  fs.closeSync(err);
+  assert.deepEqual(end, { code: 0, signal: null }, "loopd acp did not end cleanly");
+  return result;
+}
+
+async function initialize(ctx) {
+  const init = await ctx.request(acp.methods.agent.initialize, {
+    protocolVersion: acp.PROTOCOL_VERSION,
+    clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+    clientInfo: { name: "loopd-acp-test", version: "1" },
+  });
+  assert.equal(init.protocolVersion, 1);
+  assert.equal(init.agentCapabilities.loadSession, true);
+  assert.equal(init.agentInfo.name, "loopd");
+  assert.equal(init.agentCapabilities.promptCapabilities.image, false);
+  return init;
+}
+
+const sessionId = await withAgent(async (ctx, editor) => {
+  await initialize(ctx);
+  const { sessionId } = await ctx.request(acp.methods.agent.session.new, {
+    cwd: setup.workspace,
+    mcpServers: [],
+  });
+  const prompt = async (text) => {
+    const mark = editor.updates.length;
+    const done = await ctx.request(acp.methods.agent.session.prompt, {
+      sessionId,
+      prompt: [{ type: "text", text }],
+    });
+    return [done.stopReason, editor.updates.slice(mark)];
+  };
+
+  // a tool call that needs no approval: pending, then completed with the result as content
+  let [reason, updates] = await prompt(order("t1", ["read_file", { path: "notes.txt" }]));
+  assert.equal(reason, "end_turn");
+  assert.equal(editor.asked.length, 0);
+  const call = updates.find((u) => u.sessionUpdate === "tool_call");
+  assert.equal(call.title, "read_file notes.txt");
+  assert.equal(call.kind, "read");
+  assert.equal(call.status, "pending");
+  assert.equal(call.locations[0].path, path.join(setup.workspace, "notes.txt"));
+  const result = updates.filter((u) => u.sessionUpdate === "tool_call_update").at(-1);
+  assert.equal(result.status, "completed");
+  assert.equal(result.content[0].content.text, "Buy seeds.\n");
+  assert.equal(textOf(updates), "done t1.");
+
+  // allow once
+  editor.answers.push("allow_once");
+  [reason, updates] = await prompt(order("t2", write("a.txt", "one")));
+  assert.equal(reason, "end_turn");
+  assert.equal(editor.asked.length, 1);
+  assert.deepEqual(
+    editor.asked[0].options.map((o) => o.kind),
+    ["allow_once", "allow_always", "reject_once", "reject_always"],
+  );
+  assert.equal(editor.asked[0].toolCall.title, "write_file a.txt");
+  assert.deepEqual(statuses(updates), ["tool_call:pending", "tool_call_update:in_progress",
+                                       "tool_call_update:completed"]);
+  assert.equal(fs.readFileSync(path.join(setup.workspace, "a.txt"), "utf8"), "one");
+
+  // allow always: saved as a rule, so the next such call is not asked
+  editor.answers.push("allow_always");
+  [reason] = await prompt(order("t3", run("touch made.txt")));
+  assert.equal(reason, "end_turn");
+  assert.equal(editor.asked.length, 2);
+  fs.unlinkSync(path.join(setup.workspace, "made.txt"));
+  [reason] = await prompt(order("t4", run("touch made.txt")));
+  assert.equal(editor.asked.length, 2, "asked again after allow always");
+  assert.ok(fs.existsSync(path.join(setup.workspace, "made.txt")));
+
+  // reject once; reject always (a deny rule: the next such call is refused unasked)
+  editor.answers.push("reject_once", "reject_always");
+  [reason, updates] = await prompt(order("t5", write("b.txt", "no")));
+  assert.equal(reason, "end_turn");
+  assert.equal(statuses(updates).at(-1), "tool_call_update:failed");
+  assert.ok(!fs.existsSync(path.join(setup.workspace, "b.txt")));
+  await prompt(order("t6", run("rm notes.txt")));
+  [reason, updates] = await prompt(order("t7", run("rm notes.txt")));
+  assert.equal(editor.asked.length, 4, "asked again after reject always");
+  assert.equal(statuses(updates).at(-1), "tool_call_update:failed");
+  assert.ok(fs.existsSync(path.join(setup.workspace, "notes.txt")));
+
+  // a cancel mid-turn: the answer has begun when the client cancels
+  editor.onUpdate = async (params, agent) => {
+    if (params.update.sessionUpdate === "agent_message_chunk") {
+      editor.onUpdate = null;
+      await agent.notify(acp.methods.agent.session.cancel, { sessionId: params.sessionId });
+    }
+  };
+  [reason, updates] = await prompt("t8 [stall]");
+  assert.equal(reason, "cancelled");
+  assert.ok(textOf(updates).length > 0, "the answer had not begun");
+
+  // every other stop reason
+  [reason] = await prompt("t9 [long]");
+  assert.equal(reason, "max_tokens");
+  const looping = [0, 1, 2, 3].map((i) => ["find_tool", { query: `q${i}` }]);
+  [reason] = await prompt(order("t10", ...looping));
+  assert.equal(reason, "max_turn_requests");
+  [reason, updates] = await prompt(order("t11", ...Array(3).fill(["read_file", { path: "notes.txt" }])));
+  assert.equal(reason, "max_turn_requests");
+  assert.equal(statuses(updates).at(-1), "tool_call_update:failed");
+
+  const listed = await ctx.request(acp.methods.agent.session.list, {});
+  assert.ok(listed.sessions.some((s) => s.sessionId === sessionId));
+  return sessionId;
+});
+
+// a second process loads the session: its history arrives as session/update notifications
+const history = await withAgent(async (ctx, editor) => {
+  await initialize(ctx);
+  await ctx.request(acp.methods.agent.session.load, {
+    sessionId,
+    cwd: setup.workspace,
+    mcpServers: [],
+  });
+  const replayed = editor.updates.slice();
+  const done = await ctx.request(acp.methods.agent.session.prompt, {
+    sessionId,
+    prompt: [{ type: "text", text: "t12" }],
+  });
+  assert.equal(done.stopReason, "end_turn");
+  assert.equal(textOf(editor.updates.slice(replayed.length)), "done t12.");
+  return replayed;
+});
+
+const users = history.filter((u) => u.sessionUpdate === "user_message_chunk").map((u) => u.content.text);
+assert.equal(users.length, 11);
+assert.equal(users[0], order("t1", ["read_file", { path: "notes.txt" }]));
+const firstResult = history.find((u) => u.sessionUpdate === "tool_call_update");
+assert.equal(firstResult.status, "completed");
+assert.equal(firstResult.content[0].content.text, "Buy seeds.\n");
+assert.ok(textOf(history).includes("done t1."));
+
+clearTimeout(guard);
+console.log(JSON.stringify({ sessionId, replayed: history.length }));

@@ -1,0 +1,50 @@
+"""A client no one here wrote: the official ACP TypeScript SDK (``@agentclientprotocol/sdk``,
+pinned in tests/acp/package-lock.json, installed by ``npm ci``) drives ``loopd acp``
+through the whole flow of tests/acp/flow.mjs on the fake llama-server.
+
+Skipped only when Node.js is not installed; ``LOOPD_REQUIRE_NODE=1`` (CI) makes that, or a
+missing ``npm ci``, a failure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.acp.conftest import ROOT, AcpEnv, check_flow_log
+
+HERE = ROOT / "tests" / "acp"
+REQUIRED = os.environ.get("LOOPD_REQUIRE_NODE") == "1"
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        if REQUIRED:
+            pytest.fail("node is not installed and LOOPD_REQUIRE_NODE=1")
+        pytest.skip("Node.js is not installed (the TypeScript SDK's client needs it)")
+    if not (HERE / "node_modules" / "@agentclientprotocol" / "sdk").is_dir():
+        message = "the TypeScript SDK is not installed: run `npm ci` in tests/acp (make test does)"
+        if REQUIRED:
+            pytest.fail(message)
+        pytest.skip(message)
+    return node
+
+
+@pytest.mark.timeout(300)
+def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
+    node = _node()
+    setup = {"argv": env.argv("--local"), "cwd": str(ROOT), "workspace": str(env.workspace),
+             "stderr": str(env.stderr)}
+    done = subprocess.run([node, "flow.mjs"], cwd=HERE, capture_output=True, text=True,
+                          timeout=290, env={**env.environ(), "LOOPD_ACP": json.dumps(setup)},
+                          check=False)
+    assert done.returncode == 0, (
+        f"{done.stderr}\n--- loopd acp's stderr ---\n{env.stderr.read_text()[-4000:]}")
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["replayed"] > 20
+    check_flow_log(env, summary["sessionId"])
