@@ -55,7 +55,7 @@ from actors.acp import updates as up
 from actors.acp.backend import Backend, start_backend
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
-from actors.base.errors import LoopdError, SessionError
+from actors.base.errors import LoopdError
 from actors.base.events import ApprovalRequested, Choice, Decision, Event
 from actors.log.outcome import TurnOutcome
 from actors.session.actor import check_name, list_sessions, session_path
@@ -403,7 +403,7 @@ def _new_name() -> str:
 def _name(session_id: str) -> str:
     try:
         return check_name(session_id)
-    except SessionError as e:
+    except LoopdError as e:
         raise _invalid(str(e)) from None
 
 
