@@ -77,7 +77,7 @@ class LineSplitter:
     def __init__(self, limit: int = MAX_MESSAGE_BYTES) -> None:
         self.limit = limit
         self._buf = bytearray()
-        self._over = 0  # > 0: the bytes of an oversized line so far (the buffer holds its head)
+        self._over: int | None = None  # an oversized line's size so far (the buffer: its head)
 
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
         out: list[bytes | Oversized] = []
@@ -91,24 +91,24 @@ class LineSplitter:
 
     def end(self) -> list[bytes | Oversized]:
         """What is left at the end of input: a last line without its newline."""
-        return [self._line()] if self._buf or self._over else []
+        return [self._line()] if self._buf or self._over is not None else []
 
     def _take(self, piece: bytes) -> None:
-        if self._over:
-            self._over += len(piece)
-        elif len(self._buf) + len(piece) > self.limit:
-            self._over = len(self._buf) + len(piece)
-            self._buf += piece[: max(0, HEAD_BYTES - len(self._buf))]
+        if self._over is None and len(self._buf) + len(piece) > self.limit:
+            self._over = len(self._buf)  # over the limit: from here on only its head is kept
             del self._buf[HEAD_BYTES:]
-        else:
+        if self._over is None:
             self._buf += piece
+        else:
+            self._over += len(piece)
+            self._buf += piece[: max(0, HEAD_BYTES - len(self._buf))]
 
     def _line(self) -> bytes | Oversized:
         line: bytes | Oversized = (
-            Oversized(bytes(self._buf), self._over) if self._over else bytes(self._buf)
+            bytes(self._buf) if self._over is None else Oversized(bytes(self._buf), self._over)
         )
         self._buf.clear()
-        self._over = 0
+        self._over = None
         return line
 
 

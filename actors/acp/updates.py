@@ -171,7 +171,9 @@ class TurnView:
 
 def history(records: Sequence[Record], workspace: Path) -> Iterator[Update]:
     """A session's log as the updates a client replays on ``session/load``: user and agent
-    messages, thoughts, and every tool call with its final status and result."""
+    messages, thoughts, and every tool call with its final status and result. (Every
+    record, compacted or not: the editor shows the whole conversation, as ``loopd log
+    show`` does.)"""
     for i, record in enumerate(records):
         if isinstance(record, User):
             yield update_user_message_text(record.content)
@@ -180,9 +182,11 @@ def history(records: Sequence[Record], workspace: Path) -> Iterator[Update]:
                 yield update_agent_thought_text(record.reasoning)
             if record.content:
                 yield update_agent_message_text(record.content)
-            for call in record.tool_calls:
-                result = _result_of(records, i, call.id)
-                call_id = str(result.call) if result else f"{i}-{call.id}"
+            results = _results_of(records, i)
+            for k, call in enumerate(record.tool_calls):
+                answered = results.get(call.id)
+                result = answered.pop(0) if answered else None
+                call_id = str(result.call) if result else f"{i}-{k}"
                 yield tool_call(call_id, call.name, call.arguments, workspace)
                 if result is None:
                     yield _finished(call_id, NO_RESULT.format(why="no result in the log"), True)
@@ -190,14 +194,16 @@ def history(records: Sequence[Record], workspace: Path) -> Iterator[Update]:
                     yield _finished(call_id, result.content, result_failed(result.content))
 
 
-def _result_of(records: Sequence[Record], at: int, call_id: str) -> ToolResult | None:
-    """The result of the call ``call_id`` that the Assistant record at ``at`` asked for."""
+def _results_of(records: Sequence[Record], at: int) -> dict[str, list[ToolResult]]:
+    """The results that answer the Assistant record at ``at``, by tool call id, in order
+    (a model may give two calls of one response the same id)."""
+    found: dict[str, list[ToolResult]] = {}
     for record in records[at + 1:]:
-        if isinstance(record, ToolResult) and record.tool_call_id == call_id:
-            return record
         if isinstance(record, User | Assistant):
-            return None
-    return None
+            break
+        if isinstance(record, ToolResult):
+            found.setdefault(record.tool_call_id, []).append(record)
+    return found
 
 
 # --- approvals ---------------------------------------------------------------------------
