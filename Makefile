@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: venv run chat test lint bench eval gate clean embedded
+.PHONY: venv run chat test lint bench eval gate clean embedded acp-client
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,16 @@ chat: $(VENV)/.embedded
 
 # Three workers (pytest-xdist): most tests wait on processes and sockets, so 3 on 2 cores
 # halve the wall time. One file or test: .venv/bin/python -m pytest tests/cli/test_cli.py -k ...
-test: $(VENV)/.test
+# The official ACP TypeScript SDK's client for the loopd acp tests (tests/acp), pinned by its
+# package-lock.json; without Node.js those tests are skipped (say why), and nothing is run.
+ACP_CLIENT := tests/acp/node_modules/.package-lock.json
+$(ACP_CLIENT): tests/acp/package.json tests/acp/package-lock.json
+	@if command -v npm >/dev/null; then cd tests/acp && npm ci --no-audit --no-fund; \
+	else echo "npm not found: the TypeScript SDK tests of loopd acp will be skipped"; fi
+
+acp-client: $(ACP_CLIENT)
+
+test: $(VENV)/.test acp-client
 	$(BIN)/python -m pytest -n 3
 
 lint: $(VENV)/.test
@@ -57,4 +66,4 @@ eval: $(VENV)/.embedded
 gate: lint test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis tests/acp/node_modules

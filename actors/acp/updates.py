@@ -19,10 +19,8 @@ any other ``LoopdError``               a JSON-RPC error: loopd's one-line messag
 =====================================  ==============================================
 
 Waiting, progress, queueing, retries, cache losses and torn tails have no ACP update; they
-are loopd's own (``loopd run --json`` shows them). Compaction
-(docs/rendering.md#compaction) has none either: when its events land they belong in
-:meth:`TurnView.event` as a ``agent_thought_chunk`` note at most, since ACP has no
-notification for it.
+are loopd's own (``loopd run --json`` shows them). Compaction: see docs/acp.md#not-there-yet
+(the pinned SDK has no notification for it; :meth:`TurnView.event` is where it would go).
 """
 
 from __future__ import annotations
