@@ -163,7 +163,7 @@ class _Turn:
             grammar=grammar,
         )
         sink = WordFilter(self._pass_on, word=grammar is not None,
-                          bare=self.runtime.bare_json_tool_calls)
+                          bare=self.runtime.config.inference.bare_json_tool_calls)
         try:
             completion = self.runtime.inference.complete(request, sink, self.cancel)
         except InferError as e:
