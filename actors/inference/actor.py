@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import httpx
+import httpcore
 import pykka
 
 from actors.base.cancel import CancelToken
@@ -109,7 +109,7 @@ class Inference:
         cls,
         config: InferenceConfig,
         *,
-        transport: httpx.BaseTransport | None = None,
+        network: httpcore.NetworkBackend | None = None,
         servers: Sequence[ServerSpec] = (),
         keeper: KeeperSettings | None = None,
         say: Callable[[str], None] = lambda _: None,
@@ -117,7 +117,7 @@ class Inference:
         """Clients for ``servers`` (default: ``inference.servers``, else ``inference.url``)
         and the slot keeper over them (default: no KV state kept on disk)."""
         specs = list(servers) or [ServerSpec(u) for u in (config.servers or (config.url,))]
-        clients = [LlamaClient(config, url=s.url, transport=transport) for s in specs]
+        clients = [LlamaClient(config, url=s.url, network=network) for s in specs]
         try:
             slots = SlotKeeper.start(list(zip(specs, clients, strict=True)),
                                      keeper or KeeperSettings(), say)

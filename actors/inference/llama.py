@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import httpcore
 import httpx
 import orjson
 from httpx_sse import EventSource, ServerSentEvent
@@ -59,7 +60,7 @@ from actors.inference.types import (
     InferErrorKind,
     error_object,
 )
-from actors.inference.watchdog import Watch, Watchdog, tracked_transport
+from actors.inference.watchdog import Watch, Watchdog, watched_transport
 from actors.wire.codec import plain
 
 __all__ = ["CONTROL_GRACE", "LlamaClient", "encode_body", "request_body"]
@@ -147,8 +148,10 @@ class LlamaClient:
         config: InferenceConfig,
         *,
         url: str = "",
-        transport: httpx.BaseTransport | None = None,
+        network: httpcore.NetworkBackend | None = None,
     ) -> None:
+        """``network`` makes the connections (default: the system's sockets; tests give
+        one that serves a handler); the watchdog watches them either way."""
         url = url or config.url
         if not url:
             raise ValueError(
@@ -167,11 +170,9 @@ class LlamaClient:
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
         limits = httpx.Limits(max_connections=config.parallel * 2 + 2)
-        self._watchdog = Watchdog() if transport is None else None
+        self._watchdog = Watchdog()
         self._http = httpx.Client(
-            timeout=timeout,
-            headers=headers,
-            transport=transport if transport is not None else tracked_transport(limits),
+            timeout=timeout, headers=headers, transport=watched_transport(limits, network)
         )
 
     # --- public ------------------------------------------------------------------------
@@ -257,8 +258,7 @@ class LlamaClient:
 
     def close(self) -> None:
         self._http.close()
-        if self._watchdog is not None:
-            self._watchdog.close()
+        self._watchdog.close()
 
     # --- one logical request -----------------------------------------------------------
 
@@ -317,7 +317,7 @@ class LlamaClient:
         content = encode_body(request, run.slot)
         if time.monotonic() >= run.deadline:
             raise _Failed(self._timed_out(), retry=False)
-        with self._watch(cancel, run.deadline) as watch:
+        with self._watchdog.watch(cancel, run.deadline) as watch:
             sink(Waiting())
             try:
                 response = self._http.send(
@@ -356,7 +356,7 @@ class LlamaClient:
         sink: Sink,
         cancel: CancelToken,
         run: _Run,
-        watch: Watch | None,
+        watch: Watch,
     ) -> StreamAssembler | _Abandoned:
         asm = StreamAssembler()
         feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
@@ -430,16 +430,6 @@ class LlamaClient:
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
 
-    # --- watching -----------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _watch(self, cancel: CancelToken, deadline: float) -> Iterator[Watch | None]:
-        if self._watchdog is None:
-            yield None
-        else:
-            with self._watchdog.watch(cancel, deadline) as w:
-                yield w
-
     # --- errors --------------------------------------------------------------------------
 
     def _timed_out(self) -> InferError:
@@ -448,15 +438,15 @@ class LlamaClient:
             f"no complete answer within inference.timeout_s = {self._config.timeout_s:g} s",
         )
 
-    def _expired(self, watch: Watch | None, cancel: CancelToken) -> _Failed:
-        if cancel.cancelled or (watch is not None and watch.expired == "cancelled"):
+    def _expired(self, watch: Watch, cancel: CancelToken) -> _Failed:
+        if cancel.cancelled or watch.expired == "cancelled":
             return _Failed(InferError.cancelled(), retry=False)
         return _Failed(self._timed_out(), retry=False)
 
     def _transport_failure(
         self,
         e: httpx.HTTPError,
-        watch: Watch | None,
+        watch: Watch,
         cancel: CancelToken,
         run: _Run,
         *,
@@ -486,7 +476,7 @@ class LlamaClient:
         return _Failed(InferError(InferErrorKind.PROTOCOL, msg), retry=False)
 
     def _http_failure(
-        self, response: httpx.Response, watch: Watch | None, cancel: CancelToken, run: _Run
+        self, response: httpx.Response, watch: Watch, cancel: CancelToken, run: _Run
     ) -> _Failed:
         chunks: list[bytes] = []
         size = 0
@@ -510,14 +500,13 @@ class LlamaClient:
         )
 
 
-def _drain(stream: Iterator[ServerSentEvent], watch: Watch | None) -> None:
+def _drain(stream: Iterator[ServerSentEvent], watch: Watch) -> None:
     """Read to the end after ``[DONE]`` so the connection goes back to the pool.
 
     llama-server ends the response right after ``[DONE]``; a server that does not is cut
     off by the watchdog after ``_DRAIN_S``. The answer is complete either way.
     """
-    if watch is not None:
-        watch.deadline = min(watch.deadline, time.monotonic() + _DRAIN_S)
+    watch.deadline = min(watch.deadline, time.monotonic() + _DRAIN_S)
     with contextlib.suppress(httpx.HTTPError):
         for _ in stream:
             break  # more after [DONE]: not worth reading, the connection is dropped
@@ -537,6 +526,6 @@ def _retryable_status(status: int | None) -> bool:
 
 
 
-def _interrupted(watch: Watch | None, cancel: CancelToken) -> bool:
+def _interrupted(watch: Watch, cancel: CancelToken) -> bool:
     """Cancelled, or past its deadline (the watchdog closed the socket): not a failure."""
-    return cancel.cancelled or (watch is not None and bool(watch.expired))
+    return cancel.cancelled or bool(watch.expired)

@@ -8,8 +8,10 @@ exchange's cancel token is set or its wall-clock deadline passes. ``shutdown(SHU
 wakes a ``recv`` blocked in another thread at once (``close`` does not); the reader then
 sees the connection end, and the client turns that into ``Cancelled`` or ``Timeout``.
 
-With an injected transport (tests' ``httpx.MockTransport``) there is no socket: the
-client's own checks between chunks are all there is.
+The watch sits in the network backend, under httpcore's pool
+(:class:`actors.base.http.PoolTransport`), around whatever backend makes the sockets: the
+system's, or a test's (tests/support/http_backend.py serves an httpx-style handler over a
+socket pair), so the watchdog works the same for both.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import httpcore
 import httpx
 
 from actors.base.cancel import CancelToken
+from actors.base.http import PoolTransport
 
-__all__ = ["Watch", "Watchdog", "tracked_transport"]
+__all__ = ["Watch", "Watchdog", "watched_transport"]
 
 _local = threading.local()
 
@@ -97,8 +100,10 @@ class _TrackedStream(httpcore.NetworkStream):
 
 
 class _TrackingBackend(httpcore.NetworkBackend):
-    def __init__(self) -> None:
-        self._inner = httpcore.SyncBackend()
+    """Wraps every stream ``inner`` makes so the watch of the thread using it can shut it."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
 
     def connect_tcp(
         self,
@@ -121,18 +126,12 @@ class _TrackingBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def tracked_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
-    """httpx's own transport, whose sockets the watchdog can shut down."""
-    transport = httpx.HTTPTransport(limits=limits)
-    # httpx builds its httpcore pool without a way to pass a network backend; this is the
-    # pool it would build (no proxy, no TLS to a loopback server), with ours.
-    transport._pool = httpcore.ConnectionPool(
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        network_backend=_TrackingBackend(),
-    )
-    return transport
+def watched_transport(
+    limits: httpx.Limits, network: httpcore.NetworkBackend | None = None
+) -> PoolTransport:
+    """A transport whose sockets (made by ``network``, the system's by default) the
+    watchdog can shut down."""
+    return PoolTransport(_TrackingBackend(network or httpcore.SyncBackend()), limits)
 
 
 class Watchdog:

@@ -1,7 +1,8 @@
 """The inference actor: events arrive while the session's ask is pending; stop cancels.
 
 The session side is a small pykka actor that calls ``Inference.complete`` from its own
-thread, as the real session actor does. The model server is an httpx.MockTransport whose
+thread, as the real session actor does. The model server is a handler served over a socket
+pair (tests/support/http_backend.py) whose
 stream the test releases chunk by chunk, so what is pending when is certain.
 """
 
@@ -12,7 +13,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pykka
 import pytest
 
@@ -23,6 +23,7 @@ from actors.inference.types import ChatRequest, Completion, InferError, InferErr
 from tests.inference.conftest import config, request
 from tests.support.fake_llama import FakeLlama, hang
 from tests.support.gated_llama import WAIT, GatedServer
+from tests.support.http_backend import HandlerBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,7 +45,7 @@ class Session(pykka.ThreadingActor):
 def gated() -> Iterator[tuple[GatedServer, Inference]]:
     server = GatedServer()
     inference = Inference.start(
-        config("http://llama.test"), transport=httpx.MockTransport(server.handler)
+        config("http://llama.test"), network=HandlerBackend(server.handler)
     )
     try:
         yield server, inference

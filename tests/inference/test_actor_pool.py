@@ -2,8 +2,9 @@
 request beyond that is queued (``Queued``), can be cancelled or time out while it waits, and
 is never lost when inference stops.
 
-The model server is an httpx.MockTransport whose stream the test releases chunk by chunk
-(``GatedServer``, tests/support/gated_llama.py), so what is in flight when is certain.
+The model server is a handler served over a socket pair (tests/support/http_backend.py)
+whose stream the test releases chunk by chunk (``GatedServer``, tests/support/gated_llama.py),
+so what is in flight when is certain.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import queue
 import threading
 from collections.abc import Iterator
 
-import httpx
 import pykka
 import pytest
 
@@ -24,6 +24,7 @@ from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
 from tests.support.gated_llama import WAIT, GatedServer
+from tests.support.http_backend import HandlerBackend
 
 pytestmark = pytest.mark.timeout(60)
 CHUNKS = len(GatedServer.CHUNKS)
@@ -34,7 +35,7 @@ Outcome = Completion | BaseException
 def gated() -> Iterator[tuple[GatedServer, Inference]]:
     server = GatedServer()
     inference = Inference.start(
-        config("http://llama.test", parallel=1), transport=httpx.MockTransport(server.handler)
+        config("http://llama.test", parallel=1), network=HandlerBackend(server.handler)
     )
     try:
         yield server, inference
@@ -82,7 +83,7 @@ def test_each_request_streams_in_the_actors_thread_not_the_callers(
 def test_parallel_actors_are_started_and_all_stopped() -> None:
     before = set(actor_threads())
     inference = Inference.start(config("http://llama.test", parallel=3),
-                                transport=httpx.MockTransport(GatedServer().handler))  # fmt: skip
+                                network=HandlerBackend(GatedServer().handler))  # fmt: skip
     started = set(actor_threads()) - before
     inference.stop()
     assert len(started) == 3
@@ -105,6 +106,7 @@ def held_and_queued(server: GatedServer, inference: Inference) -> Iterator[Queue
     threads = [in_thread(inference, first, q.out)]
     try:
         assert first.get(timeout=WAIT) == Waiting()  # the first holds the only actor
+        assert server.wait_for_bodies(1)  # and is at the server
         threads.append(in_thread(inference, q.second, q.out, q.cancel, session="other"))
         assert q.second.get(timeout=WAIT) == Queued(ahead=1, sessions="test")  # on whom
         yield q
@@ -142,7 +144,7 @@ def test_a_queued_request_times_out_at_its_deadline() -> None:
     server = GatedServer()
     inference = Inference.start(
         config("http://llama.test", parallel=1, timeout_s=0.5),
-        transport=httpx.MockTransport(server.handler),
+        network=HandlerBackend(server.handler),
     )
     try:
         with held_and_queued(server, inference) as q:
@@ -172,7 +174,7 @@ def test_an_ask_left_in_a_stopped_actors_mailbox_is_cancelled_not_lost() -> None
     """pykka fails asks behind a stop with ActorDeadError; the handle makes that CANCELLED."""
     server = GatedServer()
     inference = Inference.start(
-        config("http://llama.test", parallel=1), transport=httpx.MockTransport(server.handler)
+        config("http://llama.test", parallel=1), network=HandlerBackend(server.handler)
     )
     ref = inference._refs[0]
     ref.stop()

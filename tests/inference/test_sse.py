@@ -1,7 +1,7 @@
 """The stream assembler: tool calls from fragments split anywhere, and fuzzing the parser.
 
 The fuzz tests feed arbitrary bytes (and arbitrary JSON in SSE framing) through the whole
-client over httpx.MockTransport: the only exception allowed out is InferError.
+client over a handler (tests/support/http_backend.py): the only exception allowed out is InferError.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from actors.inference.sse import StreamAssembler
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.records import ToolCall
 from tests.inference.conftest import config, request
+from tests.support.http_backend import HandlerBackend
 
 
 def chunk(delta: dict[str, Any], **extra: Any) -> str:
@@ -145,7 +146,7 @@ def run_body(chunks: list[bytes]) -> None:
 
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream())
 
-    client = LlamaClient(config("http://fake", retries=0), transport=httpx.MockTransport(handler))
+    client = LlamaClient(config("http://fake", retries=0), network=HandlerBackend(handler))
     try:
         client.chat_with_retry(request(thinking_budget=2), lambda e: None, CancelToken())
     except InferError:

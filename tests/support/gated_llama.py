@@ -1,6 +1,8 @@
 """A mocked llama-server whose answer advances one chunk per ``release()``.
 
 With it a test knows what is in flight when: nothing is streamed until the test says so.
+Its handler is served over a socket pair (tests/support/http_backend.py, given to
+``Inference.start(network=...)``), so it reads each request in a thread of its own.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class GatedServer:
     def __init__(self) -> None:
         self.gate = threading.Semaphore(0)
         self.bodies: list[dict[str, Any]] = []
+        self._arrived = threading.Condition()
+
+    def wait_for_bodies(self, n: int) -> bool:
+        """Until ``n`` requests have reached the server (it reads them in its own thread)."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: len(self.bodies) >= n, timeout=WAIT)
 
     def release(self, n: int = 1) -> None:
         for _ in range(n):
@@ -50,7 +58,9 @@ class GatedServer:
     def handler(self, req: httpx.Request) -> httpx.Response:
         if req.url.path == "/props":  # the slot keeper asks once, at start: four slots
             return httpx.Response(200, json={"total_slots": 4})
-        self.bodies.append(json.loads(req.content))
+        with self._arrived:
+            self.bodies.append(json.loads(req.content))
+            self._arrived.notify_all()
 
         def stream() -> Iterator[bytes]:
             for chunk in self.CHUNKS:

@@ -153,15 +153,15 @@ def _backend(watched: _Watched, allow_private: bool) -> Any:
 
 
 def _client(watched: _Watched, allow_private: bool, timeout_s: float) -> Any:
-    import httpcore
     import httpx  # slow to import: only hosts that fetch pay for it
 
-    transport = httpx.HTTPTransport(trust_env=False)  # no proxy from the environment
-    # httpx builds its httpcore pool without a way to pass a network backend: this is the
-    # pool it builds (no proxy), with the guarded backend.
-    transport._pool = httpcore.ConnectionPool(
+    from actors.base.http import PoolTransport
+
+    # no proxy from the environment; httpcore's own pool limits, as before (ten connections)
+    transport = PoolTransport(
+        _backend(watched, allow_private),
+        httpx.Limits(max_connections=10, max_keepalive_connections=None, keepalive_expiry=None),
         ssl_context=httpx.create_ssl_context(trust_env=False),
-        network_backend=_backend(watched, allow_private),
     )
     return httpx.Client(transport=transport, follow_redirects=True, max_redirects=5,
                         timeout=timeout_s, trust_env=False)
