@@ -2,8 +2,8 @@
 
 The session side is a small pykka actor that calls ``Inference.complete`` from its own
 thread, as the real session actor does. The model server is a handler served over a socket
-pair (tests/support/http_backend.py) whose
-stream the test releases chunk by chunk, so what is pending when is certain.
+pair (tests/support/http_backend.py) whose stream the test releases chunk by chunk, so what
+is pending when is certain.
 """
 
 from __future__ import annotations
