@@ -219,6 +219,14 @@ class ShellConfig:
     sandbox: Literal["bwrap", "none"] = "bwrap"  # none: no sandbox (warned at start)
     network: bool = False  # the sandbox keeps the network
     env: tuple[str, ...] = DEFAULT_ENV  # variables (fnmatch patterns) a command gets
+    # Bounds of one command in the sandbox (0: none): the size of each of its /tmp, /run
+    # and /dev/shm; each process's data memory, largest file and CPU seconds (cpu_s 0: the
+    # call's time limit); processes and threads in the sandbox at once.
+    tmpfs_mb: int = field(default=256, metadata=limits(0, 1 << 20))
+    memory_mb: int = field(default=1024, metadata=limits(0, 1 << 30))
+    processes: int = field(default=256, metadata=limits(0, 1 << 22))
+    file_mb: int = field(default=512, metadata=limits(0, 1 << 30))
+    cpu_s: float = field(default=0.0, metadata=seconds(0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

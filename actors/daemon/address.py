@@ -9,29 +9,17 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from actors.base.config import Config
 from actors.base.errors import ConfigError
+from actors.base.places import runtime_dir
 
 __all__ = [
     "IPC_MAX", "endpoint", "ensure_runtime_dir", "not_private", "pid_file", "runtime_dir",
 ]
 
 IPC_MAX = 107  # bytes of an ipc:// path on Linux (sun_path)
-
-
-def runtime_dir(config: Config) -> Path:
-    """``daemon.runtime_dir``, else ``$XDG_RUNTIME_DIR/loopd``, else ``/tmp/loopd-UID``."""
-    if config.daemon.runtime_dir:
-        return Path(config.daemon.runtime_dir).expanduser()
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_dir():
-        return Path(xdg) / "loopd"
-    return Path(tempfile.gettempdir() if len(tempfile.gettempdir()) < 40 else "/tmp") / (
-        f"loopd-{os.getuid()}"
-    )
 
 
 def endpoint(config: Config) -> str:

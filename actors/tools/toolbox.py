@@ -37,6 +37,7 @@ import psutil
 
 from actors.base.config import Config, HostConfig, ToolsConfig
 from actors.base.errors import ConfigError, KeyFileError
+from actors.base.places import private_places
 from actors.base.rules import host_allow
 from actors.tools.port import (
     CurveClient,
@@ -47,7 +48,7 @@ from actors.tools.port import (
     start_port,
     stop_ports,
 )
-from actors.tools.providers.sandbox import Sandbox
+from actors.tools.providers.sandbox import Bounds, Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
 from actors.wire.curve import load_public, load_secret
@@ -74,8 +75,10 @@ def host_argv(
     standard: tuple[str, ...] = (),
     mcp_command: tuple[str, ...] = (),
     mcp_url: str = "",
+    hide: tuple[str, ...] = (),
 ) -> tuple[str, ...]:
-    """The command line of a local tool host."""
+    """The command line of a local tool host (``hide``: loopd's own places, which its
+    standard tools must not reach)."""
     argv = [
         sys.executable, "-m", "actors.tools.host", "--bind", endpoint, "--name", name,
         "--workspace", str(workspace), "--parent-pid", str(os.getpid()),
@@ -85,9 +88,14 @@ def host_argv(
     ]  # fmt: skip
     if standard:
         argv += ["--tools", *standard]
+        if hide:
+            argv += ["--hide", *hide]
     if "run_command" in standard:
         shell = tools.shell
         argv += ["--sandbox", shell.sandbox, "--env", *shell.env]
+        argv += ["--tmpfs-mb", str(shell.tmpfs_mb), "--memory-mb", str(shell.memory_mb),
+                 "--processes", str(shell.processes), "--file-mb", str(shell.file_mb),
+                 "--cpu-s", repr(shell.cpu_s)]
         if shell.network:
             argv.append("--network")
     allow = host_allow(tools.allow, tools.deny)  # the rest is decided by the session's rules
@@ -114,7 +122,8 @@ def _shell_warnings(config: Config, workspace: Path) -> list[str]:
             "they can write anywhere you can, use the network, and outlive loopd if they "
             "detach (setsid)"
         ]
-    why = Sandbox(shell.sandbox, shell.network, shell.env).check(os.environ, workspace)
+    sandbox = Sandbox(shell.sandbox, shell.network, shell.env, bounds=Bounds.of(shell))
+    why = sandbox.check(os.environ, workspace) or sandbox.process_bound_problem()
     return [why] if why else []
 
 
@@ -205,10 +214,11 @@ class Toolbox:
 
     def _start_hosts(self, config: Config, workspace: Path) -> None:
         tools = config.tools
+        hide = (*private_places(config), str(self.run_dir))
         if tools.standard:
             for name, names in STANDARD_HOSTS:
                 endpoint = self._endpoint(name)
-                argv = host_argv(name, endpoint, tools, workspace, standard=names)
+                argv = host_argv(name, endpoint, tools, workspace, standard=names, hide=hide)
                 self._start_local(name, endpoint, tools, argv)
         for i, h in enumerate(tools.hosts):
             where = f"tools.hosts[{i}] ({h.name})"
@@ -228,7 +238,8 @@ class Toolbox:
                     h.name, endpoint, tools, workspace, mcp_command=h.command, mcp_url=h.url
                 )
             else:
-                argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools)
+                argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools,
+                                 hide=hide)
             self._start_local(h.name, endpoint, tools, argv)
 
     def _wait(self, timeout_s: float) -> None:

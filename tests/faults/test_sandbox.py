@@ -10,10 +10,14 @@ running commands). These need ``bwrap``; where it is missing they are skipped, e
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +25,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from actors.log.records import ToolResult
 from actors.tools.protocol import wire
 from actors.tools.providers.sandbox import Sandbox
 from tests.support.watch import living, wait_until
@@ -227,3 +232,203 @@ def test_the_pid_namespace_shows_only_the_commands_processes(host: Host) -> None
     text = _output(_run(host.endpoint, "ls /proc | grep -c '^[0-9]'"))
     assert int(text.splitlines()[1]) < 10  # the sandbox's init, sh, ls, grep: not the machine's
 
+
+
+# --- issue 27: the sandbox cannot undo itself, and each command is bounded ------------------
+# Run as root (as CI and many containers do), a command kept every capability inside its
+# user namespace: it unmounted its private /tmp, reached the daemon's socket, started a turn
+# and answered its own approval "always". And nothing bounded its /tmp, memory, processes,
+# files or CPU. Each test below failed on the host of before (see /work/notes/harden.md).
+
+
+def test_a_command_holds_no_capability_and_an_unprivileged_uid(host: Host) -> None:
+    text = _output(_run(host.endpoint, "id -u; grep '^Cap' /proc/self/status"))
+    lines = text.splitlines()[1:]
+    assert lines[0] != "0"  # not root inside, whoever runs loopd
+    caps = dict(line.split(":\t") for line in lines[1:])
+    assert set(caps) == {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}
+    assert all(int(v, 16) == 0 for v in caps.values()), caps
+
+
+_EVERY_MOUNT = r"""
+while read -r _ _ _ _ mp _; do
+  mp=$(printf '%b' "$mp")
+  umount "$mp" 2>/dev/null && echo "CHANGED umount $mp"
+  umount -l "$mp" 2>/dev/null && echo "CHANGED umount -l $mp"
+  mount -o remount,rw "$mp" 2>/dev/null && echo "CHANGED remount,rw $mp"
+  mount -o remount,bind,rw "$mp" 2>/dev/null && echo "CHANGED remount,bind,rw $mp"
+  mount -t tmpfs none "$mp" 2>/dev/null && echo "CHANGED mounted over $mp"
+  echo "tried $mp"
+done < /proc/self/mountinfo
+unshare -Urm sh -c 'umount -l /tmp && echo CHANGED nested' 2>/dev/null || echo 'no nested namespace'
+ls -A /tmp
+"""
+
+
+def test_no_mount_of_the_sandbox_can_be_changed(host: Host) -> None:
+    """Every mount point the command sees, each way to change it: all refused, and its /tmp
+    is still the private one afterwards (the attack: umount -l /tmp)."""
+    text = _output(_run(host.endpoint, _EVERY_MOUNT))
+    assert "CHANGED" not in text, text
+    tried = [line for line in text.splitlines() if line.startswith("tried ")]
+    assert {"tried /", "tried /tmp", str(f"tried {host.workspace}")} <= set(tried)
+    assert len(tried) >= 10  # /, /dev, /dev/shm, /proc, /proc/sys, /tmp, /run, the workspace...
+    assert "no nested namespace" in text
+    assert text.splitlines()[-1] == host.workspace.parent.name  # /tmp: only the way in
+
+
+def test_git_code_in_the_workspace_is_read_only(tmp_path: Path) -> None:
+    """A hook or a core.fsmonitor a command left in .git would run the next time the person
+    uses git, outside any sandbox; the rest of .git stays writable (commits work)."""
+    with _shell_host() as h:
+        subprocess.run(["git", "init", "-q", str(h.workspace)], check=True)
+        command = (
+            "git -c user.email=a@b -c user.name=n commit -q --allow-empty -m x && echo committed;"
+            " echo '[core] fsmonitor = touch /tmp/pwned' >> .git/config || echo config-ro;"
+            " touch .git/hooks/post-checkout || echo hooks-ro; touch .git/other && echo other-ok"
+        )
+        text = _output(_run(h.endpoint, command))
+        assert "committed" in text and "other-ok" in text
+        assert "config-ro" in text and "hooks-ro" in text
+        assert "fsmonitor" not in (h.workspace / ".git" / "config").read_text()
+        assert not (h.workspace / ".git" / "hooks" / "post-checkout").exists()
+
+
+def test_loopd_places_are_hidden_wherever_they_are(host: Host) -> None:
+    """The hidden places a host is given (loopd's runtime directory, logs, keys): not under
+    /tmp here, so only the hiding keeps them out."""
+    place = Path(tempfile.mkdtemp(prefix="loopd-test-", dir="/var/tmp"))
+    key = place.parent / f"{place.name}.key_secret"
+    try:
+        (place / "loopd.sock").write_text("")
+        (place / "log.bin").write_text("secret conversation")
+        key.write_text("secret key")
+        with _shell_host("--hide", str(place), str(key)) as h:
+            text = _output(_run(h.endpoint, f"ls -A {place}; echo listed; cat {key}; echo end"))
+            assert text.startswith("exit code: 0\nlisted\n")  # an empty directory
+            assert "secret key" not in text  # a hidden file cannot be read (nor written)
+            denied = _output(_run(h.endpoint, f"touch {place}/x || echo refused"))
+            assert "refused" in denied and not (place / "x").exists()
+    finally:
+        shutil.rmtree(place)
+        key.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def bounded() -> Iterator[Host]:
+    """A host with small bounds, so each is reached at once."""
+    with _shell_host("--tmpfs-mb", "8", "--memory-mb", "64", "--processes", "24",
+                     "--file-mb", "4", "--cpu-s", "1") as h:
+        yield h
+
+
+def test_the_private_tmp_is_bounded(bounded: Host) -> None:
+    text = _output(_run(bounded.endpoint, "for i in 1 2 3 4; do head -c 3000000 /dev/zero "
+                        "> /tmp/f$i || exit 1; done; echo filled"))
+    assert "filled" not in text
+    assert "No space left on device" in text
+    assert "[sandbox bound: /tmp, /run and /dev/shm hold 8 MiB each (tools.shell.tmpfs_mb)" in text
+    df = _output(_run(bounded.endpoint, "df -k /tmp /run /dev/shm | tail -n 3"))
+    assert [line.split()[1] for line in df.splitlines()[1:]] == ["8192"] * 3
+
+
+def test_memory_is_bounded(bounded: Host) -> None:
+    python = os.path.realpath(sys.executable)
+    text = _output(_run(bounded.endpoint, f"{python} -c 'b = bytearray(200 << 20)'"))
+    assert "MemoryError" in text
+    assert "[sandbox bound: each process may use 64 MiB of memory (tools.shell.memory_mb)]" in text
+
+
+_SPAWN = """
+import pathlib, subprocess, time
+started = []
+for _ in range(100):
+    try:
+        started.append(subprocess.Popen(["sleep", "4245.5"]))
+    except OSError:
+        pass
+pathlib.Path("started").write_text(str(len(started)))
+time.sleep(60)
+"""
+
+
+def test_processes_are_bounded(bounded: Host) -> None:
+    """100 sleeps asked for: no more than the bound are ever alive (counted from outside
+    while the command waits), and a fork bomb ends with the bound named."""
+    (bounded.workspace / "spawn.py").write_text(_SPAWN)
+    command = f"{os.path.realpath(sys.executable)} spawn.py"
+    try:
+        with raw_dealer(bounded.endpoint) as sock:
+            sock.send(wire.encode(wire.ToolRequest(1, "s", 1, "run_command",
+                                                   {"command": command})))
+            wait_until(lambda: (bounded.workspace / "started").exists(),
+                       what="the command to start what it could")
+            alive = len(living(["sleep", "4245.5"]))
+            started = int((bounded.workspace / "started").read_text())
+            assert 10 <= alive == started <= 22  # the sandbox's init, sh and python count too
+            sock.send(wire.encode(wire.Cancel(1)))
+        wait_until(lambda: not living(["sleep", "4245.5"]), what="the sleeps to be gone")
+        many = _output(_run(bounded.endpoint, "for i in $(seq 1 50); do sleep 4245.5 & done"))
+        assert many.startswith("exit code: 2\n")  # sh gives up at the first fork refused
+        assert "[sandbox bound: the command may run 24 processes and threads at once" in many
+    finally:
+        for p in living(["sleep", "4245.5"]):
+            p.kill()
+
+
+def test_file_size_is_bounded(bounded: Host) -> None:
+    text = _output(_run(bounded.endpoint, "head -c 10000000 /dev/zero > big"))
+    assert "[sandbox bound: a process wrote a file past 4 MiB (tools.shell.file_mb)" in text
+    assert (bounded.workspace / "big").stat().st_size == 4 * 1024 * 1024
+
+
+def test_cpu_time_is_bounded(bounded: Host) -> None:
+    text = _output(_run(bounded.endpoint, "while :; do :; done"))  # the host's limit is 20 s
+    assert text.startswith("exit code: 152\n")  # SIGXCPU, long before the time limit
+    assert "[sandbox bound: a process used up its CPU time, 1 s (tools.shell.cpu_s)" in text
+
+
+_REACH = """
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        print("CONNECTED", path)
+    except OSError as e:
+        print("unreachable:", e.strerror)
+"""
+
+
+def test_no_loopd_socket_is_reachable_from_a_daemons_command() -> None:
+    """The attack, with a real daemon and a real client: the daemon's runtime directory
+    configured outside /tmp (daemon.runtime_dir), its log directory too; a turn's command
+    lists them and connects to the daemon's socket. It sees empty directories, reaches no
+    socket, and the daemon goes on serving its client."""
+    from tests.daemon.daemonkit import Daemon, daemon_config
+    from tests.support.fake_llama import FakeLlama
+    from tests.support.scripted_llama import agent
+
+    root = Path(tempfile.mkdtemp(prefix="lt-", dir="/var/tmp"))
+    try:
+        run_dir, sessions = root / "run", root / "sessions"
+        with FakeLlama(agent()) as fake:
+            config = daemon_config(root, run_dir, fake.url)
+            python = os.path.realpath(sys.executable)
+            (root / "ws" / "reach.py").write_text(_REACH)
+            command = (f"ls -A {run_dir} {sessions}; {python} reach.py {run_dir}/loopd.sock "
+                       f"{run_dir}/loopd.pid; echo end")
+            order = f"t1 :: run_command {json.dumps({'command': command})}"
+            with Daemon(config) as daemon, daemon.client() as client:
+                assert (run_dir / "loopd.sock").exists()
+                client.turn("s", order).run(lambda e: None)
+                assert (sessions / "s" / "log.bin").exists()  # there to be seen, and was not
+                records = client.read_log("s")
+                result = next(r for r in records if isinstance(r, ToolResult))
+                assert "CONNECTED" not in result.content, result.content
+                assert result.content.count("unreachable:") == 2
+                assert "loopd.sock" not in result.content.split("unreachable")[0]
+                assert "log.bin" not in result.content
+                assert client.status().pid == daemon.pid  # still serving
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

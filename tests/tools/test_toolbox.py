@@ -234,12 +234,21 @@ def test_an_mcp_host_runs_an_mcp_server_behind_a_tool_host(make: Make) -> None:
 
 
 def test_the_shell_settings_reach_the_host_that_runs_run_command(workspace: Path) -> None:
-    tools = Config().replace("tools", shell=ShellConfig("none", True, ("PATH", "LC_*"))).tools
-    argv = host_argv("shell", "ipc:///x", tools, workspace, standard=("run_command",))
+    shell = ShellConfig("none", True, ("PATH", "LC_*"), tmpfs_mb=8, memory_mb=64, processes=24,
+                        file_mb=4, cpu_s=1.5)
+    tools = Config().replace("tools", shell=shell).tools
+    argv = host_argv("shell", "ipc:///x", tools, workspace, standard=("run_command",),
+                     hide=("/run/loopd", "/home/me/.local/share/loopd"))
     at = argv.index("--sandbox")
-    assert argv[at : at + 6] == ("--sandbox", "none", "--env", "PATH", "LC_*", "--network")
-    files = host_argv("files", "ipc:///y", tools, workspace, standard=("read_file",))
-    assert "--sandbox" not in files
+    assert argv[at : at + 16] == (
+        "--sandbox", "none", "--env", "PATH", "LC_*", "--tmpfs-mb", "8", "--memory-mb", "64",
+        "--processes", "24", "--file-mb", "4", "--cpu-s", "1.5", "--network")  # fmt: skip
+    at = argv.index("--hide")
+    assert argv[at : at + 3] == ("--hide", "/run/loopd", "/home/me/.local/share/loopd")
+    files = host_argv("files", "ipc:///y", tools, workspace, standard=("read_file",),
+                      hide=("/run/loopd",))
+    assert "--sandbox" not in files and "--hide" in files  # the file tools refuse them too
+
 
 
 def test_run_command_without_a_sandbox_is_warned_at_start(make: Make) -> None:

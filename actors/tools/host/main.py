@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import zmq
 
+from actors.base.config import ShellConfig
 from actors.base.errors import KeyFileError, McpError, UsageError
 from actors.tools.host.server import Host, home_cpu, pin
 from actors.tools.protocol import wire
@@ -92,6 +93,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="variables (fnmatch patterns) run_command gets from this host's environment",
     )
+    shell = ShellConfig()
+    p.add_argument("--hide", nargs="*", default=[], metavar="PATH",
+                   help="loopd's own places: hidden from run_command, refused to the file tools")
+    p.add_argument("--tmpfs-mb", type=int, default=shell.tmpfs_mb,
+                   help="size of run_command's /tmp, /run, /dev/shm each (0: unbounded)")
+    p.add_argument("--memory-mb", type=int, default=shell.memory_mb,
+                   help="data memory of each process of run_command (0: unbounded)")
+    p.add_argument("--processes", type=int, default=shell.processes,
+                   help="processes and threads of one run_command at once (0: unbounded)")
+    p.add_argument("--file-mb", type=int, default=shell.file_mb,
+                   help="largest file one run_command may write (0: unbounded)")
+    p.add_argument("--cpu-s", type=float, default=shell.cpu_s,
+                   help="CPU seconds of each process of run_command (0: its time limit)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -100,19 +114,26 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
     providers: list[ToolProvider] = []
     if args.tools:
         from actors.base.config import DEFAULT_ENV
-        from actors.tools.providers.sandbox import Sandbox
+        from actors.tools.providers.sandbox import Bounds, Sandbox
         from actors.tools.providers.standard import StandardTools
         from actors.tools.providers.workspace import Workspace
 
-        workspace = Workspace(args.workspace)
+        # loopd's own places, and the directory of this host's ipc socket, are hidden
+        hide = (*args.hide, *((os.path.dirname(args.bind[6:]),)
+                              if args.bind.startswith("ipc://") else ()))
+        workspace = Workspace(args.workspace, hidden=hide)
         env = DEFAULT_ENV if args.env is None else tuple(args.env)
-        # the directory of this host's ipc socket (the daemon's run directory) is hidden
-        hide = (os.path.dirname(args.bind[6:]),) if args.bind.startswith("ipc://") else ()
-        sandbox = Sandbox(args.sandbox, network=args.network, env=env, hide=hide)
+        bounds = Bounds(args.tmpfs_mb, args.memory_mb, args.processes, args.file_mb, args.cpu_s)
+        if min(bounds.tmpfs_mb, bounds.memory_mb, bounds.processes, bounds.file_mb,
+               bounds.cpu_s) < 0:
+            raise UsageError("--tmpfs-mb, --memory-mb, --processes, --file-mb and --cpu-s "
+                             "must be 0 (no bound) or more")
+        sandbox = Sandbox(args.sandbox, network=args.network, env=env, hide=hide, bounds=bounds)
         if "run_command" in args.tools:
             if args.sandbox == "none":
                 log.warning("run_command runs commands WITHOUT a sandbox (--sandbox none)")
-            elif why := sandbox.check(os.environ, workspace.root):
+            elif why := (sandbox.check(os.environ, workspace.root)
+                         or sandbox.process_bound_problem()):
                 log.warning("%s", why)
         providers.append(
             StandardTools(

@@ -18,7 +18,7 @@ import select
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from actors.wire.procs import kill_group
@@ -33,7 +33,8 @@ class CommandOutcome:
     exit_code: int | None  # None when it was stopped (timeout or cancel)
     output: bytes  # at most max_output bytes
     dropped: int  # output bytes read past max_output
-    stopped: str = ""  # "timeout" or "cancelled" when it did not end by itself
+    stopped: str = ""  # "timeout", "cancelled" or "refused" when it did not end by itself
+    why: str = ""  # "refused": why it could not be started as asked
 
 
 def run_shell(
@@ -44,8 +45,13 @@ def run_shell(
     timeout_s: float,
     max_output: int,
     cancel: threading.Event | None = None,
+    pass_fds: Sequence[int] = (),
+    started: Callable[[], str] | None = None,
 ) -> CommandOutcome:
-    """Run ``argv`` to its end, its timeout, or ``cancel``; never leaves a process."""
+    """Run ``argv`` to its end, its timeout, or ``cancel``; never leaves a process.
+
+    ``started`` is called once the process is started, before its output is read; when it
+    says why the command must not go on, the command is killed at once (``"refused"``)."""
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,
@@ -55,17 +61,20 @@ def run_shell(
         stderr=subprocess.STDOUT,
         process_group=0,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     buf = bytearray()
     dropped = 0
-    stopped = ""
+    stopped = why = ""
     deadline = time.monotonic() + timeout_s
     exited_at: float | None = None
     try:
-        while True:
+        if started is not None and (why := started()):
+            stopped = "refused"
+        while not stopped:
             now = time.monotonic()
             if cancel is not None and cancel.is_set():
                 stopped = "cancelled"
@@ -103,4 +112,5 @@ def run_shell(
         output=bytes(buf),
         dropped=dropped,
         stopped=stopped,
+        why=why,
     )

@@ -2,50 +2,140 @@
 
 The sandbox (docs/sandbox.md) is bubblewrap's command line, built here and nowhere else:
 
-- the root file system read-only (``--ro-bind / /``), the workspace read-write on top;
-  ``/proc/sys`` (and the other kernel knobs under ``/proc``) read-only in its own ``/proc``;
-- a private ``/tmp`` and ``/run`` (empty tmpfs: the tool hosts' sockets, the D-Bus and
-  Docker sockets and the like are not there to connect to; ``hide`` empties the directory
-  of the host's own socket wherever it is), a minimal ``/dev``, a ``/proc`` of its own;
-- every namespace bubblewrap can unshare (``--unshare-all``: pid, ipc, uts, cgroup, user
-  where needed, and the network unless ``tools.shell.network = true``), so a ``setsid``
-  child dies with the command; ``--die-with-parent``, so nothing outlives the tool host;
-  ``--new-session``, so a command cannot push keystrokes into a terminal;
+- **no privilege**: a user namespace of its own with an unprivileged uid inside (65534 when
+  loopd runs as root, else the user's own), every capability dropped (``--cap-drop ALL``)
+  and no further user namespaces (``--disable-userns``), so no mount of the sandbox can be
+  changed from inside (``umount /tmp``, ``mount -o remount,rw /`` fail) and nothing it can
+  make (a nested namespace) unlocks one;
+- the root file system read-only (``--ro-bind / /``), the workspace read-write on top, its
+  ``.git/config`` and ``.git/hooks`` read-only again (git runs commands from them: a hook a
+  command left there would run the next time *you* use git, outside any sandbox);
+  ``/proc/sys`` and the other kernel knobs under ``/proc`` read-only in its own ``/proc``;
+- a private ``/tmp``, ``/run`` and ``/dev/shm`` (tmpfs of ``tools.shell.tmpfs_mb`` each), a
+  minimal read-only ``/dev``, a ``/proc`` of its own;
+- loopd's own places hidden (``hide``: :func:`actors.base.places.private_places` and the
+  host's socket directory): an empty read-only directory, or an empty file, over each, so no
+  loopd socket is there to connect to and no log or key to read;
+- every namespace bubblewrap can unshare (``--unshare-all``: pid, ipc, uts, cgroup, user,
+  and the network unless ``tools.shell.network = true``), so a ``setsid`` child dies with
+  the command; ``--die-with-parent``, so nothing outlives the tool host; ``--new-session``,
+  so a command cannot push keystrokes into a terminal;
+- **bounds** (:class:`Bounds`) set on the sandbox's first process before the command runs
+  (bwrap waits on ``--block-fd`` while the host sets them with ``prlimit``), inherited by
+  everything it starts: data memory, file size and CPU time per process, and processes in
+  the sandbox (counted per user namespace, so only the sandbox's own);
 - an environment built from an allow-list (``tools.shell.env``), never the host's own.
 
-Without ``bwrap`` on the PATH, or when it cannot make namespaces here, :meth:`Sandbox.check`
+Without ``bwrap`` on the PATH, or when it cannot make its sandbox here, :meth:`Sandbox.check`
 says why and how to fix it, and ``run_command`` refuses. ``sandbox = "none"`` runs
-``/bin/sh`` directly, still with the allow-listed environment.
+``/bin/sh`` directly, still with the allow-listed environment, and without the bounds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
+import json
 import os
+import resource
+import select
 import shutil
+import signal
+import stat
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from actors.base.config import DEFAULT_ENV
+from actors.base.config import DEFAULT_ENV, ShellConfig
+from actors.tools.providers.pidgroup import PidGroup
+from actors.tools.providers.pidgroup import why_not as pidgroup_why_not
 
-__all__ = ["INSTALL", "Sandbox"]
+__all__ = ["INSTALL", "Bounds", "Launch", "Sandbox"]
 
-# Names (fnmatch patterns) of the variables a command gets from the host's environment.
 INSTALL = "apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora)"
 _DNS = "/run/systemd/resolve"  # where /etc/resolv.conf often points, masked with /run
+_NOBODY = "65534"  # the uid and gid inside when loopd runs as root
+_PRIVATE = ("/tmp", "/run", "/var/run", "/dev", "/proc")  # fresh in the sandbox already
+_MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one command may use (``[tools.shell]``); 0: no bound."""
+
+    tmpfs_mb: int  # the size of each of its /tmp, /run, /dev/shm
+    memory_mb: int  # data memory of each process (RLIMIT_DATA: heap, anonymous maps)
+    processes: int  # processes and threads in the sandbox at once (RLIMIT_NPROC)
+    file_mb: int  # the largest file a process may write (RLIMIT_FSIZE)
+    cpu_s: float  # CPU seconds of each process (RLIMIT_CPU); 0: the call's time limit
+
+    @staticmethod
+    def of(shell: ShellConfig) -> Bounds:
+        return Bounds(shell.tmpfs_mb, shell.memory_mb, shell.processes, shell.file_mb,
+                      shell.cpu_s)
+
+    def rlimits(self, time_limit: float) -> list[tuple[int, tuple[int, int]]]:
+        """The (resource, (soft, hard)) limits for a command with ``time_limit`` seconds."""
+        cpu = self.cpu_s or time_limit
+        limits = [(resource.RLIMIT_CPU, (max(1, int(cpu + 0.999)), max(1, int(cpu + 0.999)) + 1))]
+        if self.memory_mb:
+            limits.append((resource.RLIMIT_DATA, (self.memory_mb * _MIB,) * 2))
+        if self.processes:
+            limits.append((resource.RLIMIT_NPROC, (self.processes,) * 2))
+        if self.file_mb:
+            limits.append((resource.RLIMIT_FSIZE, (self.file_mb * _MIB,) * 2))
+        return limits
+
+    def stopped_by(self, exit_code: int | None, output: str, time_limit: float) -> str:
+        """Which bound most likely stopped a command that failed, in words; "" if none."""
+        if not exit_code:
+            return ""
+        if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
+            return (f"a process used up its CPU time, {self.cpu_s or time_limit:g} s "
+                    "(tools.shell.cpu_s), and was stopped")
+        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ):
+            return (f"a process wrote a file past {self.file_mb} MiB (tools.shell.file_mb) and "
+                    "was stopped")
+        said = output.lower()
+        if self.tmpfs_mb and "no space left on device" in said:
+            return (f"/tmp, /run and /dev/shm hold {self.tmpfs_mb} MiB each "
+                    "(tools.shell.tmpfs_mb); write big files in the workspace")
+        if self.memory_mb and any(t in said for t in (
+                "cannot allocate memory", "memoryerror", "out of memory", "bad_alloc")):
+            return (f"each process may use {self.memory_mb} MiB of memory "
+                    "(tools.shell.memory_mb)")
+        if self.processes and any(t in said for t in (
+                "resource temporarily unavailable", "cannot fork", "can't fork")):
+            return (f"the command may run {self.processes} processes and threads at once "
+                    "(tools.shell.processes)")
+        return ""
+
+
+@lru_cache(maxsize=8)
+def _features(bwrap: str) -> frozenset[str]:
+    """The options of ``bwrap --help`` this build knows (older builds lack some)."""
+    try:
+        said = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    text = (said.stdout + said.stderr).decode(errors="replace")
+    return frozenset(w for w in ("--size", "--disable-userns", "--cap-drop") if w in text)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sandbox:
-    """How commands run: ``mode`` "bwrap" or "none", the network, the allowed environment."""
+    """How commands run: ``mode`` "bwrap" or "none", the network, the allowed environment,
+    what is hidden, the bounds."""
 
     mode: Literal["bwrap", "none"] = "bwrap"
     network: bool = False
     env: tuple[str, ...] = DEFAULT_ENV
-    hide: tuple[str, ...] = ()  # directories shown empty (the tool host's own socket's)
+    hide: tuple[str, ...] = ()  # absolute paths shown empty (loopd's own places)
+    bounds: Bounds = dataclasses.field(default_factory=lambda: Bounds.of(ShellConfig()))
 
     def environment(self, source: Mapping[str, str]) -> dict[str, str]:
         """The variables of ``source`` that the allow-list names; nothing else."""
@@ -59,40 +149,107 @@ class Sandbox:
         """The bwrap executable on the PATH of ``source``, if there is one."""
         return shutil.which("bwrap", path=source.get("PATH", os.defpath))
 
-    def argv(self, bwrap: str, command: str, workspace: Path) -> list[str]:
-        """The command line that runs ``command`` under ``/bin/sh -c`` in the workspace."""
+    def argv(self, bwrap: str, command: str, workspace: Path,
+             launch: Launch | None = None) -> list[str]:
+        """The command line that runs ``command`` under ``/bin/sh -c`` in the workspace;
+        with ``launch``, the command waits for its bounds (:class:`Launch`)."""
         shell = ["/bin/sh", "-c", command]
         if self.mode == "none":
             return shell
+        features = _features(bwrap)
         ws = str(workspace)
         argv = [
             bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            # its own /proc is writable: not the kernel's settings in it (a root user's
-            # command could change the machine's sysctls through /proc/sys otherwise)
+            # its own /proc is writable: not the kernel's settings in it
             "--ro-bind", "/proc/sys", "/proc/sys",
             "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
             "--ro-bind-try", "/proc/irq", "/proc/irq", "--ro-bind-try", "/proc/bus", "/proc/bus",
-            "--tmpfs", "/tmp", "--tmpfs", "/run",
         ]  # fmt: skip
+        scratch = ["/tmp", "/run", "/dev/shm"]
         if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
-            argv += ["--tmpfs", "/var/run"]
+            scratch.append("/var/run")
+        for path in scratch:
+            argv += [*self._size(features), "--perms", "1777", "--tmpfs", path]
+        argv += ["--remount-ro", "/dev"]
         if self.network:
             argv += ["--ro-bind-try", _DNS, _DNS]
-        # a hidden directory that holds the workspace is emptied before the workspace is
-        # bound into it; one inside the workspace after; the workspace itself never
-        inside = [h for h in self.hide if Path(h).is_relative_to(workspace)]
-        for path in self.hide:
-            if path not in inside:
-                argv += ["--tmpfs", path]
+        around, inside, files = self._hidden(workspace)
+        for path in around:  # emptied first; the workspace is bound into it, then it is locked
+            argv += ["--tmpfs", path]
         argv += ["--bind", ws, ws]
+        for path in around:
+            argv += ["--remount-ro", path]
         for path in inside:
-            if Path(path) != workspace:
-                argv += ["--tmpfs", path]
-        argv += ["--chdir", ws, "--unshare-all"]
+            argv += ["--tmpfs", path, "--remount-ro", path]
+        for path in files:
+            argv += ["--ro-bind", "/dev/null", path]
+        for path in _git_code(workspace):
+            argv += ["--ro-bind", path, path]
+        argv += ["--chdir", ws, "--unshare-all", "--unshare-user"]
+        if os.geteuid() == 0:
+            argv += ["--uid", _NOBODY, "--gid", _NOBODY]
+        if "--cap-drop" in features:
+            argv += ["--cap-drop", "ALL"]
+        if "--disable-userns" in features:
+            argv.append("--disable-userns")
         if self.network:
             argv.append("--share-net")
+        if launch is not None:
+            argv += launch.flags()
         argv += ["--die-with-parent", "--new-session", "--", *shell]
         return argv
+
+    def launch(self, time_limit: float) -> Launch:
+        """How one command with ``time_limit`` seconds is bounded: its rlimits, and as root
+        (where the kernel does not apply RLIMIT_NPROC) a pids cgroup when one can be made."""
+        limits = self.bounds.rlimits(time_limit)
+        group = None
+        if os.geteuid() == 0 and self.bounds.processes:
+            limits = [(r, v) for r, v in limits if r != resource.RLIMIT_NPROC]
+            with contextlib.suppress(OSError):  # said at start (process_bound_problem)
+                group = PidGroup.make(self.bounds.processes)
+        return Launch(limits, group)
+
+    def process_bound_problem(self) -> str:
+        """Why the process bound will not hold here ("" when it will)."""
+        if self.mode == "none" or not self.bounds.processes or os.geteuid() != 0:
+            return ""
+        why = pidgroup_why_not()
+        if not why:
+            return ""
+        return (f"run_command: tools.shell.processes ({self.bounds.processes}) is not enforced: "
+                "loopd runs as root, where the kernel ignores RLIMIT_NPROC, and no pids "
+                f"cgroup can be made here ({why})")
+
+    def _size(self, features: frozenset[str]) -> list[str]:
+        if not self.bounds.tmpfs_mb or "--size" not in features:
+            return []
+        return ["--size", str(self.bounds.tmpfs_mb * _MIB)]
+
+    def _hidden(self, workspace: Path) -> tuple[list[str], list[str], list[str]]:
+        """The hidden places that exist now (real paths): directories outside the workspace
+        (some may hold it), directories inside it, and files; none under another of its
+        kind. Those under a place the sandbox makes fresh, and the workspace, need nothing."""
+        outside: set[str] = set()
+        inside: set[str] = set()
+        files: set[str] = set()
+        for given in self.hide:
+            path = os.path.realpath(given)
+            if path == str(workspace) or _under(path, _PRIVATE):
+                continue
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                continue  # not there (yet): nothing to hide
+            if stat.S_ISDIR(mode):
+                (inside if _under(path, (str(workspace),)) else outside).add(path)
+            elif stat.S_ISREG(mode):
+                files.add(path)
+        outside = {p for p in outside if not _under(p, outside - {p})}
+        inside = {p for p in inside if not _under(p, inside - {p})}
+        files = {f for f in files if not _under(f, inside) and (
+            _under(f, (str(workspace),)) or not _under(f, outside))}
+        return sorted(outside), sorted(inside), sorted(files)
 
     def check(self, source: Mapping[str, str], workspace: Path) -> str:
         """"" when commands can run; else why not and what to do (for run_command to say)."""
@@ -125,4 +282,103 @@ class Sandbox:
                 "kernel.apparmor_restrict_unprivileged_userns=0), or run loopd as root; or "
                 'set tools.shell.sandbox = "none" to run commands without a sandbox'
             )
+        if self.bounds.tmpfs_mb and "--size" not in _features(bwrap):
+            return (
+                f"run_command: bubblewrap ({bwrap}) cannot bound the size of the sandbox's /tmp "
+                "(it has no --size option: bubblewrap 0.8 and later do); install a newer one, "
+                "or set tools.shell.tmpfs_mb = 0 to leave /tmp unbounded"
+            )
         return ""
+
+
+def _under(path: str, dirs: Iterable[str]) -> bool:
+    """True when ``path`` is one of ``dirs`` or below one."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _git_code(workspace: Path) -> list[str]:
+    """The workspace's ``.git/config`` and ``.git/hooks`` (git runs commands from them), or
+    its ``.git`` file (a worktree's pointer to its repository, which must not be changed)."""
+    git = workspace / ".git"
+    try:
+        mode = os.lstat(git).st_mode
+    except OSError:
+        return []
+    if stat.S_ISREG(mode):
+        return [str(git)]
+    found = []
+    for name, kind in (("config", stat.S_ISREG), ("hooks", stat.S_ISDIR)):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(mode) and kind(os.lstat(git / name).st_mode):
+                found.append(str(git / name))
+    return found
+
+
+class Launch:
+    """One sandboxed command's start: bwrap tells the pid of the sandbox's first process on
+    ``--info-fd``, then waits on ``--block-fd`` until the host has set that process's
+    rlimits (and put it in its pids cgroup, as root) in :meth:`bound`."""
+
+    def __init__(self, limits: list[tuple[int, tuple[int, int]]],
+                 group: PidGroup | None = None) -> None:
+        self.limits, self.group = limits, group
+        self._info_r, self._info_w = os.pipe()
+        self._block_r, self._block_w = os.pipe()
+        self._open = [self._info_r, self._info_w, self._block_r, self._block_w]
+
+    def flags(self) -> list[str]:
+        return ["--info-fd", str(self._info_w), "--block-fd", str(self._block_r)]
+
+    def pass_fds(self) -> tuple[int, int]:
+        return self._info_w, self._block_r
+
+    def bound(self, timeout_s: float) -> str:
+        """Once bwrap started: bound its sandbox and let the command run; why not (the
+        command must then not run: the caller kills it first) or ""."""
+        self._close(self._info_w, self._block_r)  # the child's ends
+        info, ended = self._read_info(timeout_s)
+        if not info:  # ended: bwrap failed before its sandbox (its output says why)
+            return "" if ended else f"bubblewrap did not say its pid within {timeout_s:g} s"
+        try:
+            pid = int(json.loads(info)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            return f"bubblewrap said something unexpected on --info-fd: {info[:200]!r}"
+        try:
+            for which, value in self.limits:
+                resource.prlimit(pid, which, value)
+            if self.group is not None:
+                self.group.join(pid)
+        except ProcessLookupError:
+            return ""  # the sandbox ended already: nothing runs
+        except OSError as e:
+            return f"the sandbox's bounds could not be set ({e}), so the command did not run"
+        os.write(self._block_w, b"x")
+        return ""
+
+    def _read_info(self, timeout_s: float) -> tuple[str, bool]:
+        """What bwrap wrote on --info-fd, and whether it closed it (else: the time ran out)."""
+        data = b""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._info_r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._info_r, 4096)
+            if not chunk:
+                return data.decode(errors="replace"), True
+            data += chunk
+            if b"}" in data:  # all of it (bwrap writes one small object)
+                return data.decode(errors="replace"), False
+        return data.decode(errors="replace"), False
+
+    def _close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self._open:
+                self._open.remove(fd)
+                os.close(fd)
+
+    def close(self) -> None:
+        """Close what is left and remove the cgroup (after every process of it is gone)."""
+        self._close(*list(self._open))
+        if self.group is not None:
+            self.group.remove()

@@ -315,15 +315,25 @@ class StandardTools:
                 return Failed(message=why)
             self._bwrap = self.sandbox.bwrap(os.environ) or ""
         limit = min(float(a.get("timeout_s", timeout_s)), timeout_s)
-        out = run_shell(
-            self.sandbox.argv(self._bwrap, str(a["command"]), self.workspace.root),
-            cwd=self.workspace.root,
-            env=self._env,
-            timeout_s=limit,
-            max_output=self.max_output,
-            cancel=cancel,
-        )
+        bounds = self.sandbox.bounds
+        launch = self.sandbox.launch(limit) if self.sandbox.mode == "bwrap" else None
+        try:
+            out = run_shell(
+                self.sandbox.argv(self._bwrap, str(a["command"]), self.workspace.root, launch),
+                cwd=self.workspace.root,
+                env=self._env,
+                timeout_s=limit,
+                max_output=self.max_output,
+                cancel=cancel,
+                pass_fds=launch.pass_fds() if launch else (),
+                started=(lambda: launch.bound(min(limit, 30.0))) if launch else None,
+            )
+        finally:
+            if launch is not None:
+                launch.close()
         text = out.output.decode("utf-8", "replace")
+        if out.stopped == "refused":
+            return Failed(message=f"run_command: {out.why}")
         if out.stopped == "timeout":
             return Failed(
                 message=f"run_command timed out after {limit:g} s; the command and every process "
@@ -335,6 +345,9 @@ class StandardTools:
                 message="run_command was cancelled; the command and its processes were killed"
             )
         note = f"\n[output cut: {out.dropped} more bytes not shown]" if out.dropped else ""
+        if self.sandbox.mode == "bwrap" and (bound := bounds.stopped_by(out.exit_code, text,
+                                                                         limit)):
+            note += f"\n[sandbox bound: {bound}]"
         return Result(content=f"exit code: {out.exit_code}\n{text}{note}")
 
     def _fetch_url(self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event) -> Answer:

@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeAlias
 
@@ -102,13 +102,17 @@ class Opened:
 class Workspace:
     """The root directory every file tool and run_command works in."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], hidden: Iterable[str] = ()) -> None:
         path = Path(root).expanduser()
         if not path.is_dir():
             raise UsageError(
                 f"workspace {path} is not a directory; create it or set tools.workspace"
             )
         self.root = Path(os.path.realpath(path))
+        # loopd's own places inside the workspace (its logs, keys, rules file...): refused
+        self._hidden = tuple(sorted({
+            parts for h in hidden for form in (os.path.abspath(h), os.path.realpath(h))
+            if (parts := _inside(self.root, form))}))
 
     # --- what the tools call -------------------------------------------------------------
 
@@ -124,6 +128,16 @@ class Workspace:
         """A descriptor to write a regular file (created, or emptied once it passed every
         check), its missing directories made inside the walk."""
         return self._walk(path, leaf=_open_write, make_dirs=True)
+
+    def is_hidden(self, rel: str) -> bool:
+        """True when ``rel`` (relative to the root) is, or is inside, one of loopd's places."""
+        parts = tuple(p for p in rel.split("/") if p not in ("", "."))
+        return any(parts[: len(h)] == h for h in self._hidden)
+
+    def _refuse_hidden(self, given: str, rel: str) -> None:
+        if self._hidden and self.is_hidden(rel):
+            raise Refused(f"{given!r} is loopd's own data (its logs, keys, sockets or rules), "
+                          "which the tools do not reach")
 
     def files(self, top: Opened, skip: frozenset[str] = frozenset()) -> Iterator[Opened]:
         """Every regular file under ``top``, opened for reading, in name order; symlinks are
@@ -151,6 +165,8 @@ class Workspace:
                     stack.pop()
                     continue
                 name = _join(rel, e.name)
+                if self.is_hidden(name):
+                    continue
                 if e.is_dir(follow_symlinks=False):
                     if e.name not in skip and len(stack) < MAX_DEPTH:
                         with contextlib.suppress(OSError):  # gone, or swapped for a link
@@ -198,6 +214,7 @@ class Workspace:
                     os.close(fds.pop())
                     names.pop()
                     continue
+                self._refuse_hidden(path, _join("/".join(names), name))
                 if leaf is not None and not parts:
                     try:
                         fd = leaf(fds[-1], name)
@@ -244,6 +261,13 @@ class Workspace:
             f"{given!r} leads outside the workspace {self.root}{via}; use a path inside the "
             "workspace (relative paths start there)"
         )
+
+
+def _inside(root: Path, path: str) -> tuple[str, ...]:
+    """``path``'s parts below ``root``; () when it is not strictly inside."""
+    with contextlib.suppress(ValueError):
+        return Path(path).relative_to(root).parts
+    return ()
 
 
 def _join(rel: str, name: str) -> str:

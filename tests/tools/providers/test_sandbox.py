@@ -7,6 +7,9 @@ two tests at the end here run bwrap itself (skipped where it cannot run).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ SOURCE = {
     "OPENAI_API_KEY": "sk-secret", "PYTHONPATH": "/x", "TMPDIR": "/var/tmp/me",
 }  # fmt: skip
 WS = Path("/w/ws")
+PRIVATE = ("/tmp", "/run", "/dev/shm", "/var/run")
 
 
 def test_the_environment_is_the_allow_list() -> None:
@@ -59,16 +63,38 @@ def test_the_bwrap_command_line() -> None:
     assert "--share-net" in Sandbox(network=True).argv("bwrap", "x", WS)
 
 
-def test_hidden_directories_around_and_inside_the_workspace() -> None:
-    sandbox = Sandbox(hide=("/w", "/w/ws/run", str(WS)))
-    argv = sandbox.argv("bwrap", "x", WS)
+@pytest.fixture
+def var_tmp() -> Iterator[Path]:
+    """A directory outside /tmp (which the sandbox makes fresh anyway)."""
+    path = Path(tempfile.mkdtemp(prefix="loopd-test-", dir="/var/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def test_hidden_places_around_and_inside_the_workspace(var_tmp: Path) -> None:
+    ws = var_tmp / "ws"
+    for d in (ws / "run" / "deeper", var_tmp / "logs", Path(tempfile.gettempdir())):
+        d.mkdir(parents=True, exist_ok=True)
+    (ws / "rules.toml").write_text("")
+    (var_tmp / "key_secret").write_text("")
+    hide = (str(var_tmp), str(ws / "run"), str(ws / "run" / "deeper"), str(ws),
+            str(var_tmp / "logs"), str(ws / "rules.toml"), str(var_tmp / "key_secret"),
+            str(var_tmp / "not-there"), "/tmp/x", tempfile.gettempdir())
+    argv = Sandbox(hide=hide).argv("bwrap", "x", ws)
     bind = argv.index("--bind")
     tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
-    around = [argv[i + 1] for i in tmpfs if i < bind]
+    around = [argv[i + 1] for i in tmpfs if i < bind and argv[i + 1] not in PRIVATE]
     inside = [argv[i + 1] for i in tmpfs if i > bind]
-    assert "/w" in around  # emptied first, then the workspace is bound into it
-    assert inside == ["/w/ws/run"]
-    assert str(WS) not in around + inside  # the workspace itself is never hidden
+    assert around == [str(var_tmp)]  # emptied first, the workspace bound into it; its
+    assert "--remount-ro" in argv[bind:]  # logs need nothing more: they are under it
+    assert argv[argv.index(str(var_tmp), bind) - 1] == "--remount-ro"  # then locked
+    assert inside == [str(ws / "run")]  # deeper is under it
+    assert _pairs(argv, "--ro-bind").count("/dev/null") == 1  # the rules file, in the ws
+    assert argv[argv.index(str(ws / "rules.toml")) - 1] == "/dev/null"
+    assert str(ws) not in around + inside  # the workspace itself is never hidden
+    assert all(not p.startswith("/tmp") for p in around + inside)  # fresh already
 
 
 def test_without_bwrap_the_check_says_how_to_install_it(tmp_path: Path) -> None:

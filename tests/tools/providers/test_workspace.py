@@ -207,3 +207,36 @@ def test_files_holds_one_descriptor_per_level_and_stops_at_max_depth(tmp_path: P
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         top.close()
     assert names == ["last.txt", "deep_enough.txt"]
+
+
+def test_loopds_own_places_in_the_workspace_are_refused(tmp_path: Path) -> None:
+    """A workspace that holds loopd's logs and rules file (a home directory, say): the file
+    tools neither read nor write them, by any way in, and nothing is made or emptied."""
+    root = tmp_path / "home"
+    logs = root / ".local" / "sessions"
+    (logs / "s").mkdir(parents=True)
+    (logs / "s" / "log.bin").write_bytes(b"loopdlog conversation")
+    (root / "rules.toml").write_text('allow = []\n')
+    (root / "notes.txt").write_text("mine")
+    os.symlink(".local", root / "way")
+    ws = Workspace(root, hidden=[str(logs), str(root / "rules.toml"), "/elsewhere"])
+    for path in (".local/sessions/s/log.bin", "way/sessions/s/log.bin", str(logs / "s/log.bin"),
+                 "way/../way/sessions/s/log.bin", "rules.toml"):
+        with pytest.raises(Refused, match="loopd's own data"):
+            ws.open_read(path)
+        with pytest.raises(Refused, match="loopd's own data"):
+            ws.open_write(path)
+    with pytest.raises(Refused, match="loopd's own data"):
+        ws.open_write(".local/sessions/new/log.bin")
+    with pytest.raises(Refused, match="loopd's own data"):
+        ws.open_dir("way/sessions")
+    assert (logs / "s" / "log.bin").read_bytes() == b"loopdlog conversation"  # not emptied
+    assert not (logs / "new").exists()  # nothing made
+    assert (root / "rules.toml").read_text() == "allow = []\n"
+    top = ws.open_dir(".")
+    try:
+        found = [f.rel for f in ws.files(top)]
+    finally:
+        top.close()
+    assert found == ["notes.txt"]  # search passes them over
+    ws.open_read("notes.txt").close()  # the rest works as before
