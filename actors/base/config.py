@@ -317,6 +317,10 @@ class DaemonConfig:
     connect_timeout_s: float = field(default=1.0, metadata=seconds(0.01))
     # largest message either side accepts
     max_frame_bytes: int = field(default=4 * 1024 * 1024, metadata=limits(1024, 1024**3))
+    # the daemon: clients at once; one more is refused with the reason
+    max_clients: int = field(default=64, metadata=limits(1, 65536))
+    # the daemon: sessions one client may have open
+    max_sessions_per_client: int = field(default=32, metadata=limits(1, 65536))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from actors.log.outcome import TurnOutcome
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
 from actors.wire.loop import Heartbeat, Loop
+from actors.wire.peers import new_routing_id
 
 __all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
 
@@ -73,6 +74,8 @@ class Client:
         self._sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.routing_id = new_routing_id()  # its own: none the daemon's socket counts out
+        self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         if curve is not None:
             self._sock.curve_serverkey, self._sock.curve_publickey, self._sock.curve_secretkey = (
                 curve
@@ -115,18 +118,22 @@ class Client:
     # --- requests ----------------------------------------------------------------------
 
     def ping(self, timeout: float) -> bool:
-        """True when the daemon answers a ping within ``timeout`` seconds."""
+        """True when the daemon answers a ping within ``timeout`` seconds; raises the
+        daemon's refusal (e.g. it serves ``daemon.max_clients`` clients already)."""
         q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self._lock:
             self._pongs.append(q)
         self._send(_PING)
         try:
-            return not isinstance(q.get(timeout=timeout), _Gone)
+            answer = q.get(timeout=timeout)
         except queue.Empty:
             return False
         finally:
             with self._lock, contextlib.suppress(ValueError):
                 self._pongs.remove(q)
+        if isinstance(answer, p.Error):
+            raise remote_error(answer)
+        return not isinstance(answer, _Gone)
 
     def open(self, session: str, create: bool = True) -> p.Opened:
         """Attach ``session`` to this client (created when missing and ``create``)."""
@@ -246,8 +253,8 @@ class Client:
             msg = p.Error(e.id or 0, "WireError", f"the daemon sent a bad message: {e}", 1)
             if e.id is None:
                 return
-        if isinstance(msg, p.Pong):
-            with self._lock:
+        if isinstance(msg, p.Pong) or (isinstance(msg, p.Error) and msg.id == 0):
+            with self._lock:  # an error of no request: the daemon refuses this client
                 pongs = list(self._pongs)
             for q in pongs:
                 q.put(msg)
@@ -441,7 +448,11 @@ def find_daemon(config: Config) -> Client | None:
         if not _listening(path):
             return None  # no socket, or a dead daemon's: no need to wait
     client = Client.from_config(config)
-    if client.ping(config.daemon.connect_timeout_s):
-        return client
+    try:
+        if client.ping(config.daemon.connect_timeout_s):
+            return client
+    except LoopdError:  # it answers, and refuses: say why rather than run without it
+        client.close()
+        raise
     client.close()
     return None

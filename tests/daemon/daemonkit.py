@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -83,9 +84,12 @@ def cli(
 
 
 class Daemon:
-    """``loopd serve`` on ``config`` in its own process, up once its socket answers."""
+    """``loopd serve`` on ``config`` in its own process, up once its socket answers
+    (``preexec_fn``: run in the child before it starts, e.g. to lower a limit)."""
 
-    def __init__(self, config: Path, *, wait: bool = True) -> None:
+    def __init__(
+        self, config: Path, *, wait: bool = True, preexec_fn: Callable[[], None] | None = None
+    ) -> None:
         self.config_path = config
         self.config = cfg.load(config)
         self.log = config.parent / "daemon.log"
@@ -93,7 +97,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actors.cli", "serve", "--config", str(config)],
             cwd=ROOT, env=env(), stdin=subprocess.DEVNULL, stdout=self._out,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
         )  # fmt: skip
         self.pid = self.proc.pid
         if wait:

@@ -39,8 +39,10 @@ from actors.log.records import encode as encode_record
 from actors.session.actor import list_sessions, session_path
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Heartbeat, Loop
+from actors.wire.peers import short
 
 from .approvals import RemoteApprover, TurnRules
+from .listening import Listening
 from .sessions import Sessions
 
 __all__ = ["SEND_QUEUE", "Server"]
@@ -63,19 +65,24 @@ class Server:
 
     def __init__(
         self, app: Any, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
-        max_frame_bytes: int,
+        max_frame_bytes: int, max_clients: int = 64, max_sessions_per_client: int = 32,
+        fd_limit: int | None = None,
     ) -> None:  # fmt: skip
         self.app = app
         self.sock = sock
         self.endpoint = endpoint
         self.heartbeat_s = heartbeat_s
         self.max_frame = max_frame_bytes
-        self.sessions = Sessions(app)
+        self.max_clients = max_clients
+        self.sessions = Sessions(app, max_sessions_per_client)
         self.started = time.monotonic()
         self._clients: dict[bytes, _Client] = {}
         self._lock = threading.Lock()  # _clients' turns, touched by turn threads at their end
         self._loop = Loop()
         self._loop.add(sock, self._on_frames)
+        self._listening = None if fd_limit is None else Listening(
+            self._loop, sock, endpoint, fd_limit
+        )
         self._threads: set[threading.Thread] = set()
         self._complain = Complaints(logger=log)
 
@@ -111,6 +118,8 @@ class Server:
             self._wind_down()
         finally:
             self.sessions.close_all()
+            if self._listening is not None:
+                self._listening.close()
             self._loop.close()
 
     def _wind_down(self) -> None:
@@ -132,21 +141,35 @@ class Server:
     def _on_frames(self, frames: list[bytes]) -> None:
         peer = frames[0]
         if len(frames) != 2:
-            self._complain("client %s sent %d frames", peer.hex(), len(frames) - 1)
+            self._complain("client %s sent %d frames", short(peer), len(frames) - 1)
             self._refuse(peer, WireError("one message must be one frame"))
             return
         try:
             msg = p.decode(frames[1], self.max_frame)
         except WireError as e:
-            self._complain("bad frame from client %s: %s", peer.hex(), e)
+            self._complain("bad frame from client %s: %s", short(peer), e)
             self._refuse(peer, e)
             return
         client = self._clients.get(peer)
         if client is None:
+            if len(self._clients) >= self.max_clients:
+                self._full(peer, msg)
+                return
             silent = functools.partial(self._silent, peer)
             client = self._clients[peer] = _Client(Heartbeat(self._loop, self.heartbeat_s, silent))
         client.heartbeat.heard()
         self._handle(peer, client, msg)
+
+    def _full(self, peer: bytes, msg: p.Message) -> None:
+        """A new client while ``max_clients`` are served: every message of its is refused."""
+        if isinstance(msg, p.Bye):
+            return
+        self._complain("client %s refused: %d clients already", short(peer), len(self._clients))
+        full = DaemonError(
+            f"the loopd daemon serves {self.max_clients} clients already, the most it serves "
+            "at once (daemon.max_clients); try again when one has ended"
+        )
+        self._send(peer, p.encode(_error(getattr(msg, "id", 0), full)))
 
     def _silent(self, peer: bytes, silence: float) -> None:
         self._gone(peer, f"was silent for {silence:.1f} s")
@@ -180,7 +203,7 @@ class Server:
             case p.Open() | p.Close() | p.Sessions() | p.ReadLog():
                 self._spawn(f"daemon-{type(msg).__name__.lower()}", lambda: self._job(peer, msg))
             case p.Stop(id=rid):
-                log.info("stop asked by client %s", peer.hex())
+                log.info("stop asked by client %s", short(peer))
                 self._send(peer, p.encode(p.Ok(rid)))
                 self.request_stop()
             case _:
@@ -205,7 +228,7 @@ class Server:
         with self._lock:
             tokens = list(client.turns.values())
         if tokens:
-            log.info("client %s %s: cancelling its %d turn(s)", peer.hex(), why, len(tokens))
+            log.info("client %s %s: cancelling its %d turn(s)", short(peer), why, len(tokens))
         for token in tokens:
             token.cancel()
         self._spawn("daemon-release", lambda: self.sessions.release_client(peer))

@@ -32,8 +32,10 @@ import zmq
 from actors.base.config import Config
 from actors.base.errors import DaemonError, UsageError
 from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
+from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
+from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import loopd_env
 
 __all__ = ["detach", "serve"]
@@ -73,8 +75,10 @@ def _bind(ctx: zmq.Context[Any], config: Config, where: str) -> tuple[zmq.Socket
             "(make a pair with `loopd keys NAME`) and daemon.allow_keys (a directory of the "
             "clients' .key files); or leave daemon.endpoint empty for the private ipc:// socket"
         )
+    seed_router_ids()  # before the ROUTER: the ids it gives peers are nobody's guess
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.BACKLOG, BACKLOG)
     sock.setsockopt(zmq.MAXMSGSIZE, d.max_frame_bytes)
     sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
     sock.setsockopt(zmq.LINGER, 0)
@@ -101,6 +105,7 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
     from actors.session.world import start_world
 
     ensure_runtime_dir(config)
+    fd_limit = raise_fd_limit()
     where = endpoint(config)
     stop = threading.Event()
     server: list[Server] = []
@@ -122,6 +127,9 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
                     server.append(Server(
                         app, sock, endpoint=where, heartbeat_s=config.daemon.heartbeat_s,
                         max_frame_bytes=config.daemon.max_frame_bytes,
+                        max_clients=config.daemon.max_clients,
+                        max_sessions_per_client=config.daemon.max_sessions_per_client,
+                        fd_limit=fd_limit,
                     ))  # fmt: skip
                     if stop.is_set():
                         server[0].request_stop()

@@ -1,8 +1,9 @@
 """The daemon's open sessions: which client each is attached to, and whether a turn runs.
 
 One client per session: a second client asking for an attached session gets
-:class:`~actors.base.errors.SessionInUse`. A session's actor
-(:class:`~actors.session.actor.SessionActor`,
+:class:`~actors.base.errors.SessionInUse`; one client has at most
+``daemon.max_sessions_per_client`` open (each is a thread and an open log), and one more
+is a LimitError. A session's actor (:class:`~actors.session.actor.SessionActor`,
 the only writer of its log) lives while a client has it attached; it is stopped when the
 client closes it or goes away, after the turn running on it, if any, has ended. The KV state
 stays warm in the slot keeper either way, so reopening costs a read of the log, no prompt.
@@ -17,7 +18,7 @@ from typing import Any
 
 import pykka
 
-from actors.base.errors import DaemonError, SessionInUse, UsageError
+from actors.base.errors import DaemonError, LimitError, SessionInUse, UsageError
 from actors.session.actor import open_session
 from actors.session.world import World
 
@@ -38,8 +39,9 @@ class _Entry:
 class Sessions:
     """Session name -> its actor and the client it is attached to; thread-safe."""
 
-    def __init__(self, app: World) -> None:
+    def __init__(self, app: World, per_client: int = 32) -> None:
         self.app = app
+        self.per_client = per_client  # daemon.max_sessions_per_client
         self._lock = threading.RLock()
         self._open: dict[str, _Entry] = {}
 
@@ -54,6 +56,12 @@ class Sessions:
                 if entry.proxy is None:
                     raise UsageError(f"session {name} is being opened; wait for that to end")
                 return False, entry.records, 0
+            held = sum(1 for e in self._open.values() if e.client == client)
+            if held >= self.per_client:
+                raise LimitError(
+                    f"this client has {held} sessions open, the most one client may "
+                    f"(daemon.max_sessions_per_client); close one to open {name}"
+                )
             # Claimed before the log is read, outside the lock: a long log (or a slow disk)
             # holds up only this request, and a second client is refused at once.
             entry = self._open[name] = _Entry(None, client)

@@ -34,6 +34,7 @@ from actors.tools.host.server import Host, home_cpu, pin
 from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ToolProvider
 from actors.wire.curve import curve_server
+from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import is_alive
 
 __all__ = ["main"]
@@ -184,6 +185,7 @@ def _parent_watch(pid: int) -> Callable[[], bool]:
 
 
 def _socket(ctx: zmq.Context[Any], args: argparse.Namespace) -> tuple[zmq.Socket[Any], Any]:
+    seed_router_ids()  # before the ROUTER: the ids it gives peers are nobody's guess
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, args.max_frame_bytes)
@@ -221,6 +223,7 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
     )
+    raise_fd_limit()  # every connection to the host is a descriptor
     providers: list[ToolProvider] = []
     ctx: zmq.Context[Any] | None = None
     auth = None

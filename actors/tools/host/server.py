@@ -53,6 +53,7 @@ from actors.tools.protocol.wire import (
 )
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Loop, Timer
+from actors.wire.peers import short
 from actors.wire.procs import kill_tree
 
 __all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
@@ -182,14 +183,14 @@ class Host:
         peer = frames[0]
         if len(frames) != 2:
             self._complain(
-                "peer %s sent %d frames; one message is one frame", peer.hex(), len(frames) - 1
+                "peer %s sent %d frames; one message is one frame", short(peer), len(frames) - 1
             )
             self._send(peer, Failed(0, f"tool host {self.name}: one message must be one frame"))
             return
         try:
             msg = wire.decode(frames[1], self.max_frame)
         except WireError as e:
-            self._complain("bad frame from peer %s: %s", peer.hex(), e)
+            self._complain("bad frame from peer %s: %s", short(peer), e)
             self._send(
                 peer,
                 Failed(e.id or 0, f"tool host {self.name} could not read the message: {e}"),
@@ -212,7 +213,7 @@ class Host:
                 log.info("call %d (%s) cancelled by the caller", msg.id, call.tool)
         else:
             kind = type(msg).__name__
-            self._complain("peer %s sent %s, which only a host sends", peer.hex(), kind)
+            self._complain("peer %s sent %s, which only a host sends", short(peer), kind)
             self._send(
                 peer,
                 Failed(getattr(msg, "id", 0), f"a tool host does not take {kind} messages"),
@@ -399,9 +400,9 @@ class Host:
         try:
             self._sock.send_multipart([peer, frame], zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("peer %s is not reading; an answer was dropped", peer.hex())
+            log.warning("peer %s is not reading; an answer was dropped", short(peer))
         except zmq.ZMQError as e:  # EHOSTUNREACH (ROUTER_MANDATORY): the peer is gone
-            log.info("peer %s is gone (%s); an answer was dropped", peer.hex(), e)
+            log.info("peer %s is gone (%s); an answer was dropped", short(peer), e)
 
     def _shutdown(self) -> None:
         """Stop every running tool (and its processes), then close the providers."""

@@ -10,6 +10,7 @@ import zmq
 
 from actors.base.config import ToolsConfig
 from actors.tools.protocol import wire
+from actors.wire.peers import new_routing_id
 
 __all__ = ["PORT_GRACE_S", "CurveClient", "PortSettings", "configure"]
 
@@ -55,6 +56,7 @@ class PortSettings:
 def configure(sock: zmq.Socket[Any], settings: PortSettings) -> None:
     """Options every DEALER to a host gets (the connection's and the callers')."""
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, new_routing_id())  # its own: no guessable counted one
     sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a host that is not there
     sock.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
