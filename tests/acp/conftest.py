@@ -16,12 +16,18 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from acp.schema import (
+    AllowedOutcome,
+    PermissionOption,
+    RequestPermissionResponse,
+    ToolCallUpdate,
+)
 
 from actors.log.file import read_log
 from actors.log.records import Approval, Record, ToolResult, User
@@ -51,6 +57,35 @@ def model() -> Callable[[dict[str, Any]], Reply]:
         return orders(body)
 
     return script
+
+
+class Editor:
+    """The client's side: keeps every update, answers permission requests from a list."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, Any]] = []
+        self.asked: list[tuple[ToolCallUpdate, list[PermissionOption]]] = []
+        self.answers: list[str] = []  # option kinds, in order
+        self.on_update: Callable[[str, Any], Awaitable[None]] | None = None
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        self.updates.append((session_id, update))
+        if self.on_update is not None:
+            await self.on_update(session_id, update)
+
+    async def request_permission(self, options: list[PermissionOption], session_id: str,
+                                 tool_call: ToolCallUpdate, **_: Any) -> RequestPermissionResponse:
+        self.asked.append((tool_call, options))
+        kind = self.answers.pop(0)
+        (chosen,) = [o for o in options if o.kind == kind]
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(outcome="selected", option_id=chosen.option_id))
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+    def since(self, mark: int) -> list[Any]:
+        return [u for _, u in self.updates[mark:]]
 
 
 class AcpEnv:
@@ -140,10 +175,11 @@ def assert_gone(processes: list[psutil.Process]) -> None:
 class RawAgent:
     """``loopd acp`` driven line by line: for bytes no SDK client would send."""
 
-    def __init__(self, env: AcpEnv, *extra: str) -> None:
+    def __init__(self, argv: list[str], stderr: Path) -> None:
+        self.stderr = stderr
         self.proc = subprocess.Popen(
-            env.argv(*extra), cwd=ROOT, env=env.environ(), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=env.stderr.open("ab"),
+            argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=stderr.open("ab"),
         )  # fmt: skip
         self.lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self.stdout_bytes: list[bytes] = []
@@ -215,7 +251,7 @@ def raw(env: AcpEnv) -> Iterator[Callable[..., RawAgent]]:
     started: list[RawAgent] = []
 
     def start(*extra: str) -> RawAgent:
-        agent_ = RawAgent(env, *extra)
+        agent_ = RawAgent(env.argv(*extra), env.stderr)
         started.append(agent_)
         return agent_
 

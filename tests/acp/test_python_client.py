@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psutil
@@ -17,47 +16,14 @@ import pytest
 from acp import spawn_agent_process, text_block
 from acp.schema import (
     AgentMessageChunk,
-    AllowedOutcome,
-    PermissionOption,
-    RequestPermissionResponse,
     ToolCallProgress,
     ToolCallStart,
-    ToolCallUpdate,
     UserMessageChunk,
 )
 
-from tests.acp.conftest import ROOT, AcpEnv, assert_gone, check_flow_log
+from tests.acp.conftest import ROOT, AcpEnv, Editor, assert_gone, check_flow_log
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Editor:
-    """The client's side: keeps every update, answers permission requests from a list."""
-
-    def __init__(self) -> None:
-        self.updates: list[tuple[str, Any]] = []
-        self.asked: list[tuple[ToolCallUpdate, list[PermissionOption]]] = []
-        self.answers: list[str] = []  # option kinds, in order
-        self.on_update: Callable[[str, Any], Awaitable[None]] | None = None
-
-    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
-        self.updates.append((session_id, update))
-        if self.on_update is not None:
-            await self.on_update(session_id, update)
-
-    async def request_permission(self, options: list[PermissionOption], session_id: str,
-                                 tool_call: ToolCallUpdate, **_: Any) -> RequestPermissionResponse:
-        self.asked.append((tool_call, options))
-        kind = self.answers.pop(0)
-        (chosen,) = [o for o in options if o.kind == kind]
-        return RequestPermissionResponse(
-            outcome=AllowedOutcome(outcome="selected", option_id=chosen.option_id))
-
-    def on_connect(self, conn: Any) -> None:
-        pass
-
-    def since(self, mark: int) -> list[Any]:
-        return [u for _, u in self.updates[mark:]]
 
 
 def order(tag: str, *steps: tuple[str, dict[str, Any]]) -> str:
