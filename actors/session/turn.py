@@ -38,7 +38,7 @@ from actors.base.events import (
 )
 from actors.inference.smallmodel.bare_json import parse_bare_tool_call, via_call_tool
 from actors.inference.smallmodel.decision import WordFilter, names_a_file, strip_word
-from actors.inference.smallmodel.grammar import answer_grammar
+from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
     ChatRequest,
     Completion,
@@ -214,8 +214,8 @@ class _Turn:
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
         first = self.iterations == 0 and names_a_file(self.question)
-        return answer_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not first)
+        return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
+                              text=not first)  # built once per set of tools, not per request
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

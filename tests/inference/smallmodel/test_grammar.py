@@ -9,14 +9,24 @@ accepts it and its model then writes one call is checked on the real server
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.inference.smallmodel.grammar import answer_grammar
+from actors.inference.smallmodel import grammar as grammar_module
+from actors.inference.smallmodel.grammar import (
+    TOOL_CAP,
+    TOTAL_CAP,
+    answer_grammar,
+    build_grammar,
+    cached_grammar,
+)
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, baseline_tools
+from tests.support.hostile_host import deep, deep_shared, wide
 
 REGISTRY = [(s.name, s.parameters) for s in STANDARD_SPECS.values()]
 _RULE = re.compile(r"^([a-z0-9-]+) ::= (.*)$")
@@ -71,7 +81,7 @@ def test_required_then_optional_arguments() -> None:
         '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? "}"'
     )
     # list_dir has no required argument: {} or {"path": ...}
-    assert rules["list-dir-args"] == '"{" ( ( "\\"path\\": " list-dir-args-path ) )? "}"'
+    assert rules["list-dir-args"] == '"{" ( "\\"path\\": " list-dir-args-path )? "}"'
     assert rules["write-file-args"] == (
         '"{" "\\"path\\": " write-file-args-path ", " "\\"content\\": " string "}"'
     )
@@ -163,7 +173,7 @@ def test_only_a_pattern_of_one_negated_class_is_held() -> None:
 
     assert "t-args-p" in rule_for("^[^x]*$")
     for other in ("^[a-z]*$", "^[^x]+$", "[^x]*", "^a.*$", "^[^x]*$|y"):
-        assert rule_for(other).endswith('" string ) )? "}"'), other
+        assert rule_for(other).endswith('" string )? "}"'), other
 
 
 def test_a_call_only_when_text_is_not_allowed() -> None:
@@ -171,3 +181,108 @@ def test_a_call_only_when_text_is_not_allowed() -> None:
     assert rules["root"] == '"TOOL " call'
     assert "text" not in _references(rules["root"])
 
+
+
+# --- issue 27: schemas that attack the builder ---------------------------------------------
+
+
+def _optional_members(n: int) -> dict[str, str]:
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+    return _well_formed(answer_grammar([], [("t", schema)]))
+
+
+def test_optional_members_are_chained_in_linear_size() -> None:
+    """N optional properties: the grammar grew with N squared (every later member after each
+    earlier one: 61 MB per request at 2,000). Now each member is written twice."""
+    sizes = {n: sum(len(k) + len(v) for k, v in _optional_members(n).items())
+             for n in (10, 100, 1000)}
+    assert sizes[1000] < 12 * sizes[100] < 144 * sizes[10]  # linear, not 100x per 10x
+    rules = _optional_members(3)
+    assert rules["t-args"] == '"{" ( t-args-from-0 )? "}"'
+    assert rules["t-args-from-0"] == '"\\"p0\\": " integer t-args-tail-1 | t-args-from-1'
+    assert rules["t-args-tail-1"] == '( ", " "\\"p1\\": " integer )? t-args-tail-2'
+    assert rules["t-args-tail-2"] == '( ", " "\\"p2\\": " integer )?'
+    assert rules["t-args-from-1"] == '"\\"p1\\": " integer t-args-tail-2 | "\\"p2\\": " integer'
+
+
+def test_a_schema_past_the_cap_leaves_that_tool_plain_json_and_says_so() -> None:
+    built = build_grammar(META_TOOLS, [("wide", wide(2000)), *REGISTRY])
+    rules = _well_formed(built.grammar)
+    assert rules["call-wide"].endswith(' object "}"')  # plain JSON arguments
+    assert built.plain == (f"wide: its grammar would be over {TOOL_CAP // 1024} KiB",)
+    assert not any(k.startswith("wide-args") for k in rules)  # nothing half-built is left
+    assert rules["read-file-args"].startswith('"{" "\\"path\\": "')  # the others as before
+    assert len(built.grammar) < TOTAL_CAP + 8192
+
+
+def test_many_tools_share_one_total_cap() -> None:
+    many = [(f"t{i}", wide(300)) for i in range(60)]
+    built = build_grammar([], many)
+    _well_formed(built.grammar)
+    assert len(built.grammar) < TOTAL_CAP + 8192
+    assert built.plain and all("over 512 KiB" in note for note in built.plain)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nested", [deep, deep_shared])
+def test_a_deeply_nested_type_list_takes_linear_time(nested: Callable[[int], Any]) -> None:
+    """A type list naming a kind twice, or two kinds whose sub-schemas are one object: each
+    level was built twice, 2^28 builds at 28 levels (the old builder never ends here; its
+    18 took seconds). Built once each now, and past 32 levels the arguments are plain JSON."""
+    rules = _well_formed(answer_grammar([], [("deep", nested(28))]))
+    assert not rules["call-deep"].endswith(' object "}"')  # held to its shape
+    assert len(rules) < 28 * 8
+    built = build_grammar([], [("deeper", nested(200))])
+    assert built.plain == ("deeper: its schema nests more than 32 levels deep",)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": 5},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", 5, None]},
+    {"type": "object", "properties": {5: {"type": "string"}, "b": True}},
+    {"type": "object", "properties": {"e": {"enum": [b"bytes", {1, 2}]}}},
+    {"type": "object", "properties": {"c": {"const": object()}}},
+    {"type": "object", "properties": {"p": {"type": "string", "pattern": 5}}},
+    {"type": ["object", 7, None], "properties": []},
+    "not a schema", None, 5,
+])
+def test_an_odd_schema_never_raises(schema: Any) -> None:
+    built = build_grammar(META_TOOLS, [("odd", schema), *REGISTRY])
+    _well_formed(built.grammar)
+    assert _call_head("odd") in built.grammar
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["type", "properties", "required", "items", "enum", "const", "anyOf",
+                         "oneOf", "pattern", "minimum", "a", "b"]), inner, max_size=5),
+    max_leaves=40,
+)
+
+
+@given(_json)
+def test_any_schema_gives_a_well_formed_grammar(schema: Any) -> None:
+    built = build_grammar([], [("t", schema)])
+    _well_formed(built.grammar)
+
+
+def test_the_grammar_is_built_once_per_set_of_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = []
+    real = grammar_module.build_grammar
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grammar_module, "build_grammar", counting)
+    offered = tuple(META_TOOLS)
+    specs = [(n, p) for n, p in REGISTRY]
+    first = cached_grammar(offered, specs)
+    for _ in range(5):  # every request of a session: the same objects
+        assert cached_grammar(offered, list(specs)) == first
+    assert len(builds) == 1
+    cached_grammar(offered, specs, text=False)  # another shape of answer: its own
+    changed = [*specs[:-1], (specs[-1][0], dict(specs[-1][1]))]  # a host came back
+    cached_grammar(offered, changed)
+    assert len(builds) == 3

@@ -10,14 +10,25 @@ JSON in the content (what the grammar makes it write) runs as that call, and the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from actors.base.config import GENERAL_SYSTEM, parse
 from actors.base.events import Content
+from actors.inference.smallmodel import grammar as grammar_module
+from actors.inference.smallmodel.grammar import TOTAL_CAP
 from actors.log.records import Assistant, ToolResult
+from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.registry import META_TOOLS, Registry
 from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import FakeLlama, answer, replay
@@ -176,3 +187,58 @@ def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
     r2.turn("Say hi.")
     assert r2.fake.requests[0]["grammar"].startswith('root ::= "TOOL " call | "ANSWER " text')
 
+
+
+@contextlib.contextmanager
+def _hostile_port() -> Iterator[ToolPort]:
+    """A real tool port to :mod:`tests.support.hostile_host` in its own process."""
+    workdir = Path(tempfile.mkdtemp(prefix="lt-", dir="/tmp"))
+    endpoint = f"ipc://{workdir}/host.sock"
+    argv = (sys.executable, "-m", "tests.support.hostile_host", "--bind", endpoint,
+            "--parent-pid", str(os.getpid()))
+    settings = PortSettings(name="hostile", endpoint=endpoint, timeout_s=10)
+    port = start_port(settings, launcher=HostLauncher(argv=argv, log_path=workdir / "host.log"))
+    try:
+        assert port.wait_ready(60), (workdir / "host.log").read_text(errors="replace")
+        yield port
+    finally:
+        port.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_tool_host_advertising_hostile_schemas_cannot_stall_the_turn(
+    rig: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attack: a host whose tool has 10,000 optional properties (the old grammar was
+    quadratic: the turn never finished and ignored SIGTERM), one nested 28 levels deep
+    (exponential) and one with required: 5 (a TypeError that ended the turn). The turn
+    answers; every request's grammar is capped, the hostile tools' arguments are plain JSON
+    (said once), the ordinary tool is still held to its schema; and the grammar is built
+    once for the turn's requests, not per request."""
+    builds = []
+    real = grammar_module.build_grammar
+    monkeypatch.setattr(grammar_module, "build_grammar",
+                        lambda *a, **k: builds.append(1) or real(*a, **k))
+    monkeypatch.setattr(grammar_module, "_SAID", set())  # said once per process: this one
+    call = '{"name": "call_tool", "arguments": {"name": "fine", "arguments": {"text": "x"}}}'
+    with _hostile_port() as port:
+        assert {s.name for s in port.specs()} == {"wide", "deep", "odd", "fine"}
+        r = _constrained(rig([answer("TOOL " + call), answer("ANSWER Done.")], Registry([port])))
+        r.config = r.config.replace("inference", constrained_tool_steps=2)
+        r.runtime = dataclasses.replace(r.runtime, config=r.config)
+        with caplog.at_level(logging.WARNING, logger="loopd.grammar"):
+            assert r.turn("Echo x.").content == "Done."
+    assert len(r.fake.requests) == 2 and len(builds) == 1
+    grammar = r.fake.requests[0]["grammar"]
+    assert grammar == r.fake.requests[1]["grammar"]
+    assert len(grammar) < TOTAL_CAP + 8192
+    assert 'call-wide ::= "{\\"name\\": \\"wide\\", \\"arguments\\": " object "}"' in grammar
+    assert 'odd-args ::= "{" ( "\\"a\\": " string )? "}"' in grammar  # required: 5 ignored
+    assert "deep-args-x ::=" in grammar  # held to its shape, built once per level
+    assert 'fine-args ::= "{" "\\"text\\": " string "}"' in grammar
+    said = [rec.getMessage() for rec in caplog.records]
+    assert said == ["constrained calls: plain JSON for the arguments of wide: its schema has "
+                    "more than 4096 parts"]  # once, for the two requests
+    (result,) = [x for x in r.records if isinstance(x, ToolResult)]
+    assert result.content == "fine ran"
