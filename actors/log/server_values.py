@@ -44,7 +44,7 @@ def number(value: Any) -> int | float | None:
 
 def timings(obj: Any) -> dict[str, int | float]:
     """The well-formed entries of a ``timings`` object (text keys, numbers); {} for a non-map."""
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         return {}
     # One comprehension, not a loop calling number(): this runs for every Usage record of
     # a log that is opened.

@@ -488,7 +488,7 @@ class Codec:
 
     def decode(self, frame: bytes, max_bytes: int | None = None) -> Any:
         """One message from a frame; WireError says what is wrong with it."""
-        if not isinstance(frame, bytes | bytearray | memoryview):
+        if type(frame) is not bytes and not isinstance(frame, bytes | bytearray | memoryview):
             raise WireError(f"a frame must be bytes, got {type(frame).__name__}")
         limit = self.max_frame if max_bytes is None else max_bytes
         if len(frame) > limit:
