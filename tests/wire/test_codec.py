@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from actors.base.errors import WireError
 from actors.wire.codec import CHECK, Codec, Natural, added, plain, shape_of
 from actors.wire.fieldchecks import MAX_DEPTH
+from tests.strategies import ints64, json_values
 
 
 class Colour(enum.StrEnum):
@@ -335,15 +336,7 @@ def test_encode_makes_plain_what_is_data_in_another_shape() -> None:
 
 # --- properties -----------------------------------------------------------------------------
 
-json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(
-    allow_nan=False) | st.text()  # fmt: skip
-json_data = st.recursive(
-    json_leaf,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=3),
-    max_leaves=12,
-)  # fmt: skip
-parts = st.builds(Part, name=st.text(max_size=5), size=st.integers(-(2**63), 2**63 - 1))
+parts = st.builds(Part, name=st.text(max_size=5), size=ints64)
 ids = st.integers(0, 2**63 - 1)
 messages = st.one_of(
     st.builds(
@@ -352,7 +345,7 @@ messages = st.one_of(
         colour=st.sampled_from(Colour), maybe=st.none() | st.text(max_size=5),
         words=st.lists(st.text(max_size=5), max_size=3).map(tuple),
         parts=st.lists(parts, max_size=3).map(tuple), one=st.none() | parts,
-        data=st.dictionaries(st.text(max_size=5), json_data, max_size=3), anything=json_data,
+        data=st.dictionaries(st.text(max_size=5), json_values, max_size=3), anything=json_values,
         class_=st.text(max_size=5), even=st.integers(-100, 100).map(lambda n: 2 * n),
     ),
     st.just(Empty()),
@@ -367,9 +360,13 @@ def test_every_message_round_trips(msg: Any) -> None:
     assert WIRE.decode(WIRE.encode(msg)) == msg
 
 
+msgpack_leaves = st.one_of(
+    st.none(), st.booleans(), ints64, st.floats(allow_nan=False), st.text(max_size=8),
+    st.binary(max_size=6),
+    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=3)),
+)
 msgpack_data = st.recursive(
-    json_leaf | st.binary(max_size=6) | st.builds(msgpack.ExtType, st.integers(0, 127),
-                                                   st.binary(max_size=3)),
+    msgpack_leaves,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
         st.text(max_size=6) | st.binary(max_size=3), inner, max_size=3),
     max_leaves=15,
