@@ -206,7 +206,12 @@ def _form(hint: Any, where: str) -> _Form:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Annotated:
         base, refine = _form(args[0], where), args[1]
-        return _Form(refine, lambda v: refine(base.write(v)))
+        base_write, fast = base.write, base.fast_write
+
+        def write(v: Any) -> Any:
+            return refine(v if type(v) is fast else base_write(v))
+
+        return _Form(refine, write)
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1 and len(args) == 2:
