@@ -173,7 +173,8 @@ class LoopdAgent:
                 opened = await self._call(backend.open, name, True)
                 if opened.created:
                     self.sessions[name] = _Session(name)
-                    return NewSessionResponse(session_id=name, field_meta=_mcp_note(mcp_servers))
+                    return NewSessionResponse(session_id=name,
+                                              field_meta=self._mcp_note(mcp_servers))
             raise _invalid("could not find a free session name; try again")
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
@@ -190,7 +191,7 @@ class LoopdAgent:
             records = await self._call(backend.records, name)
             for update in up.history(records, backend.workspace):
                 await self._client().session_update(session_id=name, update=update)
-            return LoadSessionResponse(field_meta=_mcp_note(mcp_servers))
+            return LoadSessionResponse(field_meta=self._mcp_note(mcp_servers))
 
     async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
                             **_: Any) -> ListSessionsResponse:
@@ -310,6 +311,17 @@ class LoopdAgent:
 
     # --- plumbing ----------------------------------------------------------------------
 
+    def _mcp_note(self, servers: Any) -> dict[str, Any] | None:
+        """MCP servers an editor passes are not connected (loopd's come from its config):
+        said on stderr and in the answer's ``_meta``, not silently dropped."""
+        if not servers:
+            return None
+        names = [getattr(s, "name", "?") for s in servers]
+        why = ("loopd connects only the MCP servers of its config ([[tools.hosts]] kind = "
+               '"mcp"), started once for every session')
+        self.say(f"not connecting the editor's MCP servers {', '.join(names)}: {why}")
+        return up.loopd_meta(ignoredMcpServers=names, why=why)
+
     def _client(self) -> Client:
         assert self.client is not None, "on_connect gives the agent its connection"
         return self.client
@@ -419,14 +431,3 @@ def _session_rows(config: Config) -> list[tuple[str, str | None]]:
     rows.sort(reverse=True)
     return [(name, dt.datetime.fromtimestamp(m, dt.UTC).isoformat() if m > -math.inf else None)
             for m, name in rows]
-
-
-def _mcp_note(servers: Any) -> dict[str, Any] | None:
-    """MCP servers an editor passes are not connected (loopd's come from its config): said
-    in the answer's ``_meta``, not silently dropped."""
-    if not servers:
-        return None
-    names = [getattr(s, "name", "?") for s in servers]
-    return up.loopd_meta(ignoredMcpServers=names, why=(
-        "loopd connects only the MCP servers of its config ([[tools.hosts]] kind = "
-        '"mcp"), started once for every session'))

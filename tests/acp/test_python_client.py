@@ -170,13 +170,16 @@ def test_the_python_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
 
 
 def test_stdout_carries_nothing_but_the_protocol(env: AcpEnv) -> None:
-    """A chatty start (status lines, warnings) goes to stderr: every stdout line is JSON-RPC."""
+    """A chatty start (status lines, warnings) goes to stderr: every stdout line is JSON-RPC.
+    The input ends right after the requests: they are answered all the same."""
     import subprocess
 
     lines = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
                          "params": {"protocolVersion": 1}}),
              json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-                         "params": {"cwd": str(env.workspace), "mcpServers": []}})]
+                         "params": {"cwd": str(env.workspace), "mcpServers": [
+                             {"name": "notes", "command": "/bin/true", "args": [],
+                              "env": []}]}})]
     done = subprocess.run(env.argv("--local"), cwd=ROOT, env=env.environ(), timeout=120,
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           check=False)
@@ -184,3 +187,6 @@ def test_stdout_carries_nothing_but_the_protocol(env: AcpEnv) -> None:
     out = [json.loads(line) for line in done.stdout.splitlines()]
     assert [m["id"] for m in out] == [1, 2] and all("result" in m for m in out)
     assert "starting tool hosts" in done.stderr  # the status lines are there, on stderr
+    # an editor's MCP servers are not started, and the answer and stderr say so
+    assert out[1]["result"]["_meta"]["loopd"]["ignoredMcpServers"] == ["notes"]
+    assert "not connecting the editor's MCP servers notes" in done.stderr
