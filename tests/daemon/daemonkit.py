@@ -25,7 +25,7 @@ import psutil
 from actors.base import config as cfg
 from actors.daemon.client import Client, find_daemon
 from actors.wire.procs import is_alive, kill_tree
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 
 __all__ = ["ROOT", "Daemon", "cli", "daemon_config", "env"]
 
@@ -153,7 +153,7 @@ class Daemon:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 kill_tree(self.pid)
-                self.proc.wait(10)
+                self.proc.wait(HANG_S)
                 raise AssertionError(f"the daemon did not stop on SIGTERM: {self.text()}") from None
         self._out.close()
         wait_until(lambda: not any(is_alive(p) for p in started), timeout=30,

@@ -18,7 +18,7 @@ from actors.base.cancel import CancelToken
 from actors.base.events import NO_APPROVER, ApprovalDecided, ApprovalRequested, Choice, Decision
 from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
 from tests.daemon.daemonkit import ROOT, Daemon, cli, env
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 
 
 def _write(tag: str, name: str) -> str:
@@ -107,7 +107,7 @@ def test_a_client_gone_while_an_approval_waits_cancels_the_turn(asking_daemon: D
             if line.strip() == "asked":
                 break
         proc.kill()
-        proc.wait(10)
+        proc.wait(HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

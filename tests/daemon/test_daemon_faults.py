@@ -43,7 +43,7 @@ from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import message
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 from tests.tools.hostkit import short_dir
 
 SEED = int(os.environ.get("LOOPD_DAEMON_SEED", "20261203"))
@@ -82,7 +82,7 @@ def test_a_client_killed_mid_turn_has_its_turn_cancelled_and_the_log_stays_valid
                 wait_until(lambda: any("sleep" in c for c in daemon.commands()),
                            BOUND_S, "the command to start")  # fmt: skip
                 proc.kill()
-                proc.wait(10)
+                proc.wait(HANG_S)
             finally:
                 kill_tree(proc.pid)
                 if proc.stdout is not None:

@@ -43,6 +43,7 @@ from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
+from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("LOOPD_CRASH_SEED", "20261202"))
@@ -108,7 +109,7 @@ class Child:
         if self.proc.poll() is None:
             kill_tree(self.pid)
         self.proc.wait(30)
-        self._reader.join(10)
+        self._reader.join(HANG_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

@@ -23,7 +23,7 @@ import zmq
 from actors.tools.port import PortSettings, start_port
 from actors.tools.protocol import wire
 from actors.tools.providers import web
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 from tests.tools.hostkit import short_dir, spawn_host
 
 PAGE = b"<p>hello from the page</p>"
@@ -99,7 +99,7 @@ class Server:
         self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
-        self.thread.join(10)
+        self.thread.join(HANG_S)
 
 
 class _Httpd(http.server.ThreadingHTTPServer):
@@ -223,14 +223,14 @@ def test_a_trickling_download_stops_at_the_calls_deadline(server: Server) -> Non
     answer = fetch(server.url("/trickle"), timeout_s=5.0, allow_private=True)
     assert isinstance(answer, wire.Result), answer
     assert "[stopped at the time limit (4 s) after" in answer.content
-    assert server.gone.wait(10)  # the connection was closed: nothing is downloaded any more
+    assert server.gone.wait(HANG_S)  # the connection was closed: nothing is downloaded any more
 
 
 def test_a_silent_server_is_given_up_at_the_deadline(server: Server) -> None:
     answer = fetch(server.url("/silent"), timeout_s=5.0, allow_private=True)
     assert isinstance(answer, wire.Result), answer  # the headers came, then nothing
     assert "[stopped at the time limit (4 s) after 0 bytes" in answer.content
-    assert server.gone.wait(10)
+    assert server.gone.wait(HANG_S)
 
 
 def test_a_cancelled_call_stops_its_download(server: Server) -> None:
@@ -242,14 +242,14 @@ def test_a_cancelled_call_stops_its_download(server: Server) -> None:
         cancel.set()
         answer = running.result(timeout=30)
     assert answer == wire.Failed(message="fetch_url was cancelled; the download was stopped")
-    assert server.gone.wait(10)
+    assert server.gone.wait(HANG_S)
 
 
 def test_a_large_file_is_not_downloaded_past_max_output(server: Server) -> None:
     answer = fetch(server.url("/big"), allow_private=True, max_output=1000)
     assert isinstance(answer, wire.Result)
     assert answer.content.endswith("x" * 1000 + "\n[cut at 1000 bytes: the rest was not fetched]")
-    assert server.gone.wait(10)  # the server could not send the rest: the client left
+    assert server.gone.wait(HANG_S)  # the server could not send the rest: the client left
 
 
 # --- through a real web host -------------------------------------------------------------------

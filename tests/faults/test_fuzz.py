@@ -60,6 +60,7 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import Local, Registry, Remote, dispatch
 from actors.wire.procs import kill_tree
+from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)
@@ -287,7 +288,7 @@ def host() -> Iterator[tuple[zmq.Socket[Any], subprocess.Popen[bytes]]]:
         sock.close(linger=0)
         ctx.term()
         kill_tree(proc.pid)
-        proc.wait(10)
+        proc.wait(HANG_S)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -14,6 +14,7 @@ from actors.base.events import Content, Event, Retrying, Waiting
 from actors.inference.types import InferError, InferErrorKind
 from tests.inference.conftest import MakeRig
 from tests.support.fake_llama import Conn, Reply, answer, hang, http_error
+from tests.support.watch import HANG_S
 
 SLOW = {"read_timeout_s": 600.0, "timeout_s": 900.0}
 pytestmark = pytest.mark.timeout(30)
@@ -45,7 +46,7 @@ def test_cancel_mid_stream_closes_the_stream_and_returns_nothing(rig: MakeRig) -
     with pytest.raises(InferError) as e:
         r.chat(sink=sink)
     assert e.value.kind is InferErrorKind.CANCELLED
-    assert gone.wait(10)  # the server saw the connection close
+    assert gone.wait(HANG_S)  # the server saw the connection close
     assert len(r.fake.requests) == 1  # and nothing was retried
 
 
@@ -59,7 +60,7 @@ def test_cancel_from_another_thread_while_the_server_is_silent(rig: MakeRig) -> 
             started.set()
 
     def cancel_when_started() -> None:
-        if started.wait(10):
+        if started.wait(HANG_S):
             r.cancel.cancel()
 
     canceller = threading.Thread(target=cancel_when_started)
@@ -68,9 +69,9 @@ def test_cancel_from_another_thread_while_the_server_is_silent(rig: MakeRig) -> 
         with pytest.raises(InferError) as e:
             r.chat(sink=sink)
     finally:
-        canceller.join(10)
+        canceller.join(HANG_S)
     assert e.value.kind is InferErrorKind.CANCELLED
-    assert gone.wait(10)
+    assert gone.wait(HANG_S)
 
 
 def test_cancel_before_any_byte_came_back(rig: MakeRig) -> None:

@@ -30,6 +30,7 @@ from actors.log.records import (
     encode,
 )
 from actors.tools.protocol.spec import ResultClass
+from tests.support.watch import HANG_S
 
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
 
@@ -333,7 +334,7 @@ def test_second_open_from_another_process_names_its_pid(opened: SessionLog) -> N
             SessionLog.open(path)
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
     log, _ = SessionLog.open(path)  # the dead holder's lock is gone
     log.close()
 

@@ -11,6 +11,7 @@ from actors.base.config import Config
 from actors.session.turn import Runtime
 from actors.session.world import World
 from actors.tools.registry import Registry
+from tests.support.watch import HANG_S
 
 
 class _Busy(pykka.ThreadingActor):
@@ -39,7 +40,7 @@ def test_a_session_still_busy_is_told_to_stop_and_the_command_ends_with_a_warnin
         assert app.sessions == []
         assert not idle.is_alive()  # the others were still stopped
         release.set()
-        assert busy.actor_stopped.wait(10)  # the stop it was sent takes effect after its work
+        assert busy.actor_stopped.wait(HANG_S)  # the stop it was sent takes effect after its work
     finally:
         release.set()
         pykka.ActorRegistry.stop_all(timeout=10)

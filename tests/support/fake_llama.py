@@ -52,6 +52,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from actors.inference import recording
+from tests.support.watch import HANG_S
 
 __all__ = [
     "Conn",
@@ -287,7 +288,7 @@ class FakeLlama:
         self.stopping.set()
         if self._thread is not None:
             self._server.shutdown()
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=HANG_S)
         with self._lock:
             conns = list(self._conns)
         for c in conns:  # wake handlers blocked on idle keep-alive connections
@@ -879,7 +880,7 @@ def in_process(module: str, *args: str, cpus: set[int] | None = None) -> Iterato
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

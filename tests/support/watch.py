@@ -14,12 +14,18 @@ import psutil
 
 from actors.wire.procs import is_alive
 
-__all__ = ["Background", "Peak", "living", "wait_until"]
+__all__ = ["HANG_S", "Background", "Peak", "living", "wait_until"]
 
 T = TypeVar("T")
 
+# How long a wait for something that will happen (a process up, a thread done, an answer)
+# may take before the test fails: a hang guard, never a timing. Generous, because on a
+# loaded machine (2 cores, other test workers, other jobs) a process start can take seconds;
+# a wait that succeeds returns at once, so a passing test never pays for it.
+HANG_S = 60.0
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "it") -> None:
+
+def wait_until(predicate: Callable[[], bool], timeout: float = HANG_S, what: str = "it") -> None:
     """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -17,6 +17,7 @@ import zmq
 
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
+from tests.support.watch import HANG_S
 
 __all__ = ["ECHO", "FakeHost"]
 
@@ -53,13 +54,13 @@ class FakeHost:
 
     def __enter__(self) -> FakeHost:
         self._thread.start()
-        if not self._bound.wait(5):
+        if not self._bound.wait(HANG_S):
             raise RuntimeError("fake host did not bind")
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(HANG_S)
 
     def send(self, msg: wire.Message | bytes) -> None:
         """Send (from any thread) to the peer that sent request ``msg.id``, else the last peer.

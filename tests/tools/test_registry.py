@@ -14,6 +14,7 @@ import zmq
 from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.registry import META_TOOLS, Local, Registry, Remote, baseline_tools, dispatch
+from tests.support.watch import HANG_S
 from tests.tools.fake_host import FakeHost
 
 _n = itertools.count()
@@ -57,7 +58,7 @@ def hosts() -> Iterator[Hosts]:
                 stack.enter_context(FakeHost(ctx, endpoint, tools=tools))
                 ports.append(start_port(PortSettings(name, endpoint, 5.0, 0.5), context=ctx))
             for port in ports:
-                assert port.wait_ready(5)
+                assert port.wait_ready(HANG_S)
             yield Registry(ports), ports[0], ports[1]
     finally:
         for port in ports:

@@ -36,6 +36,7 @@ from actors.log.records import (
 from actors.session.world import World, start_world
 from actors.tools.protocol.spec import ResultClass
 from tests.support.embedded import require_embedded
+from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
@@ -198,7 +199,7 @@ def test_two_turns_on_the_embedded_model(app: World) -> None:
     session = app.session("embedded")
     _turn(app, session, FIRST)
     _turn(app, session, SECOND)
-    records = session.records().get(timeout=10)
+    records = session.records().get(timeout=HANG_S)
 
     assert sequence_problems(records, turns=2) == [], records
     assert cache_problems(records) == [], records

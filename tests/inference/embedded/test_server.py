@@ -38,6 +38,7 @@ from actors.inference.embedded.server import (
     server_binary,
     server_command,
 )
+from tests.support.watch import HANG_S
 
 FAKE = Path(__file__).resolve().parents[2] / "support" / "fake_llama_startup.py"
 
@@ -278,7 +279,7 @@ def _gone(pid: int) -> bool:
     """True once the process has ended (a zombie waiting for its parent counts as ended)."""
     try:
         proc = psutil.Process(pid)
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
     except psutil.NoSuchProcess:
         return True
     except psutil.TimeoutExpired:
@@ -417,7 +418,7 @@ def test_the_server_dies_with_a_sigkilled_loopd(fake: Fake, tmp_path: Path) -> N
         server_pid = int(loopd.stdout.readline())
         assert psutil.pid_exists(server_pid)
         loopd.send_signal(signal.SIGKILL)
-        loopd.wait(timeout=10)
+        loopd.wait(timeout=HANG_S)
         assert _gone(server_pid), "llama-server outlived the loopd that started it"
     finally:
         loopd.kill()

@@ -35,7 +35,7 @@ from actors.log.records import SlotState
 from tests.inference.conftest import request
 from tests.inference.slots.slots_rig import Slots, restored
 from tests.support.fake_llama import Conn, Reply, answer
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -191,11 +191,11 @@ def test_a_request_waiting_for_a_slot_says_so_and_can_be_cancelled(make: Any) ->
     wait_until(lambda: any(isinstance(e, Queued) for e in events))
     assert Queued(ahead=1, waiting_for="a free slot", sessions="b") in events  # on whom
     cancel.cancel()
-    t.join(10)
+    t.join(HANG_S)
     assert outcome and isinstance(outcome[0], InferError)
     assert outcome[0].kind is InferErrorKind.CANCELLED
     fake.slot_gate.set()
-    blocked.join(10)
+    blocked.join(HANG_S)
     assert not blocked.is_alive()
 
 
@@ -211,7 +211,7 @@ def test_a_request_waiting_for_a_slot_ends_at_its_deadline(make: Any) -> None:
     with pytest.raises(InferError, match=r"timeout_s = 0.3 s \(all slots"):
         rig.inference.complete(request(session="c"), lambda _e: None, CancelToken())
     rig.fakes[0].slot_gate.set()
-    holder.join(10)
+    holder.join(HANG_S)
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def test_save_after_turn_comes_after_the_answer_and_the_next_lease_waits_for_it(
     wait_until(lambda: [c[0] for c in rig.calls()][:1] == ["save"])
     assert len(fake.requests) == 1  # its slot is saving: the next request waits for it
     fake.slot_gate.set()
-    second.join(10)
+    second.join(HANG_S)
     assert [c[0] for c in rig.calls()][:1] == ["save"]
     assert rig.last("a").state is SlotState.KEPT and rig.losses("a") == []
     assert not [e for e in events if isinstance(e, Queued)]  # never queued behind itself

@@ -48,6 +48,7 @@ from tests.support.fake_llama import (
     trickle,
 )
 from tests.support.recordings import FIXTURES
+from tests.support.watch import HANG_S
 
 Make = Callable[..., Rig]
 
@@ -301,13 +302,13 @@ def test_cancel_mid_tool_call_writes_nothing_half(rig: Make) -> None:
     cancel = CancelToken()
 
     def slow(tool: str, args: Any) -> wire.Answer:
-        assert cancel.wait(10), "the test never cancelled"
+        assert cancel.wait(HANG_S), "the test never cancelled"
         return wire.Failed(id=0, message="cancelled")
 
     port = ScriptedPort(slow)
     r = rig([answer(tool_calls=[call_tool("echo", text="slow")]), answer("next turn")],
             Registry([port]))
-    threading.Thread(target=lambda: port.entered.wait(10) and cancel.cancel()).start()
+    threading.Thread(target=lambda: port.entered.wait(HANG_S) and cancel.cancel()).start()
     with pytest.raises(Cancelled):
         r.turn(cancel=cancel)
     assert r.kinds() == ["User", "Assistant", "Usage"]  # no ToolResult for the cancelled call
@@ -372,12 +373,12 @@ def test_the_session_actor_runs_the_turn_and_events_arrive_while_it_waits(tmp_pa
                     waiting.set()
 
             future = session.turn(runtime, "Hi?", sink)
-            assert waiting.wait(10)  # an event reached us while the session actor waits
+            assert waiting.wait(HANG_S)  # an event reached us while the session actor waits
             with pytest.raises(pykka.Timeout):
                 future.get(timeout=0.05)
             gate.set()
-            assert future.get(timeout=10).content == "hello"
-            kinds = [type(r).__name__ for r in session.records().get(timeout=10)]
+            assert future.get(timeout=HANG_S).content == "hello"
+            kinds = [type(r).__name__ for r in session.records().get(timeout=HANG_S)]
             assert kinds == ["Baseline", "User", "Assistant", "Usage"]
             assert any(isinstance(e, Content) for e in seen)
         finally:

@@ -16,6 +16,7 @@ import zmq
 
 from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
+from tests.support.watch import HANG_S
 from tests.tools.hostkit import (
     FAKE,
     ROOT,
@@ -235,7 +236,7 @@ def port(host: tuple[str, Path]) -> Iterator[ToolPort]:
         context=zmq.Context.instance(),
     )
     try:
-        assert handle.wait_ready(10)
+        assert handle.wait_ready(HANG_S)
         yield handle
     finally:
         handle.stop()

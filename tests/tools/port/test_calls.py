@@ -26,6 +26,7 @@ from actors.tools.port.calls import CallSockets, classify
 from actors.tools.port.connection import Connection, PortState
 from actors.tools.port.settings import PortSettings
 from actors.tools.protocol import wire
+from tests.support.watch import HANG_S
 from tests.tools.hostkit import HandHost, wait_until
 
 MAX = wire.DEFAULT_MAX_FRAME
@@ -187,7 +188,7 @@ def test_a_call_is_sent_and_its_answer_returned_past_answers_to_others(world: Wo
     world.host.send(peer, wire.Result(4, "an earlier call's"))
     world.host.send(peer, b"\xc1 garbage")
     world.host.send(peer, wire.Result(5, "mine"))
-    assert future.result(timeout=10) == wire.Result(5, "mine")
+    assert future.result(timeout=HANG_S) == wire.Result(5, "mine")
 
 
 @pytest.mark.parametrize("world", [10.0], indirect=True)  # a 30 s wait: never reached
@@ -197,7 +198,7 @@ def test_a_call_waits_for_a_host_that_is_connecting_then_is_sent(world: World) -
     world.conn.up()
     peer, _ = world.host.receive()
     world.host.send(peer, wire.Result(1, "ok"))
-    assert future.result(timeout=10) == wire.Result(1, "ok")
+    assert future.result(timeout=HANG_S) == wire.Result(1, "ok")
 
 
 def test_a_host_that_never_connects_fails_the_call_unsent_with_the_reason(
@@ -223,7 +224,7 @@ def test_a_cancelled_call_fails_and_the_host_is_told_to_stop_it(world: World) ->
     future = world.call_later(3, cancel=token)
     peer, _ = world.host.receive()
     token.cancel()
-    assert future.result(timeout=10) == wire.Failed(3, calls.CANCELLED)
+    assert future.result(timeout=HANG_S) == wire.Failed(3, calls.CANCELLED)
     assert world.host.receive() == (peer, wire.Cancel(3))
 
 
@@ -231,7 +232,7 @@ def test_a_call_past_its_limit_times_out_and_the_host_is_told(world: World) -> N
     world.conn.up()
     future = world.call_later(4, limit=0.2, tool="slow")
     peer, _ = world.host.receive()
-    assert future.result(timeout=10) == wire.Failed(4, calls.timed_out("fake", "slow", 0.2))
+    assert future.result(timeout=HANG_S) == wire.Failed(4, calls.timed_out("fake", "slow", 0.2))
     assert world.host.receive() == (peer, wire.Cancel(4))
 
 
@@ -241,7 +242,7 @@ def test_a_host_given_up_on_during_the_call_fails_it_with_why(world: World) -> N
     world.host.receive()
     world.conn.end("exited (killed by SIGKILL)")
     world.conn.end("stopped answering (nothing for 6.0 s)")  # a later end is not this call's
-    answer = future.result(timeout=10)
+    answer = future.result(timeout=HANG_S)
     assert answer == wire.Failed(6, calls.lost("fake", "exited (killed by SIGKILL)"))
 
 
@@ -250,7 +251,7 @@ def test_a_port_stopped_during_the_call_fails_it(world: World) -> None:
     future = world.call_later(7)
     world.host.receive()
     world.conn.stopped = True
-    assert future.result(timeout=10) == wire.Failed(7, calls.closed("fake"))
+    assert future.result(timeout=HANG_S) == wire.Failed(7, calls.closed("fake"))
 
 
 def _answered(world: World, cid: int) -> tuple[wire.Answer, bytes]:
@@ -291,7 +292,7 @@ def test_close_shuts_idle_sockets_now_and_a_busy_one_when_its_call_ends(world: W
     world.sockets.close()
     assert world.sockets.open_count() == 1
     world.host.send(peer, wire.Result(8, "after close"))
-    assert future.result(timeout=10) == wire.Result(8, "after close")
+    assert future.result(timeout=HANG_S) == wire.Result(8, "after close")
     wait_until(lambda: world.sockets.open_count() == 0, what="the busy socket to close")
     assert world.call(9) == wire.Failed(9, calls.closed("fake"))
 

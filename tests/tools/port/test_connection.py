@@ -17,6 +17,7 @@ import zmq
 from actors.tools.port.connection import Connection, PortState
 from actors.tools.port.settings import PortSettings
 from actors.tools.protocol import wire
+from tests.support.watch import HANG_S
 from tests.tools.fake_host import ECHO
 from tests.tools.hostkit import HandHost, wait_until
 
@@ -36,7 +37,7 @@ class World:
         """Answer the port's Hello with the tool list; the port's routing id."""
         peer = self.host.expect(wire.Hello)
         self.host.send(peer, wire.Tools((ECHO,)))
-        assert self.conn.ready.wait(10)
+        assert self.conn.ready.wait(HANG_S)
         return peer
 
 

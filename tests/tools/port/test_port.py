@@ -14,6 +14,7 @@ import zmq
 from actors.base.cancel import CancelToken
 from actors.tools.port import PortSettings, PortState, ToolPort, start_port
 from actors.tools.protocol import wire
+from tests.support.watch import HANG_S
 from tests.tools.fake_host import ECHO, FakeHost
 from tests.tools.hostkit import wait_until
 
@@ -67,7 +68,7 @@ def test_a_call_round_trips_with_its_session_call_and_arguments(
 ) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port, "hello")
         assert isinstance(answer, wire.Result)
         assert answer.content == "hello"
@@ -84,13 +85,13 @@ def test_answers_are_matched_to_calls_by_id_whatever_their_order(
 ) -> None:
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(_call, port, f"t{i}") for i in range(3)]
             wait_until(lambda: len(host.requests()) == 3, what="three requests")
             for req in reversed(host.requests()):
                 host.send(wire.Result(req.id, f"answer to {req.arguments['text']}"))
-            answers = [f.result(timeout=10) for f in futures]
+            answers = [f.result(timeout=HANG_S) for f in futures]
     assert [a.content for a in answers if isinstance(a, wire.Result)] == [
         "answer to t0", "answer to t1", "answer to t2",
     ]  # fmt: skip
@@ -101,7 +102,7 @@ def test_a_call_past_its_timeout_fails_and_the_host_is_told_to_stop_it(
 ) -> None:
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=0.1)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port)
         assert isinstance(answer, wire.Failed)
         assert "did not answer echo within" in answer.message
@@ -114,12 +115,12 @@ def test_a_cancelled_call_returns_at_once_and_the_host_is_told(
     token = CancelToken()
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=60)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(_call, port, "x", token)
             wait_until(lambda: len(host.requests()) == 1, what="the request")
             token.cancel()
-            answer = future.result(timeout=10)
+            answer = future.result(timeout=HANG_S)
         assert answer == wire.Failed(host.requests()[0].id, "cancelled")
         wait_until(lambda: host.cancels() == [answer.id], what="the Cancel")
 
@@ -135,13 +136,13 @@ def test_a_host_that_stops_answering_fails_the_calls_in_flight(
 
     with FakeHost(ctx, endpoint, handler=go_silent) as host:
         port = ports(endpoint, timeout_s=60, heartbeat_s=0.1)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port)  # only the heartbeat can end this call before 60 s
         assert isinstance(answer, wire.Failed)
         assert "tool host fake stopped answering" in answer.message
         assert port.state is not PortState.READY
         host.silent.clear()  # it comes back: the port reconnects on a fresh socket
-        assert port.wait_ready(10)
+        assert port.wait_ready(HANG_S)
         assert _call(port, "again") == wire.Result(host.requests()[-1].id, "back")
 
 
@@ -161,7 +162,7 @@ def test_a_malformed_answer_fails_its_call(
 
     with FakeHost(ctx, endpoint, handler=garbage):
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port)
         assert isinstance(answer, wire.Failed)
         assert "sent a malformed answer" in answer.message
@@ -178,7 +179,7 @@ def test_garbage_without_an_id_is_dropped_and_the_port_goes_on(
 
     with FakeHost(ctx, endpoint, handler=garbage_then_answer) as host:
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port)
         assert answer == wire.Result(answer.id, "real")
         assert port.state is PortState.READY
@@ -190,13 +191,13 @@ def _exits_during_a_call(
     """A call the host never answers; the supervisor reports the host's exit(s) mid-call."""
     with FakeHost(ctx, endpoint, handler=lambda req: None) as host:
         port = ports(endpoint, timeout_s=60)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(_call, port)
             wait_until(lambda: len(host.requests()) == 1, what="the request")
             for reason in reasons:  # what the supervising actor reports
                 port.conn.host_exited(reason)
-            return future.result(timeout=10)
+            return future.result(timeout=HANG_S)
 
 
 def test_a_host_exit_fails_calls_in_flight_at_once(
@@ -214,7 +215,7 @@ def test_a_call_made_before_the_host_is_up_is_sent_when_it_comes(
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(_call, port, "early")
         with FakeHost(ctx, endpoint):
-            answer = future.result(timeout=10)
+            answer = future.result(timeout=HANG_S)
     assert isinstance(answer, wire.Result)
     assert answer.content == "early"
 
@@ -234,7 +235,7 @@ def test_arguments_over_the_frame_limit_are_refused_before_sending(
 ) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint, max_frame_bytes=1024)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = _call(port, "x" * 2000)
         assert isinstance(answer, wire.Failed)
         assert "over the limit of 1024 (tools.max_frame_bytes)" in answer.message
@@ -244,7 +245,7 @@ def test_arguments_over_the_frame_limit_are_refused_before_sending(
 def test_a_closed_port_answers_failed(ctx: zmq.Context[Any], endpoint: str, ports: Ports) -> None:
     with FakeHost(ctx, endpoint):
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         port.stop()
         answer = _call(port)
     assert isinstance(answer, wire.Failed)
@@ -263,7 +264,7 @@ def test_arguments_that_cannot_be_encoded_fail_without_being_sent(
 ) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         answer = port.call(session="s1", call=1, tool="echo", arguments=arguments)
         assert isinstance(answer, wire.Failed)
         assert answer.message.startswith("the arguments of echo cannot be sent to its host: ")
@@ -285,10 +286,10 @@ def test_each_calling_thread_calls_on_a_socket_of_its_own_that_the_stop_closes(
 ) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         here = [_call(port, "a"), _call(port, "b")]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            there = pool.submit(_call, port, "c").result(timeout=10)
+            there = pool.submit(_call, port, "c").result(timeout=HANG_S)
         peers = [host.peer_of(a.id) for a in [*here, there]]
         assert peers[0] == peers[1]  # one thread keeps its socket
         assert peers[2] != peers[0]  # another thread has its own
@@ -302,11 +303,11 @@ def test_after_the_host_comes_back_a_caller_gets_a_fresh_socket(
 ) -> None:
     with FakeHost(ctx, endpoint) as host:
         port = ports(endpoint, timeout_s=60)
-        assert port.wait_ready(5)
+        assert port.wait_ready(HANG_S)
         first = _call(port)
         port.conn.host_exited("killed by SIGKILL")  # the I/O thread gives up on the connection
         wait_until(lambda: port.conn.generation == 1, what="the port to give up on it")
-        assert port.wait_ready(10)
+        assert port.wait_ready(HANG_S)
         second = _call(port)
         assert isinstance(second, wire.Result)
         assert host.peer_of(second.id) != host.peer_of(first.id)
