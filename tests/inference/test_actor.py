@@ -25,8 +25,6 @@ from tests.support.fake_llama import FakeLlama, hang
 from tests.support.gated_llama import WAIT, GatedServer
 from tests.support.http_backend import HandlerBackend
 
-pytestmark = pytest.mark.timeout(60)
-
 
 class Session(pykka.ThreadingActor):
     """Stands in for the session actor: asks inference from inside its own message handler."""

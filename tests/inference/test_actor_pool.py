@@ -26,7 +26,6 @@ from tests.inference.conftest import config, request
 from tests.support.gated_llama import WAIT, GatedServer
 from tests.support.http_backend import HandlerBackend
 
-pytestmark = pytest.mark.timeout(60)
 CHUNKS = len(GatedServer.CHUNKS)
 Outcome = Completion | BaseException
 

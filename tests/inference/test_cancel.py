@@ -17,7 +17,6 @@ from tests.support.fake_llama import Conn, Reply, answer, hang, http_error
 from tests.support.watch import HANG_S
 
 SLOW = {"read_timeout_s": 600.0, "timeout_s": 900.0}
-pytestmark = pytest.mark.timeout(30)
 
 
 def gone_after_content() -> tuple[Reply, threading.Event]:

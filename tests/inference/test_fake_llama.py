@@ -83,7 +83,6 @@ def test_close_ends_idle_keep_alive_connections() -> None:
 
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="no recordings")
-@pytest.mark.timeout(60)
 def test_runs_in_its_own_process_and_replays_in_a_cycle() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_llama", "--port", "0",

@@ -23,7 +23,6 @@ from actors.inference.watchdog import Watchdog
 from tests.inference.conftest import config, request
 from tests.support.http_backend import HandlerBackend
 
-pytestmark = pytest.mark.timeout(60)
 WAIT = 10.0
 
 

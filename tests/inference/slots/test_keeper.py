@@ -37,8 +37,6 @@ from tests.inference.slots.slots_rig import Slots, restored
 from tests.support.fake_llama import Conn, Reply, answer
 from tests.support.watch import HANG_S, wait_until
 
-pytestmark = pytest.mark.timeout(60)
-
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Any]:

@@ -515,6 +515,7 @@ def test_find_tool_and_call_tool_reach_an_mcp_server_named_in_the_config(tmp_pat
         [tools]
         standard = false
         workspace = {json.dumps(str(tmp_path))}
+        start_timeout_s = 120  # a hang guard: an MCP server starts in seconds on a busy machine
         [[tools.hosts]]
         name = "time"
         kind = "mcp"
