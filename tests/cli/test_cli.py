@@ -35,7 +35,7 @@ def env(tmp_path: Path) -> dict[str, Any]:
     config = tmp_path / "loopd.toml"
     config.write_text(
         f'[log]\ndir = "{tmp_path / "sessions"}"\nfsync = "never"\n'
-        f'[tools]\nworkspace = "{workspace}"\ntimeout_s = 10\n'
+        f'[tools]\nworkspace = "{workspace}"\ntimeout_s = 10\nstart_timeout_s = 120\n'
         "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 20\n"
     )
     return {"config": str(config), "dir": tmp_path / "sessions", "workspace": workspace}

@@ -44,6 +44,7 @@ class Env:
             f'[log]\ndir = "{root / "sessions"}"\nfsync = "always"\n'
             f'[tools]\nworkspace = "{self.workspace}"\nstandard = false\n'
             f'rules_file = "{self.rules}"\napproval_timeout_s = {timeout_s}\n'
+            "start_timeout_s = 120\n"
             '[[tools.hosts]]\nname = "shell"\ntools = ["run_command", "echo"]\n'
             "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 30\n"
         )

@@ -55,9 +55,11 @@ def daemon_config(
     table: dict[str, dict[str, Any]] = {
         "inference": {"url": url, "retries": 1, "backoff_s": 0.01, "timeout_s": 30},
         "log": {"dir": str(root / "sessions"), "fsync": "always"},
+        # Heartbeats of 1 s: a peer gone is seen within 3 s, and a healthy one starved for a
+        # second on a busy machine is not taken for gone. Start-up limits are hang guards.
         "tools": {"standard": False, "workspace": str(workspace), "timeout_s": 30,
-                  "heartbeat_s": 0.5, "allow": list(allow)},
-        "daemon": {"runtime_dir": str(run_dir), "heartbeat_s": 0.2, **daemon},
+                  "heartbeat_s": 1.0, "start_timeout_s": 120, "allow": list(allow)},
+        "daemon": {"runtime_dir": str(run_dir), "heartbeat_s": 1.0, **daemon},
     }  # fmt: skip
     for name, keys in (sections or {}).items():
         table[name] = {**table.get(name, {}), **keys}

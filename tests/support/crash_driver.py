@@ -49,7 +49,8 @@ def config(url: str, log_dir: str, workspace: str) -> Config:
         "log": {"dir": log_dir, "fsync": "always"},
         "tools": {
             "standard": False, "workspace": workspace, "allow": ["run_command"],
-            "heartbeat_s": 0.5,
+            # a busy machine may starve a healthy host for a second; a dead one is seen at once
+            "heartbeat_s": 1.0, "start_timeout_s": 120,
             "hosts": [{"name": "tools", "tools": ["run_command", "read_file", "list_dir"]}],
         },
     })  # fmt: skip

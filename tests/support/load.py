@@ -75,7 +75,7 @@ def load_config(root: Path, url: str, **sections: dict[str, Any]) -> Config:
         "inference": {"url": url, "parallel": SLOTS, "timeout_s": 60},
         "log": {"dir": str(root / "sessions")},
         "tools": {"standard": False, "workspace": str(workspace), "timeout_s": 30,
-                  "max_concurrent_calls": 32},
+                  "max_concurrent_calls": 32, "start_timeout_s": 120},  # a hang guard
     }  # fmt: skip
     for name, keys in sections.items():
         table[name] = {**table.get(name, {}), **keys}
