@@ -55,7 +55,7 @@ def mcp_port(
     url: str | None = None,
     name: str = "mcp",
     allow: Sequence[str] = (),
-    timeout_s: float = 10.0,
+    timeout_s: float = 60.0,  # a hang guard: a server started again takes seconds when busy
     ready_s: float = 60.0,
 ) -> Iterator[ToolPort]:
     """A ready port to a fresh MCP tool host; stopped (host and server too) on exit."""

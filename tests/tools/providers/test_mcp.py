@@ -53,7 +53,10 @@ from tests.tools.mcp_support import TEST_SERVER, TIME_SERVER, mcp_port  # noqa: 
 
 pytestmark = pytest.mark.mcp
 
-WAIT_S = 20.0  # upper bound for things that happen "soon"; never a speed assertion
+# The call limit of every call that must answer: a hang guard (a server started again on a
+# loaded machine takes seconds to finish its handshake). Calls meant to time out say 1 s.
+CALL_S = 60.0
+WAIT_S = 60.0  # upper bound for things that happen "soon"; never a speed assertion
 
 
 def _wait_until(cond: Callable[[], bool], what: str) -> None:
@@ -95,8 +98,10 @@ def record(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def test_server(make_provider: Callable[..., McpProvider], record: Path) -> McpProvider:
+    """The test server; a healthy one is never taken for wedged here, however busy the
+    machine (the probe after a timed-out call waits as long as any call)."""
     command = [sys.executable, str(TEST_SERVER), "--record", str(record)]
-    return make_provider(command)
+    return make_provider(command, probe_timeout_s=CALL_S)
 
 
 def _notes(record: Path) -> list[dict[str, Any]]:
@@ -108,7 +113,7 @@ def _notes(record: Path) -> list[dict[str, Any]]:
 
 
 def _pid(provider: McpProvider) -> int:
-    answer = provider.run("pid", {}, 10, NO_CANCEL)
+    answer = provider.run("pid", {}, CALL_S, NO_CANCEL)
     assert isinstance(answer, Result), answer
     return int(answer.content)
 
@@ -222,11 +227,11 @@ def test_time_server_lists_its_tools_and_answers(make_provider: Callable[..., Mc
     assert spec.parameters["properties"]["timezone"]["type"] == "string"
     assert not spec.needs_approval and not spec.untrusted  # it says read-only, closed-world
 
-    answer = provider.run("get_current_time", {"timezone": "Asia/Tokyo"}, 10, NO_CANCEL)
+    answer = provider.run("get_current_time", {"timezone": "Asia/Tokyo"}, CALL_S, NO_CANCEL)
     assert isinstance(answer, Result), answer
     assert json.loads(answer.content)["timezone"] == "Asia/Tokyo"
 
-    bad = provider.run("get_current_time", {"timezone": "Nowhere/Atlantis"}, 10, NO_CANCEL)
+    bad = provider.run("get_current_time", {"timezone": "Nowhere/Atlantis"}, CALL_S, NO_CANCEL)
     assert isinstance(bad, Failed) and "Nowhere/Atlantis" in bad.message  # isError -> Failed
 
 
@@ -260,12 +265,14 @@ def test_git_server_reads_and_config_alone_allows_writes(
     assert not specs["git_log"].needs_approval
     assert specs["git_add"].needs_approval  # additive write: destructiveHint false, not read-only
 
-    log = provider.run("git_log", {"repo_path": str(repo)}, 20, NO_CANCEL)
+    log = provider.run("git_log", {"repo_path": str(repo)}, CALL_S, NO_CANCEL)
     assert isinstance(log, Result), log
     assert "first commit from the test" in log.content
 
     (repo / "new.txt").write_text("new\n")  # the host asks first; the provider only runs
-    added = provider.run("git_add", {"repo_path": str(repo), "files": ["new.txt"]}, 20, NO_CANCEL)
+    added = provider.run(
+        "git_add", {"repo_path": str(repo), "files": ["new.txt"]}, CALL_S, NO_CANCEL
+    )
     assert isinstance(added, Result), added
     assert "A  new.txt" in _status(repo)
 
@@ -274,24 +281,24 @@ def test_git_server_reads_and_config_alone_allows_writes(
 
 
 def test_content_mapping_through_a_real_server(test_server: McpProvider) -> None:
-    media = test_server.run("media", {}, 10, NO_CANCEL)
+    media = test_server.run("media", {}, CALL_S, NO_CANCEL)
     assert isinstance(media, Result), media
     assert media.content.splitlines() == [
         "here are the files",
         "[image: image/png, 100 bytes; not shown]",
         "[audio: audio/wav, 1,000 bytes; not shown]",
     ]
-    failed = test_server.run("fail", {}, 10, NO_CANCEL)
+    failed = test_server.run("fail", {}, CALL_S, NO_CANCEL)
     assert isinstance(failed, Failed) and "the tool failed on purpose" in failed.message
-    unknown = test_server.run("no_such_tool", {}, 10, NO_CANCEL)
+    unknown = test_server.run("no_such_tool", {}, CALL_S, NO_CANCEL)
     assert isinstance(unknown, Failed) and "no tool named 'no_such_tool'" in unknown.message
 
 
 def test_long_answers_are_cut_with_a_note(make_provider: Callable[..., McpProvider]) -> None:
     provider = make_provider([sys.executable, str(TEST_SERVER)], max_output_bytes=10)
-    answer = provider.run("echo", {"text": "é" * 20}, 10, NO_CANCEL)  # 40 bytes of UTF-8
+    answer = provider.run("echo", {"text": "é" * 20}, CALL_S, NO_CANCEL)  # 40 bytes of UTF-8
     assert answer == Result(content="é" * 5 + "\n[cut: showing 10 of 40 bytes of the answer]")
-    assert provider.run("echo", {"text": "short"}, 10, NO_CANCEL) == Result(content="short")
+    assert provider.run("echo", {"text": "short"}, CALL_S, NO_CANCEL) == Result(content="short")
 
 
 def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
@@ -300,11 +307,11 @@ def test_unannotated_tools_need_approval_and_allow_never_trusts_results(
     provider = make_provider([sys.executable, str(TEST_SERVER)])
     specs = {s.name: s for s in provider.specs()}
     assert specs["delete_all"].needs_approval and not specs["echo"].needs_approval
-    echo = provider.run("echo", {"text": "x"}, 10, NO_CANCEL)
+    echo = provider.run("echo", {"text": "x"}, CALL_S, NO_CANCEL)
     assert echo == Result(content="x", untrusted=False)
-    web = provider.run("web", {}, 10, NO_CANCEL)
+    web = provider.run("web", {}, CALL_S, NO_CANCEL)
     assert isinstance(web, Result) and web.untrusted  # openWorldHint: true
-    deleted = provider.run("delete_all", {}, 10, NO_CANCEL)
+    deleted = provider.run("delete_all", {}, CALL_S, NO_CANCEL)
     assert deleted == Result(content="deleted", untrusted=True)  # no openWorldHint: untrusted
 
 
@@ -312,14 +319,14 @@ def test_a_crash_mid_call_fails_the_call_and_the_next_call_restarts(
     test_server: McpProvider,
 ) -> None:
     first = _pid(test_server)
-    crashed = test_server.run("crash", {}, 10, NO_CANCEL)
+    crashed = test_server.run("crash", {}, CALL_S, NO_CANCEL)
     assert isinstance(crashed, Failed), crashed
     assert "exited or closed the connection during the call to crash" in crashed.message
     assert "restarted for the next call" in crashed.message
     second = _pid(test_server)
     assert second != first
     _wait_until(lambda: _gone(first), "the crashed server to be reaped")
-    assert test_server.run("echo", {"text": "again"}, 10, NO_CANCEL) == Result(content="again")
+    assert test_server.run("echo", {"text": "again"}, CALL_S, NO_CANCEL) == Result(content="again")
 
 
 def test_a_server_killed_between_calls_is_replaced_before_the_next_call(
@@ -328,7 +335,7 @@ def test_a_server_killed_between_calls_is_replaced_before_the_next_call(
     first = _pid(test_server)
     os.kill(first, signal.SIGKILL)
     _wait_until(lambda: not test_server.connected, "the provider to see the server gone")
-    assert test_server.run("echo", {"text": "fresh"}, 10, NO_CANCEL) == Result(content="fresh")
+    assert test_server.run("echo", {"text": "fresh"}, CALL_S, NO_CANCEL) == Result(content="fresh")
     assert _pid(test_server) != first
 
 
@@ -363,7 +370,7 @@ def test_concurrent_calls_each_get_their_own_answer(test_server: McpProvider) ->
     answers: dict[int, Any] = {}
 
     def call(i: int) -> None:
-        answers[i] = test_server.run("echo", {"text": f"call {i}"}, 20, NO_CANCEL)
+        answers[i] = test_server.run("echo", {"text": f"call {i}"}, CALL_S, NO_CANCEL)
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     for t in threads:
@@ -381,7 +388,7 @@ def test_close_stops_the_server_and_later_calls_fail(
     provider.close()
     assert _gone(pid)
     assert pid not in {p.pid for p in psutil.Process().children(recursive=True) if not _gone(p.pid)}
-    after = provider.run("echo", {"text": "x"}, 5, NO_CANCEL)
+    after = provider.run("echo", {"text": "x"}, CALL_S, NO_CANCEL)
     assert isinstance(after, Failed) and "closed" in after.message
     provider.close()  # twice is fine
 
@@ -408,10 +415,11 @@ def test_a_streamable_http_server(
 ) -> None:
     provider = make_provider(url=http_server)
     assert "echo" in {s.name for s in provider.specs()}
-    assert provider.run("echo", {"text": "over http"}, 10, NO_CANCEL) == Result(content="over http")
+    over = provider.run("echo", {"text": "over http"}, CALL_S, NO_CANCEL)
+    assert over == Result(content="over http")
     hung = provider.run("hang", {}, 1.0, NO_CANCEL)
     assert isinstance(hung, Failed) and "did not answer within 1 s" in hung.message
-    still = provider.run("echo", {"text": "still there"}, 10, NO_CANCEL)
+    still = provider.run("echo", {"text": "still there"}, CALL_S, NO_CANCEL)
     assert still == Result(content="still there")
 
 
