@@ -150,3 +150,44 @@ def test_log_show_and_the_summary_tell_what_the_keeper_did() -> None:
     assert describe(Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=1,
                           completion_tokens=1, finish_reason="stop", slot=none)).endswith(
         "slot 0: nothing restored (no saved state)")
+
+
+# --- issue 27: saved state and its metadata are not trusted ----------------------------------
+
+
+def _run(env: dict[str, Any], url: str, text: str = "Hi") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", text, "--session", "gone", "--local",
+         "--config", env["config"], "--url", url],
+        cwd=ROOT, text=True, capture_output=True, timeout=120,
+    )
+
+
+def test_bad_metadata_beside_a_session_is_skipped_not_a_traceback(env: dict[str, Any]) -> None:
+    """A metadata file with "used": "yesterday" gave `loopd run --local` a traceback (the
+    disk bound sorted it with the others). It is skipped, and the command says why."""
+    with FakeLlama([answer("One."), answer("Two.")], save_dir=env["save"]) as fake:
+        assert _run(env, fake.url).returncode == 0
+        meta = next(env["save"].glob("gone-*.json"))
+        bad = {**json.loads(meta.read_text()), "used": "yesterday",
+               "file": "other-0.bin", "session": "other"}
+        (env["save"] / "other-0.json").write_text(json.dumps(bad))
+        done = _run(env, fake.url, "Again")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "other-0.json: used is not a time; skipped" in done.stderr
+    assert "Two." in done.stdout
+
+
+def test_a_state_file_swapped_for_a_symlink_to_dev_zero_is_not_read(env: dict[str, Any]) -> None:
+    """The next `loopd run` spun reading /dev/zero for ever and ignored SIGTERM (the run's
+    120 s timeout here). The file is not restored; the session re-processes and answers."""
+    with FakeLlama([answer("One."), answer("Two.")], save_dir=env["save"]) as fake:
+        assert _run(env, fake.url).returncode == 0
+        state = next(env["save"].glob("gone-*.bin"))
+        state.unlink()
+        state.symlink_to("/dev/zero")
+        done = _run(env, fake.url, "Again")
+    assert done.returncode == 0, done.stderr
+    assert "Two." in done.stdout
+    assert not state.is_symlink() and state.is_file()  # never followed; the new save replaced it

@@ -376,7 +376,8 @@ class EmbeddedServer:
         """
         data_dir = Path(config.embedded.data_dir).expanduser()
         data_dir.mkdir(parents=True, exist_ok=True)
-        slot_dir(config.embedded).mkdir(exist_ok=True)
+        slot_dir(config.embedded).mkdir(mode=0o700, exist_ok=True)
+        os.chmod(slot_dir(config.embedded), 0o700)  # sessions' KV state: this user's only
         model = model if model is not None else ensure_model(data_dir, on_progress=on_progress)
         binary = binary if binary is not None else server_binary()
         deadline = time.monotonic() + config.embedded.startup_timeout_s
@@ -433,6 +434,7 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() signals all of it
+                umask=0o077,  # the KV state files it saves are this user's only
             )
         except OSError as e:
             raise EmbeddedError(f"cannot start {cmd[0]}: {e}. Reinstall: {INSTALL_HINT}") from e

@@ -28,7 +28,10 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
+import math
 import os
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -46,6 +49,7 @@ __all__ = [
     "SlotStore",
     "lru_victims",
     "meta_dir",
+    "parse_meta",
     "remove_session_files",
     "restore_problem",
     "slot_dirs",
@@ -115,6 +119,74 @@ def lru_victims(files: Iterable[SlotFile], limit_bytes: int) -> list[SlotFile]:
     return victims
 
 
+_META_MAX = 64 * 1024  # a metadata file is a few hundred bytes
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_INTS = {"tokens": 0, "bytes": 0, "crc32": -1}  # and their smallest values
+_FLOATS = ("saved", "used")
+_STRS = ("session", "file", "fingerprint", "server")
+log = logging.getLogger("loopd.slots")
+_said: set[str] = set()
+
+
+def parse_meta(data: object, key: str) -> SlotFile | str:
+    """The metadata of ``key``'s file from its decoded JSON, or why it cannot be used: each
+    field of its type and range (a ``"used": "yesterday"`` or a negative ``bytes`` would
+    break the LRU order or turn the disk bound off), naming the file loopd gave it."""
+    if not isinstance(data, dict):
+        return "it is not a JSON object"
+    fields: dict[str, object] = {}
+    for name in _STRS:
+        value = data.get(name)
+        if not isinstance(value, str):
+            return f"{name} is not a string"
+        fields[name] = value
+    for name, low in _INTS.items():
+        value = data.get(name, -1 if name == "crc32" else None)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
+            return f"{name} is not a whole number of at least {low}"
+        fields[name] = value
+    if fields["crc32"] >= 2**32:  # type: ignore[operator]
+        return "crc32 is not a crc32"
+    for name in _FLOATS:
+        value = data.get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
+                value) or value < 0:
+            return f"{name} is not a time"
+        fields[name] = float(value)
+    if fields["file"] != SlotStore.file_name(key):
+        return f"it names another file ({fields['file']!r:.80})"
+    return SlotFile(**fields)  # type: ignore[arg-type]
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` + 1 bytes of the regular file at ``path``, no symlink followed;
+    None when it is not there, not a regular file, or unreadable."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _make_private(path: Path) -> None:
+    """Mode 0600 for a state file (the server wrote it with its own umask); one of another
+    user's server, or no longer a regular file, is left as it is."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, _READ)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
 class SlotStore:
     """The files of one save directory (``save_dir``, reachable) or only their metadata."""
 
@@ -138,18 +210,43 @@ class SlotStore:
     # --- metadata ----------------------------------------------------------------------
 
     def meta(self, key: str) -> SlotFile | None:
-        """The metadata of ``key``'s file; None when there is none (or it is unreadable)."""
-        try:
-            data = json.loads(self._meta_path(key).read_text(encoding="utf-8"))
-            return SlotFile(**data)
-        except (OSError, ValueError, TypeError):
+        """The metadata of ``key``'s file; None when there is none, or when it cannot be
+        used (logged once with the reason: it is skipped, never trusted)."""
+        path = self._meta_path(key)
+        raw = _read_regular(path, _META_MAX)
+        if raw is None:
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                self._skip(path, "it is not a regular file")
             return None
+        if len(raw) > _META_MAX:
+            self._skip(path, f"it is over {_META_MAX // 1024} KiB")
+            return None
+        try:
+            found = parse_meta(json.loads(raw.decode("utf-8")), key)
+        except (ValueError, RecursionError) as e:
+            found = f"it is not JSON ({e})"
+        if isinstance(found, str):
+            self._skip(path, found)
+            return None
+        return found
+
+    @staticmethod
+    def _skip(path: Path, why: str) -> None:
+        said = f"{path}: {why}"
+        if said not in _said:
+            _said.add(said)
+            log.warning("KV state metadata %s; skipped (the session re-processes instead)", said)
 
     def _write_meta(self, key: str, meta: SlotFile) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         target = self._meta_path(key)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(meta)), encoding="utf-8")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a crash's leftover, or something put there: never written through
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(dataclasses.asdict(meta)))
         os.replace(tmp, target)
 
     def touch(self, key: str, meta: SlotFile) -> None:
@@ -157,16 +254,28 @@ class SlotStore:
         with contextlib.suppress(OSError):
             self._write_meta(key, dataclasses.replace(meta, used=time.time()))
 
-    def size_crc(self, key: str) -> tuple[int, int] | None:
-        """The size and crc32 of ``key``'s file as it is now; None when it is gone."""
+    def size_crc(self, key: str, limit: int | None = None) -> tuple[int, int] | None:
+        """The size and crc32 of ``key``'s file as it is now, reading at most ``limit`` + 1
+        bytes (the recorded size: a file that grew is found changed without reading it
+        all); None when it is gone, or not a regular file (a symlink is not followed:
+        one to /dev/zero would never end)."""
         crc, size = 0, 0
         try:
-            with (self.dir / self.file_name(key)).open("rb") as f:
-                while chunk := f.read(_CHUNK):
-                    crc = zlib.crc32(chunk, crc)
-                    size += len(chunk)
+            fd = os.open(self.dir / self.file_name(key), _READ)
         except OSError:
             return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            left = math.inf if limit is None else limit + 1
+            while left > 0 and (chunk := os.read(fd, int(min(_CHUNK, left)))):
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
+                left -= len(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         return size, crc
 
     # --- after a save ------------------------------------------------------------------
@@ -175,6 +284,7 @@ class SlotStore:
         """Put the file the server just saved in place and write its metadata."""
         if self.reachable:
             os.replace(self.dir / self.save_name(key), self.dir / self.file_name(key))
+            _make_private(self.dir / self.file_name(key))
             found = self.size_crc(key)
             if found is not None:
                 meta = dataclasses.replace(meta, bytes=found[0], crc32=found[1])

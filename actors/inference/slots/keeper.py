@@ -44,6 +44,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -68,6 +69,8 @@ __all__ = [
     "pick_server",
     "pick_slot",
 ]
+
+log = logging.getLogger("loopd.slots")
 
 NO_SAVE_PATH = "the server has no --slot-save-path"
 NO_PERSISTENCE = "the server's KV state is not kept ({why})"
@@ -435,7 +438,8 @@ class SlotKeeper:
         if store is None:
             return none(server.why_not)
         meta = store.meta(session.key)
-        found = store.size_crc(session.key) if meta is not None and store.reachable else None
+        found = (store.size_crc(session.key, meta.bytes) if meta is not None and store.reachable
+                 else None)
         problem = restore_problem(meta, server.fingerprint, found, store.reachable)
         if problem or meta is None:
             return none(problem)
@@ -461,6 +465,8 @@ class SlotKeeper:
             ok = False
             try:
                 ok = self._save(target, index, key)
+            except Exception:  # never the saver's end: later turns would wait for it for ever
+                log.exception("saving the KV state of %s failed", key)
             finally:
                 with self._cond:
                     slot = self._servers[target].slots[index]

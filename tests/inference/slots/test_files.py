@@ -8,9 +8,15 @@ nothing of a directory loopd cannot reach touched but its own metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import os
+import stat
 import zlib
 from pathlib import Path
+
+import pytest
 
 from actors.base.config import Config
 from actors.inference.slots import files as slotfiles
@@ -140,3 +146,87 @@ def test_deleting_a_session_deletes_its_files_everywhere(tmp_path: Path) -> None
     assert all(s.meta(key) is None for s in stores)
     assert not any((s.dir / s.file_name(key)).exists() for s in stores)
     assert stores[0].meta(other) is not None  # another session's stays
+
+
+# --- issue 27: slot files and their metadata are not trusted ---------------------------------
+
+
+def _good(key: str = "s-1") -> dict[str, object]:
+    return dataclasses.asdict(meta(key, used=5.0, size=3, crc=7))
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"used": "yesterday"}, "used is not a time"),
+    ({"saved": float("nan")}, "saved is not a time"),
+    ({"bytes": -1}, "bytes is not a whole number of at least 0"),
+    ({"tokens": True}, "tokens is not a whole number"),
+    ({"crc32": 2**40}, "crc32 is not a crc32"),
+    ({"session": 5}, "session is not a string"),
+    ({"file": "../../etc/passwd"}, "it names another file"),
+    ({"file": "other-2.bin"}, "it names another file"),
+])
+def test_metadata_of_the_wrong_type_or_range_is_refused_with_why(
+    change: dict[str, object], why: str
+) -> None:
+    assert slotfiles.parse_meta(_good(), "s-1") == meta("s-1", used=5.0, size=3, crc=7)
+    assert why in str(slotfiles.parse_meta({**_good(), **change}, "s-1"))
+    missing = _good()
+    del missing["fingerprint"]
+    assert slotfiles.parse_meta(missing, "s-1") == "fingerprint is not a string"
+    assert slotfiles.parse_meta([1], "s-1") == "it is not a JSON object"
+
+
+def test_bad_metadata_is_skipped_with_a_logged_reason_and_the_bound_still_holds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """"used": "yesterday" made the LRU order raise TypeError (the daemon's saver died with
+    it); a negative bytes turned the disk bound off."""
+    store = SlotStore(tmp_path, reachable=True)
+    for key in ("a", "b"):
+        (tmp_path / f"{key}.new.bin").write_bytes(b"x" * 100)
+        store.commit(key, meta(key, used=1.0 if key == "a" else 2.0))
+    (tmp_path / "c.json").write_text(json.dumps({**_good("c"), "used": "yesterday"}))
+    (tmp_path / "d.json").write_text(json.dumps({**_good("d"), "bytes": -10**12}))
+    (tmp_path / "e.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="loopd.slots"):
+        assert store.bound(150) == ["a"]  # no TypeError; d's -1 TB did not make room
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "c.json: used is not a time" in said and "d.json: bytes is not" in said
+    assert "e.json: it is not JSON" in said
+    assert [k for k, _ in store.all()] == ["b"]
+
+
+@pytest.mark.timeout(60)
+def test_a_state_file_swapped_for_a_symlink_or_grown_is_not_read_through(
+    tmp_path: Path,
+) -> None:
+    """A state file replaced by a symlink to /dev/zero made the size check read for ever
+    (loopd run spun and ignored SIGTERM). No symlink is followed, only a regular file is
+    read, and no more of it than the recorded size and one byte."""
+    store = SlotStore(tmp_path, reachable=True)
+    (tmp_path / "s-1.new.bin").write_bytes(b"state")
+    kept = store.commit("s-1", meta("s-1"))
+    (tmp_path / "s-1.bin").unlink()
+    os.symlink("/dev/zero", tmp_path / "s-1.bin")
+    assert store.size_crc("s-1", kept.bytes) is None
+    assert slotfiles.restore_problem(kept, "f", None, True) == slotfiles.MISSING
+    (tmp_path / "s-1.bin").unlink()
+    os.mkfifo(tmp_path / "s-1.bin")  # nothing writes it: a read would block for ever
+    assert store.size_crc("s-1", kept.bytes) is None
+    (tmp_path / "s-1.bin").unlink()
+    (tmp_path / "s-1.bin").write_bytes(b"state" + b"\0" * 10_000_000)
+    assert store.size_crc("s-1", kept.bytes) == (6, zlib.crc32(b"state\0"))  # changed
+    (tmp_path / "m.json").symlink_to(tmp_path / "s-1.json")
+    assert store.meta("m") is None  # metadata is not read through a symlink either
+
+
+def test_state_and_metadata_files_are_private(tmp_path: Path) -> None:
+    """KV state (a conversation, as the model read it) was 0644 in a 0755 directory."""
+    store = SlotStore(tmp_path / "slots", reachable=True)
+    store._write_meta("x", meta("x"))  # makes the directory
+    (tmp_path / "slots" / "s-1.new.bin").write_bytes(b"state")
+    os.chmod(tmp_path / "slots" / "s-1.new.bin", 0o644)  # as a server with umask 022 saves
+    store.commit("s-1", meta("s-1"))
+    assert stat.S_IMODE((tmp_path / "slots").stat().st_mode) == 0o700
+    for name in ("s-1.bin", "s-1.json", "x.json"):
+        assert stat.S_IMODE((tmp_path / "slots" / name).stat().st_mode) == 0o600, name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -389,3 +390,32 @@ def test_cancel_during_a_turn_leaves_the_slot_to_the_others(make: Any) -> None:
     with pytest.raises(Cancelled):
         rig.turn("b", "never", cancel=cancel)
     assert rig.turn("c").content == "ok."  # the slot was given back
+
+
+# --- issue 27: nothing a save meets ends the saver -------------------------------------------
+
+
+def test_bad_metadata_or_a_failing_save_never_ends_the_saver(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metadata file with "used": "yesterday" beside the session's made the bound after a
+    save raise TypeError in the saver thread, which died: the next save was never done, and
+    the turn after it waited for its slot for ever (this test's hang guard). And whatever
+    else a save raises is logged, not the saver's end."""
+    rig = make(slots=1, after_turn=True)
+    bad = {"session": "x", "file": "x-1.bin", "tokens": 1, "fingerprint": "f", "server": "u",
+           "saved": 1.0, "used": "yesterday", "bytes": 10, "crc32": 1}
+    (rig.save_dir / "x-1.json").write_text(json.dumps(bad))
+    for n in range(3):  # each turn's lease waits for the previous turn's save
+        assert rig.turn("a", f"turn {n}").content == "ok."
+    wait_until(lambda: [c[0] for c in rig.calls()].count("save") == 3, what="three saves")
+    real = slotfiles.SlotStore.bound
+
+    def broken(self: slotfiles.SlotStore, limit: int) -> list[str]:
+        monkeypatch.setattr(slotfiles.SlotStore, "bound", real)  # once
+        raise RuntimeError("a bug in the bound")
+
+    monkeypatch.setattr(slotfiles.SlotStore, "bound", broken)
+    for n in range(3, 5):
+        assert rig.turn("a", f"turn {n}").content == "ok."
+    wait_until(lambda: [c[0] for c in rig.calls()].count("save") == 5, what="five saves")
