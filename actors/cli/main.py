@@ -38,6 +38,7 @@ from actors.cli.view import (
     summary,
     torn_tail_left,
 )
+from actors.cli.where import place
 from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Compaction, kind_of, to_json
@@ -235,13 +236,8 @@ def _session(
     same outcome and the same errors; Ctrl-C cancels the turn either way. Either way,
     ``approver`` answers the calls that wait for approval (actors.cli.approvers), and the
     ``--approve`` rules go with the turn."""
-    from actors.daemon.client import find_daemon
-
     check_name(args.session)  # bad usage (exit 2), said before anything starts
-    # --url, --workspace and --log-dir describe a world of this command's own: the daemon
-    # runs its own, so a command given one of them runs in this process.
-    local = args.local or bool(args.url or args.workspace or args.log_dir)
-    client = None if local else find_daemon(config)
+    config, client = place(args, config, status)
     if client is not None:
         _approved(args)  # a bad --approve is refused here, as in-process
         with client:
@@ -412,9 +408,11 @@ def _daemon(config: cfg.Config) -> Any:
 def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     with _daemon(config) as client:
         s = client.status()
+    others = max(0, s.clients - 1)  # this command is a client of it too
     print(f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
-          f"{s.clients} client{'s' if s.clients != 1 else ''}")  # fmt: skip
-    print(f"  workspace {s.workspace}")
+          f"{others or 'no'} client{'s' if others != 1 else ''} besides this one")  # fmt: skip
+    print(f"  workspace {s.workspace or '(not said)'}")
+    print(f"  model {s.model or '(not said)'}")
     for row in s.sessions:
         print(f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}")
     return OK

@@ -93,7 +93,8 @@ Messages, daemon to client
 - ``status_reply``: ``id``, ``pid`` int, ``endpoint`` text, ``uptime_s`` float, ``clients`` int,
   ``sessions`` list of maps ``{"name": text, "busy": bool}`` (the attached sessions),
   ``workspace`` text (the root of its file tools, an absolute path: a client that works in
-  another directory, like ``loopd acp`` for an editor's project, runs in its own process).
+  another directory, like ``loopd acp`` for an editor's project, runs in its own process),
+  ``model`` text (what answers: the model and its server, for the person).
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
@@ -118,7 +119,9 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``turn.approve`` (default an empty list: no rules for this turn), with ``loopd run
   --approve`` through the daemon (e06167b);
 - ``status_reply.workspace`` (default "": not said; a client cannot tell where the daemon's
-  tools work), with ``loopd acp`` (6e179f4).
+  tools work), with ``loopd acp`` (6e179f4);
+- ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it
+  (issue 28).
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice
@@ -260,6 +263,7 @@ class StatusReply:
     )
     # the file tools' root (tools.workspace, resolved) of the daemon
     workspace: str = added("", "loopd acp (6e179f4)")
+    model: str = added("", "loopd status shows the model (issue 28)")  # and its server
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from actors.base.config import Config
 from actors.base.errors import SessionError, SessionLocked, UsageError
 from actors.log.file import OpenReport, SessionLog
 from actors.log.records import Baseline, Record
+from actors.session.workspace import keep_workspace
 
 if TYPE_CHECKING:
     from actors.base.cancel import CancelToken
@@ -137,12 +138,15 @@ def open_session(
     """Start the actor of session ``name`` and wait until its log is open.
 
     Creates the session when it does not exist and ``baseline`` is given. An open error
-    (SessionLocked, LogCorrupt, ...) is raised here, and the actor is stopped again.
+    (SessionLocked, LogCorrupt, ...) is raised here, and the actor is stopped again; so is
+    a UsageError when the session was made with another workspace than ``config``'s
+    (:mod:`actors.session.workspace`).
     """
     ref = SessionActor.start(config, name, baseline)
     proxy = ref.proxy()
     try:
         proxy.ready().get(timeout=timeout)
+        keep_workspace(config, name)  # under the log's lock: one writer of the file
     except BaseException:
         ref.stop(timeout=timeout)
         raise

@@ -46,6 +46,11 @@ class World:
     def config(self) -> Config:
         return self.runtime.config
 
+    def describe(self) -> str:
+        """What answers, for the person: the model and its server(s)."""
+        where = ", ".join(self.urls) or "?"
+        return f"{self.model} (embedded, {where})" if self.embedded else f"{self.model} at {where}"
+
     def baseline(self) -> Baseline:
         """The baseline of a new session: fixed for the session's whole life."""
         session, embedded = self.config.session, self.config.embedded

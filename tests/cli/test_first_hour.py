@@ -217,3 +217,39 @@ def test_a_tool_turn_of_one_session_is_never_queued(env: dict[str, Any], tmp_pat
     names = [e["event"] for e in events]
     assert "queued" not in names, events
     assert names[-1] == "answer" and [c[0] for c in fake.slot_calls][-1:] == ["save"]
+
+
+# --- a session keeps its workspace -------------------------------------------------------------
+
+
+def _listing() -> Any:
+    """A model that lists the workspace, then answers with what the listing said."""
+    def script(body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        results = [m for m in messages[last_user:] if m.get("role") == "tool"]
+        if not results:
+            return answer(tool_calls=[("list_dir", json.dumps({"path": "."}))])
+        return answer("Listed: " + results[-1]["content"].replace("\n", " "))
+    return script
+
+
+def test_a_session_keeps_the_workspace_it_was_made_with(env: dict[str, Any], capsys: Any) -> None:
+    other = env["tmp"] / "garden"
+    other.mkdir()
+    (other / "beds.csv").write_text("bed,plant\n")
+    with FakeLlama(_listing()) as fake:
+        base = ["--config", env["config"], "--url", fake.url, "--session", "d1"]
+        assert main(["run", "What is here?", *base, "--workspace", str(other)]) == 0
+        assert "beds.csv" in capsys.readouterr().out
+        # no --workspace: the session's own, said; not the config's (which has notes.txt)
+        assert main(["run", "And now?", *base]) == 0
+        out, err = capsys.readouterr()
+        assert "beds.csv" in out and "notes.txt" not in out
+        assert f"session d1 works on {other}, the workspace it was made with" in err
+        # another --workspace: refused before anything starts (exit 2)
+        assert main(["run", "Here?", *base, "--workspace", str(env["workspace"])]) == 2
+        err = capsys.readouterr().err
+        assert f"session d1 works on {other}" in err and "--session NEW-NAME" in err
+        assert "tool hosts" not in err
+        assert len(fake.requests) == 4  # two turns of two requests; none for the refusal

@@ -238,6 +238,7 @@ class Server:
             id=rid, pid=os.getpid(), endpoint=self.endpoint,
             uptime_s=time.monotonic() - self.started, clients=len(self._clients),
             sessions=tuple(self.sessions.rows()), workspace=str(self.app.config.workspace),
+            model=self.app.describe(),
         )  # fmt: skip
 
     # --- requests, each in a thread of its own -----------------------------------------
