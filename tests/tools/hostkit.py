@@ -19,7 +19,7 @@ import zmq
 
 from actors.tools.protocol import wire
 from actors.wire.procs import is_alive, kill_session, kill_tree
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 
 __all__ = [
     "FAKE",
@@ -88,7 +88,7 @@ class HandHost:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
 
-    def receive(self, timeout: float = 10.0) -> tuple[bytes, wire.Message]:
+    def receive(self, timeout: float = HANG_S) -> tuple[bytes, wire.Message]:
         assert self.sock.poll(int(timeout * 1000)), "the port sent nothing"
         peer, frame = self.sock.recv_multipart()
         return peer, wire.decode(frame)
@@ -124,14 +124,17 @@ def raw_dealer(endpoint: str, **options: Any) -> Iterator[zmq.Socket[Any]]:
         ctx.term()
 
 
-def recv(sock: zmq.Socket[Any], timeout: float = 10.0) -> wire.Message | None:
-    """The next message on ``sock``, or None after ``timeout``."""
+def recv(sock: zmq.Socket[Any], timeout: float = HANG_S) -> wire.Message | None:
+    """The next message on ``sock``, or None after ``timeout`` (by default a hang guard; a
+    test that shows nothing comes passes a short one)."""
     if not sock.poll(int(timeout * 1000)):
         return None
     return wire.decode(sock.recv())
 
 
-def ask(sock: zmq.Socket[Any], msg: wire.Message, timeout: float = 10.0) -> wire.Message | None:
+def ask(
+    sock: zmq.Socket[Any], msg: wire.Message, timeout: float = HANG_S
+) -> wire.Message | None:
     sock.send(wire.encode(msg))
     return recv(sock, timeout)
 

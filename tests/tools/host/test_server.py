@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -33,25 +34,33 @@ def _req(id: int, tool: str, **arguments: Any) -> wire.ToolRequest:
     return wire.ToolRequest(id, "s", id, tool, arguments)
 
 
-@pytest.fixture(scope="module")
-def host() -> Iterator[tuple[str, Path]]:
-    """One fake-tools host for the module: (endpoint, scratch dir). 2 calls at once at most."""
+@contextlib.contextmanager
+def _fake_host(timeout: str) -> Iterator[tuple[str, Path]]:
     with short_dir() as d:
         endpoint = f"ipc://{d}/h.sock"
-        args = (
-            "--provider",
-            FAKE,
-            "--timeout",
-            "0.5",
-            "--max-calls",
-            "2",
-            "--max-frame-bytes",
-            "65536",
-        )
+        args = ("--provider", FAKE, "--timeout", timeout, "--max-calls", "2",
+                "--max-frame-bytes", "65536")  # fmt: skip
         with spawn_host(endpoint, *args, log=d / "host.log"):
             with raw_dealer(endpoint) as sock:
-                assert isinstance(ask(sock, wire.Hello(), timeout=30), wire.Tools)
+                assert isinstance(ask(sock, wire.Hello()), wire.Tools)
             yield endpoint, d
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[tuple[str, Path]]:
+    """One fake-tools host for the module: (endpoint, scratch dir). 2 calls at once at most,
+    and a call limit that is a hang guard: a call held open on purpose (a gate file) is still
+    running when the test needs it to, however slowly this machine runs the test."""
+    with _fake_host("60") as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def quick() -> Iterator[tuple[str, Path]]:
+    """The same host with a call limit of 0.5 s, for the tests of that limit (their tool
+    sleeps 1.5 s: the limit always passes first)."""
+    with _fake_host("0.5") as made:
+        yield made
 
 
 def test_hello_answers_the_tool_list_and_ping_answers_pong(host: tuple[str, Path]) -> None:
@@ -144,8 +153,8 @@ def test_calls_over_the_cap_are_refused_not_queued(host: tuple[str, Path]) -> No
         }
 
 
-def test_a_hanging_tool_is_answered_failed_at_the_timeout(host: tuple[str, Path]) -> None:
-    endpoint, _ = host
+def test_a_hanging_tool_is_answered_failed_at_the_timeout(quick: tuple[str, Path]) -> None:
+    endpoint, _ = quick
     with raw_dealer(endpoint) as sock:
         answer = ask(sock, _req(7, "hang", seconds=1.5))
         assert isinstance(answer, wire.Failed)
@@ -228,11 +237,11 @@ def test_mcp_without_the_mcp_module_is_a_clear_error() -> None:
 # --- through the tool port -------------------------------------------------------------------
 
 
-@pytest.fixture
-def port(host: tuple[str, Path]) -> Iterator[ToolPort]:
-    endpoint, _ = host
+@contextlib.contextmanager
+def _port(endpoint: str) -> Iterator[ToolPort]:
+    # the port's own limit and heartbeats are hang guards: the host's answer decides
     handle = start_port(
-        PortSettings("fake", endpoint, timeout_s=0.5, heartbeat_s=0.5),
+        PortSettings("fake", endpoint, timeout_s=HANG_S, heartbeat_s=2.0),
         context=zmq.Context.instance(),
     )
     try:
@@ -242,8 +251,15 @@ def port(host: tuple[str, Path]) -> Iterator[ToolPort]:
         handle.stop()
 
 
-def test_the_port_gets_the_hosts_own_timeout_answer(port: ToolPort) -> None:
-    answer = port.call(session="s", call=1, tool="hang", arguments={"seconds": 1.5})
+@pytest.fixture
+def port(host: tuple[str, Path]) -> Iterator[ToolPort]:
+    with _port(host[0]) as handle:
+        yield handle
+
+
+def test_the_port_gets_the_hosts_own_timeout_answer(quick: tuple[str, Path]) -> None:
+    with _port(quick[0]) as port:
+        answer = port.call(session="s", call=1, tool="hang", arguments={"seconds": 1.5})
     assert isinstance(answer, wire.Failed)
     assert "hang did not finish within 0.5 s (the tool host's limit" in answer.message
 

@@ -43,7 +43,9 @@ class Ports:
         self.started: list[ToolPort] = []
 
     def __call__(self, endpoint: str, **settings: Any) -> ToolPort:
-        merged = {"timeout_s": 5.0, "heartbeat_s": 0.5, **settings}
+        # hang guards by default: a healthy fake host starved for a second on a loaded
+        # machine is not given up on; a test that wants a limit to pass sets its own
+        merged = {"timeout_s": 60.0, "heartbeat_s": 2.0, **settings}
         port = start_port(PortSettings("fake", endpoint, **merged), context=self.ctx)
         self.started.append(port)
         return port
@@ -135,7 +137,7 @@ def test_a_host_that_stops_answering_fails_the_calls_in_flight(
         return wire.Result(req.id, "back")
 
     with FakeHost(ctx, endpoint, handler=go_silent) as host:
-        port = ports(endpoint, timeout_s=60, heartbeat_s=0.1)
+        port = ports(endpoint, timeout_s=60, heartbeat_s=0.5)  # silent for 1.5 s: gone
         assert port.wait_ready(HANG_S)
         answer = _call(port)  # only the heartbeat can end this call before 60 s
         assert isinstance(answer, wire.Failed)
@@ -211,7 +213,7 @@ def test_a_host_exit_fails_calls_in_flight_at_once(
 def test_a_call_made_before_the_host_is_up_is_sent_when_it_comes(
     ctx: zmq.Context[Any], endpoint: str, ports: Ports
 ) -> None:
-    port = ports(endpoint, heartbeat_s=2.0)  # waits up to 3 heartbeats for the host
+    port = ports(endpoint, heartbeat_s=10.0)  # waits up to 3 heartbeats for the host
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(_call, port, "early")
         with FakeHost(ctx, endpoint):
