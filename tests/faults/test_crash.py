@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("LOOPD_CRASH_SEED", "20261202"))
 KILLS = int(os.environ.get("LOOPD_CRASH_KILLS", "25"))
 EARLY = 0.2  # share of lives killed during start-up
-HOST_EXIT_BOUND_S = 10.0  # a hang guard, not a timing: hosts check their parent every 0.25 s
+HOST_EXIT_BOUND_S = HANG_S  # a hang guard, not a timing: hosts check their parent every 0.25 s
 
 
 class Child:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 
 from actors.base.cancel import CancelToken
+from tests.support.watch import HANG_S
 
-WAIT = 10.0
+WAIT = HANG_S
 
 
 def test_cancelling_the_parent_wakes_a_child_waiting_at_once() -> None:

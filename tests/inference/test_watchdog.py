@@ -22,8 +22,9 @@ from actors.inference.types import InferError, InferErrorKind
 from actors.inference.watchdog import Watchdog
 from tests.inference.conftest import config, request
 from tests.support.http_backend import HandlerBackend
+from tests.support.watch import HANG_S
 
-WAIT = 10.0
+WAIT = HANG_S
 
 
 def eventually(ok: Callable[[], bool]) -> bool:

@@ -16,10 +16,11 @@ from actors.log.file import SessionLog
 from actors.log.records import Baseline, ToolResult, User
 from actors.session.actor import SessionActor, check_name, list_sessions, open_session
 from actors.tools.protocol.spec import ResultClass
+from tests.support.watch import HANG_S
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 BASE = Baseline(system="s", tools=(), model="m", created=T0, time=T0)
-WAIT = 10.0
+WAIT = HANG_S
 
 
 @pytest.fixture

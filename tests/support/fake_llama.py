@@ -81,7 +81,7 @@ DEFAULT_PROPS: dict[str, Any] = {
     "total_slots": 1, "n_ctx": 8192, "model_path": "/models/fake.gguf", "build_info": "b1-fake",
 }
 CONTROL_PATH = "/v1/chat/completions/control"
-CONTROL_WAIT_S = 5.0
+CONTROL_WAIT_S = HANG_S  # a hang guard: the control call settles the race when it comes
 _POLL_S = 0.02
 
 Control = Literal["honor", "ignore", "missing"]

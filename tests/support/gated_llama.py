@@ -14,9 +14,11 @@ from typing import Any, ClassVar
 
 import httpx
 
+from tests.support.watch import HANG_S
+
 __all__ = ["WAIT", "GatedServer", "delta", "sse"]
 
-WAIT = 10  # seconds any single step may take before the test fails
+WAIT = HANG_S  # how long any single step may take before the test fails: a hang guard
 
 
 def sse(obj: Any) -> bytes:

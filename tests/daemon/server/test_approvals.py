@@ -21,8 +21,9 @@ from actors.base.events import ApprovalRequested, Choice, Decision
 from actors.base.rules import Rule, RuleBook, parse_rule
 from actors.daemon import protocol as p
 from actors.daemon.server.approvals import RemoteApprover, TurnRules
+from tests.support.watch import HANG_S
 
-WAIT = 60  # a hang guard
+WAIT = HANG_S  # a hang guard
 
 
 def question(call: int = 3) -> ApprovalRequested:

@@ -20,9 +20,9 @@ from actors.tools.port.connection import PortState
 from actors.tools.port.settings import PortSettings
 from actors.tools.port.supervisor import HostLauncher, HostSupervisor, PortStatus
 from actors.wire.procs import is_alive
-from tests.support.watch import wait_until
+from tests.support.watch import HANG_S, wait_until
 
-WAIT = 60  # a hang guard for each wait, never a timing
+WAIT = HANG_S  # a hang guard for each wait, never a timing
 
 
 class StandInConnection:
