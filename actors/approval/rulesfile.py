@@ -17,18 +17,15 @@ loopd processes saving at once both keep their rule).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import threading
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 
-from actors.base.durable import fsync_dir, write_all
+from actors.base.durable import fsync_dir, locked, write_all
 from actors.base.errors import RulesError
 from actors.base.rules import Rule, RuleBook, parse_rule
 
@@ -104,7 +101,7 @@ def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
     file; RulesError if it cannot."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
+        with locked(path.with_name(path.name + ".lock")):
             load_rules(path)  # refuse to add to a file that is already malformed
             try:
                 text = path.read_text(encoding="utf-8")
@@ -117,16 +114,6 @@ def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
             _replace(path, tomlkit.dumps(doc).encode())
     except OSError as e:
         raise RulesError(f"rules file {path}: cannot save the rule {str(rule)!r}: {e}") from None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _replace(path: Path, data: bytes) -> None:

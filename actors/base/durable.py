@@ -1,11 +1,16 @@
-"""Durable writes, written once: every byte of a buffer, and a directory entry made durable."""
+"""Durable writes and file locks, written once: every byte of a buffer, a directory entry
+made durable, an exclusive ``flock`` (the kernel lets go of it when its process dies, even by
+SIGKILL, so a lock is never stale)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["fsync_dir", "write_all"]
+__all__ = ["fsync_dir", "lock", "locked", "write_all"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -16,6 +21,28 @@ def write_all(fd: int, data: bytes) -> None:
         if written <= 0:
             raise OSError("write wrote nothing")
         view = view[written:]
+
+
+def lock(fd: int, *, wait: bool = True) -> bool:
+    """Take the exclusive ``flock`` of ``fd``'s file, held until the fd is closed. With
+    ``wait`` False: False at once when another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock of the file ``path`` (made when missing) for the block,
+    waiting for whoever holds it: one writer at a time across processes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        lock(fd)
+        yield
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import struct
 import zlib
 from pathlib import Path
 from typing import NoReturn
 
-from actors.base.durable import fsync_dir, write_all
+from actors.base.durable import fsync_dir, lock, write_all
 from actors.base.errors import LogCorrupt, RecordError, SessionError, SessionLocked
 from actors.log.records import Approval, Baseline, Record, ToolResult, decode, encode
 from actors.log.tailscan import next_valid_frame
@@ -272,14 +271,11 @@ def _open_locked(path: Path, name: str, baseline: Baseline | None) -> tuple[int,
             f"directory (log.dir) is writable"
         ) from e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _lock_holder(fd)
-        os.close(fd)
-        raise SessionLocked(
-            f"session {name} is open elsewhere{holder} ({path}); close that loopd first, "
-            f"or use another session name"
-        ) from None
+        if not lock(fd, wait=False):
+            raise SessionLocked(
+                f"session {name} is open elsewhere{_lock_holder(fd)} ({path}); close that "
+                f"loopd first, or use another session name"
+            )
     except BaseException:
         os.close(fd)
         raise

@@ -8,7 +8,6 @@ actor again, which turns "open elsewhere" or "corrupt" into an exception for the
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors.base.config import Config
+from actors.base.durable import lock
 from actors.base.errors import SessionError, SessionLocked, UsageError
 from actors.log.file import OpenReport, SessionLog
 from actors.log.records import Baseline, Record
@@ -177,12 +177,8 @@ def remove_session(config: Config, name: str) -> None:
     except FileNotFoundError:
         raise SessionError(f"session {name} does not exist ({path})") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SessionLocked(
-                f"session {name} is open in another process: end it there first"
-            ) from None
+        if not lock(fd, wait=False):
+            raise SessionLocked(f"session {name} is open in another process: end it there first")
         remove_session_files(slot_dirs(config), path)
         shutil.rmtree(path.parent)
     finally:

@@ -15,11 +15,16 @@ import os
 import signal
 import sys
 
-__all__ = ["SCRIPT", "main"]
+__all__ = ["SCRIPT", "main", "tethered"]
 
 SCRIPT = os.path.abspath(__file__)  # run as ``python -I -S SCRIPT PARENT_PID COMMAND...``
 
 _PR_SET_PDEATHSIG = 1
+
+
+def tethered(command: list[str]) -> list[str]:
+    """The command line that runs ``command`` tethered to this process (it dies with us)."""
+    return [sys.executable, "-I", "-S", SCRIPT, str(os.getpid()), *command]
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""actors/base/durable.py: every byte written, and a new directory entry made durable.
+"""actors/base/durable.py: every byte written, a new directory entry made durable, file locks.
 
 What the system does is real (files, a pipe, directories); where a test needs the system to
 misbehave (a short write, a write that takes nothing, a failing fsync) ``os`` is wrapped.
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.base.durable import fsync_dir, write_all
+from actors.base.durable import fsync_dir, lock, locked, write_all
 
 
 def _open_paths() -> set[str]:
@@ -156,3 +156,55 @@ def test_fsync_dir_refuses_a_file_and_a_missing_path(tmp_path: Path, no_leaked_f
         fsync_dir(tmp_path / "file")
     with pytest.raises(FileNotFoundError):
         fsync_dir(tmp_path / "missing")
+
+
+# --- locks ---------------------------------------------------------------------------------
+
+
+def test_a_lock_held_by_another_open_file_is_refused_without_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.touch()
+    first, second = os.open(path, os.O_RDWR), os.open(path, os.O_RDWR)
+    try:
+        assert lock(first, wait=False)
+        assert not lock(second, wait=False)  # flock is per open file: this one is another
+        os.close(first)  # closing the holder lets go
+        first = -1
+        assert lock(second, wait=False)
+    finally:
+        for fd in (first, second):
+            if fd >= 0:
+                os.close(fd)
+
+
+def test_locked_waits_for_the_holder_and_leaves_nothing_open(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    order: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with locked(path):
+            order.append("first in")
+            inside.set()
+            release.wait(10)
+            order.append("first out")
+
+    def second() -> None:
+        with locked(path):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    assert inside.wait(10)
+    threads[1].start()  # waits in flock until the first block ends
+    with locked(path.with_name("other.lock")):  # another file's lock does not wait
+        fd = os.open(path, os.O_RDWR)
+        try:
+            assert not lock(fd, wait=False)  # held by the first block
+        finally:
+            os.close(fd)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["first in", "first out", "second in"]
+    assert str(path) not in _open_paths()

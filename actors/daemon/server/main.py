@@ -15,7 +15,6 @@ embedded server stop), the socket and pid file go. Nothing is left running.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -30,6 +29,7 @@ from typing import Any
 import zmq
 
 from actors.base.config import Config
+from actors.base.durable import lock
 from actors.base.errors import DaemonError, UsageError
 from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
 from actors.daemon.server.listening import BACKLOG
@@ -48,14 +48,12 @@ def _pid_lock(config: Config) -> Iterator[Path]:
     path = pid_file(config)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock(fd, wait=False):
             other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise UsageError(
                 f"a loopd daemon is already running (pid {other}, {endpoint(config)}); "
                 "`loopd stop` ends it"
-            ) from None
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -28,11 +27,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -40,9 +38,9 @@ from typing import IO
 import httpx
 
 from actors.base.config import Config, EmbeddedConfig
-from actors.base.durable import fsync_dir
+from actors.base.durable import fsync_dir, locked
 from actors.base.errors import EmbeddedError
-from actors.wire.tether import SCRIPT as TETHER_SCRIPT
+from actors.wire.tether import tethered
 
 __all__ = [
     "INSTALL_HINT",
@@ -76,9 +74,6 @@ _STOP_GRACE_S = 5.0
 _CRASH_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS})
 
 Progress = Callable[[str], None]
-
-
-_TETHER = Path(TETHER_SCRIPT)
 
 
 def model_name() -> str:
@@ -145,7 +140,7 @@ def ensure_model(
     models.mkdir(parents=True, exist_ok=True)
     if _verified(target, stamp_path, expected_sha256, expected_size):
         return target
-    with _locked(models / ".lock"):
+    with locked(models / ".lock"):
         if _verified(target, stamp_path, expected_sha256, expected_size):
             return target  # another loopd assembled it while we waited
         if target.is_file() and target.stat().st_size == expected_size:
@@ -230,16 +225,6 @@ def _write_stamp(path: Path, stamp: _Stamp) -> None:
     tmp.write_text(json.dumps(dataclasses.asdict(stamp)), encoding="utf-8")
     os.replace(tmp, path)
 
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _progress(on_progress: Progress | None, message: str) -> None:
@@ -428,8 +413,7 @@ class EmbeddedServer:
             )
             log.flush()
             process = subprocess.Popen(
-                # tether.py: the server dies with loopd, even when loopd is SIGKILLed
-                [sys.executable, "-I", "-S", str(_TETHER), str(os.getpid()), *cmd],
+                tethered(cmd),  # the server dies with loopd, even when loopd is SIGKILLed
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -34,14 +34,11 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import shlex
 import shutil
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -49,7 +46,7 @@ from actors.base.errors import McpError
 from actors.base.textcut import cut
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.protocol.wire import Answer, Failed, Result
-from actors.wire.tether import SCRIPT as TETHER_SCRIPT
+from actors.wire.tether import tethered
 
 try:
     import anyio
@@ -73,7 +70,6 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 _CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
-_CHILD = Path(TETHER_SCRIPT)
 _CANCEL_POLL_S = 0.1  # how often a waiting call looks at its cancel flag
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
@@ -362,9 +358,9 @@ class McpProvider:
 
     def _transport(self, ended: asyncio.Event) -> Any:
         if self._command is not None:
-            # Through tether.py, so the server dies with this host even if the host is killed.
-            child = ["-I", "-S", str(_CHILD), str(os.getpid()), *self._command]
-            params = StdioServerParameters(command=sys.executable, args=child)
+            # Tethered, so the server dies with this host even if the host is killed.
+            argv = tethered(self._command)
+            params = StdioServerParameters(command=argv[0], args=argv[1:])
             return _watched(stdio_client(params), ended)
         assert self._url is not None
         return _watched(streamable_http_client(self._url), ended)
