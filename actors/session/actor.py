@@ -172,10 +172,18 @@ def remove_session(config: Config, name: str) -> None:
     from actors.inference.slots.files import remove_session_files, slot_dirs
 
     path = session_path(config, name)
+    if path.parent.is_symlink():  # rmtree would refuse it; through it, anything could go
+        raise SessionError(
+            f"session {name}: its directory {path.parent} is a symlink (to "
+            f"{os.readlink(path.parent)}); loopd deletes nothing through a symlink: remove "
+            "it, and what it points to if you mean to, yourself"
+        )
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise SessionError(f"session {name} does not exist ({path})") from None
+    except OSError as e:  # ELOOP: log.bin is a symlink
+        raise SessionError(f"session {name}: {path} cannot be opened: {e.strerror}") from None
     try:
         if not lock(fd, wait=False):
             raise SessionLocked(f"session {name} is open in another process: end it there first")

@@ -191,3 +191,24 @@ def test_a_state_file_swapped_for_a_symlink_to_dev_zero_is_not_read(env: dict[st
     assert done.returncode == 0, done.stderr
     assert "Two." in done.stdout
     assert not state.is_symlink() and state.is_file()  # never followed; the new save replaced it
+
+
+def test_removing_a_session_whose_directory_is_a_symlink_is_refused_clearly(
+    env: dict[str, Any], tmp_path: Path, capsys: Any
+) -> None:
+    """It ended in a traceback (rmtree refuses a symlink); through it, a whole other tree
+    could have gone. Now: exit 5, what and why, and nothing deleted."""
+    elsewhere = tmp_path / "elsewhere"
+    with FakeLlama([answer("One.")], save_dir=env["save"]) as fake:
+        assert main(["run", "Hi", "--session", "real", "--config", env["config"],
+                     "--url", fake.url]) == 0
+    (env["dir"] / "real").rename(elsewhere)
+    (env["dir"] / "linked").symlink_to(elsewhere)
+    (elsewhere / "precious.txt").write_text("keep me")
+    capsys.readouterr()
+    assert main(["sessions", "rm", "linked", "--config", env["config"]]) == 5
+    err = capsys.readouterr().err
+    assert f"its directory {env['dir'] / 'linked'} is a symlink (to {elsewhere})" in err
+    assert "Traceback" not in err
+    assert (elsewhere / "precious.txt").read_text() == "keep me"
+    assert (elsewhere / "log.bin").is_file() and (env["dir"] / "linked").is_symlink()

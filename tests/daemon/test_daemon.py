@@ -345,3 +345,21 @@ def test_cancel_ends_a_turn_and_the_session_lists_and_reads(daemon: Daemon) -> N
         records = client.read_log("c")
         assert client.turn("c", "t2 :: list_dir {}").run(lambda e: None).content == "done t2."
     assert [type(r).__name__ for r in records] == ["Baseline", "User", "Assistant", "Usage"]
+
+
+def test_a_pid_file_that_is_a_symlink_is_refused_and_nothing_written_through_it(
+    tmp_path: Path,
+) -> None:
+    """`loopd serve` opened its pid file through a symlink and truncated what it pointed to."""
+    with short_dir() as d:
+        run_dir = d / "run"
+        run_dir.mkdir(mode=0o700)
+        victim = tmp_path / "precious.txt"
+        victim.write_text("keep me\n")
+        (run_dir / "loopd.pid").symlink_to(victim)
+        config = daemon_config(tmp_path / "c", run_dir, "http://127.0.0.1:9")
+        done = cli(config, "serve", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"the pid file {run_dir / 'loopd.pid'} cannot be opened" in done.stderr
+    assert "it is a symlink" in done.stderr and "Traceback" not in done.stderr
+    assert victim.read_text() == "keep me\n"

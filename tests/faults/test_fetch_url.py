@@ -27,6 +27,7 @@ from tests.support.watch import HANG_S, wait_until
 from tests.tools.hostkit import short_dir, spawn_host
 
 PAGE = b"<p>hello from the page</p>"
+CHARSET_BODY = "café \\u202e \\x1b[2J ".encode() * 2000  # text with escapes written out
 
 
 class Server:
@@ -57,6 +58,15 @@ class Server:
                             self.wfile.write(b"x" * 1024)
                     except OSError:
                         outer.gone.set()
+                    return
+                if self.path.startswith("/charset?c="):
+                    body = CHARSET_BODY
+                    self.send_response(200)
+                    self.send_header("Content-Type",
+                                     f"text/plain; charset={self.path.split('=', 1)[1]}")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                     return
                 if self.path in ("/trickle", "/silent"):
                     self.send_response(200)
@@ -313,3 +323,33 @@ def test_the_web_host_refuses_loopback_unless_the_setting_allows_it(server: Serv
                 finally:
                     port.stop()
         assert isinstance(answer, wire.Result if allowed == "1" else wire.Denied), answer
+
+
+# --- issue 27: a page's charset is a text encoding of the web, or not used ------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("charset", ["unicode_escape", "raw_unicode_escape", "punycode",
+                                     "utf-7", "no-such-codec", "hex"])
+def test_a_charset_that_is_not_a_web_text_encoding_is_not_used(
+    server: Server, charset: str
+) -> None:
+    """unicode_escape turned the page's written-out "\\x1b[2J" into a real escape (a clear
+    screen in the person's terminal), "\\u202e" into a right-to-left override; punycode
+    decodes in time quadratic in the page. The page is read as UTF-8 and the result says so."""
+    answer = fetch(server.url(f"/charset?c={charset}"), allow_private=True,
+                   max_output=len(CHARSET_BODY))
+    assert isinstance(answer, wire.Result), answer
+    text = str(answer.content)
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "café \\u202e \\x1b[2J" in text  # as written, in UTF-8
+    assert f"[the page's charset {charset!r} is " in text and "read as UTF-8]" in text
+
+
+@pytest.mark.parametrize(("charset", "shown"), [("utf-8", "café"), ("iso-8859-1", "cafÃ©"),
+                                               ("windows-1252", "cafÃ©"), ("UTF-8", "café")])
+def test_a_web_charset_is_used(server: Server, charset: str, shown: str) -> None:
+    answer = fetch(server.url(f"/charset?c={charset}"), allow_private=True, max_output=200)
+    assert isinstance(answer, wire.Result), answer
+    assert shown in str(answer.content)
+    assert "read as UTF-8" not in str(answer.content)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -46,7 +47,17 @@ log = logging.getLogger("loopd.daemon")
 @contextlib.contextmanager
 def _pid_lock(config: Config) -> Iterator[Path]:
     path = pid_file(config)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:  # never through a symlink: it would truncate whatever it points to
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     0o600)
+    except OSError as e:
+        raise UsageError(
+            f"the pid file {path} cannot be opened ({e.strerror}"
+            f"{': it is a symlink' if path.is_symlink() else ''}); remove it and start again"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"the pid file {path} is not a regular file; remove it and start again")
     try:
         if not lock(fd, wait=False):
             other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"

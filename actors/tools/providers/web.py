@@ -22,6 +22,7 @@ The web's rules live here (:class:`~actors.tools.providers.standard.StandardTool
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ipaddress
 import os
@@ -33,7 +34,20 @@ from typing import Any
 
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 
-__all__ = ["ALLOW_PRIVATE_ENV", "fetch_url", "refusal", "time_limit"]
+__all__ = ["ALLOW_PRIVATE_ENV", "fetch_url", "refusal", "text_encoding", "time_limit"]
+
+# The text encodings of the web (the WHATWG Encoding Standard's, as Python names them). A
+# charset a server names that is not one of them is not used: Python's codecs include code
+# (unicode_escape turns "\x1b" in a page into a real escape character, punycode takes time
+# quadratic in the page), not only text.
+_WEB_ENCODINGS = frozenset({
+    "utf-8", "utf-16", "utf-16-le", "utf-16-be", "ascii", "iso8859-1", "iso8859-2",
+    "iso8859-3", "iso8859-4", "iso8859-5", "iso8859-6", "iso8859-7", "iso8859-8",
+    "iso8859-10", "iso8859-13", "iso8859-14", "iso8859-15", "iso8859-16", "cp1250", "cp1251",
+    "cp1252", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258", "cp874", "cp866",
+    "koi8-r", "koi8-u", "mac-roman", "gbk", "gb2312", "gb18030", "big5", "big5hkscs",
+    "euc_jp", "iso2022_jp", "shift_jis", "cp932", "euc_kr", "cp949",
+})
 
 ALLOW_PRIVATE_ENV = "LOOPD_WEB_ALLOW_PRIVATE"
 _TICK_S = 0.05
@@ -49,6 +63,21 @@ def time_limit(timeout_s: float) -> float:
     """The download's share of the host's limit: 90%, leaving at least 1 s (or half) for the
     answer to get back before the host gives up on the call."""
     return max(timeout_s * 0.5, min(timeout_s * 0.9, timeout_s - 1.0))
+
+
+def text_encoding(charset: str | None) -> tuple[str, str]:
+    """The codec to read a page with, for the ``charset`` its server named, and a note for
+    the result when that charset was not used ("" when it was, or none was named)."""
+    if not charset:
+        return "utf-8", ""
+    try:
+        name = codecs.lookup(charset).name
+    except LookupError:
+        return "utf-8", f"[the page's charset {charset[:40]!r} is unknown: read as UTF-8]"
+    if name not in _WEB_ENCODINGS:
+        return "utf-8", (f"[the page's charset {charset[:40]!r} is not a text encoding of the "
+                         "web: read as UTF-8]")
+    return name, ""
 
 
 def refusal(address: str) -> str:
@@ -193,7 +222,7 @@ def fetch_url(url: str, *, timeout_s: float, max_output: int, cancel: threading.
         ):
             kind = r.headers.get("content-type", "")
             head = f"HTTP {r.status_code} {r.reason_phrase}\ncontent-type: {kind}"
-            encoding = r.encoding or "utf-8"
+            encoding, said = text_encoding(r.charset_encoding)
             for chunk in r.iter_raw():
                 data += chunk
                 if len(data) > max_output:
@@ -217,10 +246,10 @@ def fetch_url(url: str, *, timeout_s: float, max_output: int, cancel: threading.
     if watched.stopped and not head:
         return Failed(message=f"fetch_url: {url} did not answer within {limit:.3g} s")
     text = bytes(data).decode(encoding, "replace") if head else ""
-    note = ""
+    note = f"\n{said}" if head and said else ""
     if more:
-        note = f"\n[cut at {max_output} bytes: the rest was not fetched]"
+        note += f"\n[cut at {max_output} bytes: the rest was not fetched]"
     elif watched.stopped:
-        note = (f"\n[stopped at the time limit ({limit:.3g} s) after {len(data)} bytes: the "
+        note += (f"\n[stopped at the time limit ({limit:.3g} s) after {len(data)} bytes: the "
                 "rest was not fetched]")
     return Result(content=f"{head}\n\n{text}{note}", untrusted=True)
