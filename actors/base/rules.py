@@ -60,8 +60,9 @@ _TOOL = re.compile(r"[A-Za-z0-9_.\-]+")
 _SEPARATOR = re.compile(r"[:=]")
 # Path parts where programs the person runs find code: a write there is asked for, always
 # (git runs core.fsmonitor, core.pager, aliases and hooks from .git/config and .git/hooks:
-# "git status" after such a write runs anything).
-PROTECTED = frozenset({".git"})
+# "git status" after such a write runs anything; a loopd.toml in the workspace could allow
+# every call of the next loopd that reads it).
+PROTECTED = frozenset({".git", "loopd.toml"})
 
 
 class Verdict(enum.StrEnum):
@@ -159,8 +160,9 @@ def protected(tool: str, arguments: Mapping[str, Any]) -> str:
     hit = next((p for p in PurePosixPath(path).parts if p in PROTECTED), None)
     if hit is None:
         return ""
-    return (f"{path} is inside {hit}, where programs find code to run (a write there can make "
-            "an allowed command run anything), so it is asked for every time")
+    where = f"is inside {hit}" if hit == ".git" else f"is a {hit}"
+    return (f"{path} {where}, where programs find what to run (a write there can make an "
+            "allowed command run anything), so it is asked for every time")
 
 
 def parse_rule(text: str) -> Rule:

@@ -123,7 +123,8 @@ def test_what_a_session_or_always_answer_grants() -> None:
 
 
 @pytest.mark.parametrize("path", [".git/config", ".git/hooks/pre-commit", "sub/.git/config",
-                                  "./.git/info/attributes", ".git"])
+                                  "./.git/info/attributes", ".git", "loopd.toml",
+                                  "conf/loopd.toml"])
 def test_writes_where_programs_find_code_are_asked_for_whatever_the_rules_say(path: str) -> None:
     """The README's own example: write_file and "git status" allowed; a .git/config with a
     core.fsmonitor made "git status" run anything. Such a write is asked for, and an answer
@@ -131,7 +132,7 @@ def test_writes_where_programs_find_code_are_asked_for_whatever_the_rules_say(pa
     book = RuleBook.of(["write_file", "write_file: .git", "run_command: git status"])
     assert said(book, "write_file", path=path, content="x") is Verdict.ASK
     assert grant_for(book, "write_file", {"path": path}) is None
-    assert "where programs find code to run" in protected("write_file", {"path": path})
+    assert "where programs find what to run" in protected("write_file", {"path": path})
     assert said(book, "write_file", path="src/git/config") is Verdict.ALLOW
     assert said(book, "write_file", path=".gitignore") is Verdict.ALLOW
     assert said(RuleBook.of([], ["write_file"]), "write_file", path=path) is Verdict.DENY

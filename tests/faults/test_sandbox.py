@@ -279,17 +279,21 @@ def test_no_mount_of_the_sandbox_can_be_changed(host: Host) -> None:
 
 def test_git_code_in_the_workspace_is_read_only(tmp_path: Path) -> None:
     """A hook or a core.fsmonitor a command left in .git would run the next time the person
-    uses git, outside any sandbox; the rest of .git stays writable (commits work)."""
+    uses git, outside any sandbox; a loopd.toml there could allow every call of the next
+    loopd. The rest of .git stays writable (commits work)."""
     with _shell_host() as h:
         subprocess.run(["git", "init", "-q", str(h.workspace)], check=True)
         command = (
             "git -c user.email=a@b -c user.name=n commit -q --allow-empty -m x && echo committed;"
             " echo '[core] fsmonitor = touch /tmp/pwned' >> .git/config || echo config-ro;"
-            " touch .git/hooks/post-checkout || echo hooks-ro; touch .git/other && echo other-ok"
+            " touch .git/hooks/post-checkout || echo hooks-ro; touch .git/other && echo other-ok;"
+            " echo 'allow = [\"run_command\"]' >> loopd.toml || echo loopd-ro"
         )
+        (h.workspace / "loopd.toml").write_text("[tools]\n")
         text = _output(_run(h.endpoint, command))
         assert "committed" in text and "other-ok" in text
-        assert "config-ro" in text and "hooks-ro" in text
+        assert "config-ro" in text and "hooks-ro" in text and "loopd-ro" in text
+        assert (h.workspace / "loopd.toml").read_text() == "[tools]\n"
         assert "fsmonitor" not in (h.workspace / ".git" / "config").read_text()
         assert not (h.workspace / ".git" / "hooks" / "post-checkout").exists()
 

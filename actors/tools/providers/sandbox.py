@@ -298,15 +298,19 @@ def _under(path: str, dirs: Iterable[str]) -> bool:
 
 def _git_code(workspace: Path) -> list[str]:
     """The workspace's ``.git/config`` and ``.git/hooks`` (git runs commands from them), or
-    its ``.git`` file (a worktree's pointer to its repository, which must not be changed)."""
+    its ``.git`` file (a worktree's pointer to its repository, which must not be changed),
+    and its ``loopd.toml`` (a config there could allow every call)."""
+    found = []
+    with contextlib.suppress(OSError):  # loopd's own config, when it is kept here
+        if stat.S_ISREG(os.lstat(workspace / "loopd.toml").st_mode):
+            found.append(str(workspace / "loopd.toml"))
     git = workspace / ".git"
     try:
         mode = os.lstat(git).st_mode
     except OSError:
-        return []
+        return found
     if stat.S_ISREG(mode):
-        return [str(git)]
-    found = []
+        return [*found, str(git)]
     for name, kind in (("config", stat.S_ISREG), ("hooks", stat.S_ISDIR)):
         with contextlib.suppress(OSError):
             if stat.S_ISDIR(mode) and kind(os.lstat(git / name).st_mode):
