@@ -53,7 +53,7 @@ def test_a_huge_word_is_read_in_linear_time() -> None:
     """The issue's 400,000-character word took 4 s in the rules matcher (shlex builds each
     word a character at a time: quadratic). Ten times that is read here in well under a
     second; on the old matcher it would take about 400 s, past this test's hang guard.
-    (The bound is a hang guard: speed is measured by benchmarks, not here.)"""
+    (The bound is a hang guard: speed is measured by scripts/bench_guards.py.)"""
     word = "a" * 4_000_000
     assert split_words(f"git {word}") == ("git", word)
     assert read_command(f"git '{word}'").runs == (("git", word),)

@@ -1,0 +1,119 @@
+"""What the guards of issue 27 cost, side by side with what they replaced.
+
+- **rules**: reading a command with one long word (the issue's 400,000 characters): loopd's
+  splitter against ``shlex.split`` (the old one, quadratic: it builds each word one
+  character at a time), and a whole ``verdict`` with a deny rule.
+- **grammar**: the answer grammar of the standard tools built, against the same grammar
+  taken from the cache (what every request after a session's first pays); and the grammar's
+  size for N optional properties at two N (linear: the ratio is N's).
+- **sandbox**: ``run_command true`` through bubblewrap with its bounds set (``--block-fd``,
+  prlimit, a pids cgroup as root), against the same sandbox without them. Skipped where
+  bubblewrap cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from actors.base.rules import RuleBook, verdict
+from actors.base.spelling import split_words
+from actors.inference.smallmodel.grammar import build_grammar, cached_grammar
+from actors.tools.providers.command import run_shell
+from actors.tools.providers.sandbox import Sandbox
+from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.registry import META_TOOLS
+
+__all__ = ["run"]
+
+WORD = 400_000  # characters of the long word
+GRAMMAR_N = 200  # builds timed
+PROPS = (40, 400)  # optional properties, two sizes (under the cap)
+COMMANDS = 20  # run_command calls timed, each way
+SMOKE = {"WORD": 2_000, "GRAMMAR_N": 3, "PROPS": (5, 50), "COMMANDS": 2}
+
+
+def _best(fn: Callable[[], object], n: int) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _rules() -> list[dict[str, Any]]:
+    command = "git " + "a" * WORD
+    book = RuleBook.of(["run_command: git"], ["run_command: rm", "run_command: git push"])
+    new = _best(lambda: split_words(command), 3)
+    old = _best(lambda: shlex.split(command), 1)
+    whole = _best(lambda: verdict(book, "run_command", {"command": command}), 3)
+    return [
+        {"name": f"split a {WORD:,}-character word", "value": new * 1000, "unit": "ms",
+         "ratio": new / old, "note": f"shlex.split (before): {old * 1000:,.0f} ms"},
+        {"name": "verdict on it (deny rules read every spelling)", "value": whole * 1000,
+         "unit": "ms", "ratio": whole / old, "note": "against shlex.split alone"},
+    ]
+
+
+def _grammar() -> list[dict[str, Any]]:
+    offered = tuple(META_TOOLS)
+    registry = [(s.name, s.parameters) for s in STANDARD_SPECS.values()]
+    built = _best(lambda: build_grammar(offered, registry), GRAMMAR_N)
+    cached_grammar(offered, registry)
+    hit = _best(lambda: cached_grammar(offered, registry), GRAMMAR_N)
+
+    def size(n: int) -> int:
+        schema = {"type": "object",
+                  "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+        return len(build_grammar([], [("t", schema)]).grammar)
+
+    small, large = (size(n) for n in PROPS)
+    return [
+        {"name": "grammar per request, cached", "value": hit * 1e6, "unit": "us",
+         "ratio": hit / built, "note": f"built each time (before): {built * 1e6:,.0f} us"},
+        {"name": f"grammar size, {PROPS[1]:,} optional properties", "value": large,
+         "unit": "bytes", "ratio": large / small,
+         "note": f"{PROPS[0]:,} give {small:,} (linear: ratio about {PROPS[1] // PROPS[0]})"},
+    ]
+
+
+def _sandbox() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as d:
+        ws = Path(d)
+        sandbox = Sandbox()
+        if sandbox.check(os.environ, ws):
+            return [{"name": "run_command through bwrap", "value": None, "unit": "",
+                     "note": "skipped: bubblewrap cannot run here"}]
+        bwrap = sandbox.bwrap(os.environ) or "bwrap"
+        env = sandbox.environment(os.environ)
+
+        def once(bounded: bool) -> float:
+            launch = sandbox.launch(10) if bounded else None
+            start = time.perf_counter()
+            try:
+                out = run_shell(sandbox.argv(bwrap, "true", ws, launch), cwd=ws, env=env,
+                                timeout_s=10, max_output=1000,
+                                pass_fds=launch.pass_fds() if launch else (),
+                                started=(lambda: launch.bound(10)) if launch else None)
+            finally:
+                if launch is not None:
+                    launch.close()
+            assert out.exit_code == 0, out
+            return time.perf_counter() - start
+
+        with_bounds = statistics.median(once(True) for _ in range(COMMANDS))
+        without = statistics.median(once(False) for _ in range(COMMANDS))
+    return [{"name": "run_command true, bounded", "value": with_bounds * 1000, "unit": "ms",
+             "ratio": with_bounds / without,
+             "note": f"the same sandbox without bounds: {without * 1000:.1f} ms (median)"}]
+
+
+def run() -> list[dict[str, Any]]:
+    return [*_rules(), *_grammar(), *_sandbox()]
