@@ -1,4 +1,5 @@
-"""The daemon the approval and chat tests share: write_file needs approval there."""
+"""What the daemon tests share: a fake model server, a short runtime directory, and the
+daemon the approval and chat tests use (write_file needs approval there)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
 from tests.tools.hostkit import short_dir
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLlama]:
+    with FakeLlama(agent()) as server:
+        yield server
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    with short_dir() as d:
+        yield d / "run"
 
 
 @pytest.fixture

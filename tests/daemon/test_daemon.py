@@ -31,21 +31,8 @@ from actors.wire.curve import load_public, load_secret, write_keypair
 from actors.wire.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
-from tests.support.scripted_llama import agent
 from tests.support.watch import wait_until
-from tests.tools.hostkit import raw_dealer, short_dir
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlama]:
-    with FakeLlama(agent()) as server:
-        yield server
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    with short_dir() as d:
-        yield d / "run"
+from tests.tools.hostkit import raw_dealer
 
 
 @pytest.fixture

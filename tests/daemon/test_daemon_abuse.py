@@ -26,21 +26,7 @@ from actors.daemon.address import endpoint
 from actors.daemon.client import Client, find_daemon
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama
-from tests.support.scripted_llama import agent
 from tests.support.watch import wait_until
-from tests.tools.hostkit import short_dir
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlama]:
-    with FakeLlama(agent()) as server:
-        yield server
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    with short_dir() as d:
-        yield d / "run"
 
 
 @contextlib.contextmanager

@@ -28,10 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from actors.base import config as cfg
 from actors.base.errors import LoopdError
@@ -50,12 +47,6 @@ SEED = int(os.environ.get("LOOPD_DAEMON_SEED", "20261203"))
 KILLS = int(os.environ.get("LOOPD_DAEMON_KILLS", "12"))
 SESSIONS = ("one", "two")
 BOUND_S = HANG_S  # hang guards, not timings
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    with short_dir() as d:
-        yield d / "run"
 
 
 def _attached(config: cfg.Config) -> list[str]:
