@@ -142,6 +142,9 @@ class _SlotZero:
     def turn_ended(self, session: str) -> None:
         """Nothing is kept between turns."""
 
+    def context(self, session: str) -> int:
+        return 0  # not known
+
 
 def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""

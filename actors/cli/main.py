@@ -9,26 +9,24 @@ Only LoopdError is caught here: anything else is a bug, and shows its traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import pykka
 from rich.console import Console
 from rich.markup import escape
 
 from actors.base import config as cfg
-from actors.base.cancel import CancelToken, wait_out
 from actors.base.errors import DaemonError, LoopdError, UsageError
-from actors.base.events import Approver, TornTail
-from actors.base.rules import RuleBook, parse_rules
+from actors.base.events import Approver
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
+from actors.cli.chat import Chat, run_chat
+from actors.cli.conversation import last_usage, open_conversation
 from actors.cli.view import (
     JsonView,
     LiveView,
@@ -38,11 +36,10 @@ from actors.cli.view import (
     summary,
     torn_tail_left,
 )
-from actors.cli.where import place
 from actors.log.file import read_log
-from actors.log.outcome import TurnOutcome
 from actors.log.records import Compaction, kind_of, to_json
-from actors.session.actor import check_name, list_sessions, remove_session, session_path
+from actors.session.actor import list_sessions, remove_session, session_path
+from actors.session.workspace import kept_workspace
 
 __all__ = ["main"]
 
@@ -97,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     stop.set_defaults(usage=stop)
     sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
     sessions.set_defaults(usage=sessions)
+    sessions.add_argument("--json", action="store_true",
+                          help="one JSON object per session: name, tokens, context, workspace")
     sessions_sub = sessions.add_subparsers(dest="sessions_command")
     rm = sessions_sub.add_parser(
         "rm", parents=[common], help="delete a session: its log and its saved KV state"
@@ -197,8 +196,18 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
         err.print(f"session {args.name} deleted")
         return OK
     names = list_sessions(config)
+    # The context a slot holds is known offline for the embedded model only (its ctx_size).
+    context = config.embedded.ctx_size if config.embedded_model else 0
     for name in names:
-        print(name)
+        usage = last_usage(config, name)
+        used = usage.prompt_tokens + usage.completion_tokens if usage is not None else 0
+        workspace = kept_workspace(config, name)
+        if args.json:
+            print(json.dumps({"name": name, "tokens": used, "context": context,
+                              "workspace": str(workspace or "")}))
+            continue
+        share = f" of {context:,} ({used / context:.0%})" if context else ""
+        print(f"{name}  {used:,} tokens{share}" + (f"  {workspace}" if workspace else ""))
     if not names:
         err.print(f"no sessions in {escape(str(config.log_dir))}")
     return OK
@@ -226,38 +235,6 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     return OK
 
 
-@contextlib.contextmanager
-def _session(
-    args: argparse.Namespace, config: cfg.Config, status: Callable[[str], None], notice: Any,
-    approver: Approver,
-) -> Iterator[Callable[[str, Any], TurnOutcome]]:
-    """``turn(message, sink)`` on session ``args.session``: through the daemon when one
-    answers (and not ``--local``), else in this process. Both show the same events, the
-    same outcome and the same errors; Ctrl-C cancels the turn either way. Either way,
-    ``approver`` answers the calls that wait for approval (actors.cli.approvers), and the
-    ``--approve`` rules go with the turn."""
-    check_name(args.session)  # bad usage (exit 2), said before anything starts
-    config, client = place(args, config, status)
-    if client is not None:
-        _approved(args)  # a bad --approve is refused here, as in-process
-        with client:
-            cut = client.open(args.session).cut_bytes
-            if cut:
-                notice(TornTail(session=args.session, cut_bytes=cut))
-            yield lambda message, sink: client.turn(
-                args.session, message, approver, tuple(args.approve)
-            ).run(sink)
-        return
-    from actors.session.world import start_world
-
-    with start_world(config, status, _approved(args)) as app:
-        session = app.session(args.session)
-        cut = session.ready().get().cut_bytes
-        if cut:
-            notice(TornTail(session=args.session, cut_bytes=cut))
-        yield lambda message, sink: _turn(session, app, message, sink, approver)
-
-
 def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = console()
     json_view = JsonView(sys.stdout) if args.json else None
@@ -270,10 +247,10 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         JsonApprover(json_view.line) if json_view
         else TerminalApprover(err) if sys.stdin.isatty() else NoTerminal()
     )
-    with _session(args, config, status, sink, approver) as turn:
+    with open_conversation(args, config, status, sink, approver) as conversation:
         started = time.monotonic()
         try:
-            outcome = turn(args.message, sink)
+            outcome = conversation.turn(args.message, sink)
         except LoopdError as e:
             live.finish()
             if json_view:
@@ -297,58 +274,12 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = console()
     notices = LiveView(out)
     approver: Approver = TerminalApprover(out) if sys.stdin.isatty() else NoTerminal()
-    with _session(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
-                  approver) as turn:
-        out.print(f"[dim]session {args.session}: Ctrl-C cancels a turn, Ctrl-D leaves[/]")
-        while True:
-            try:
-                message = input("> ")
-            except EOFError:
-                out.print()
-                return OK
-            except Terminated:
-                raise
-            except KeyboardInterrupt:
-                out.print()
-                continue
-            if not message.strip():
-                continue
-            live = LiveView(out)
-            started = time.monotonic()
-            try:
-                outcome = turn(message, live)
-                live.finish()
-                out.print(f"[dim]{summary(outcome, time.monotonic() - started)}[/]")
-            except LoopdError as e:
-                live.finish()
-                out.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
-
-
-def _approved(args: argparse.Namespace) -> RuleBook:
-    """The ``--approve`` rules, checked like tools.allow (UsageError naming the flag)."""
-    try:
-        return RuleBook(parse_rules(args.approve))
-    except ValueError as e:
-        raise UsageError(f"--approve: {e}") from None
-
-
-def _turn(session: Any, app: Any, message: str, sink: Any, approver: Approver) -> TurnOutcome:
-    """Run one turn on the session actor; Ctrl-C cancels it and waits for it to wind down
-    (also while a call waits for approval: ``approver`` sees the cancel, nothing runs).
-    SIGTERM does the same, then ends the command once the turn has wound down."""
-    cancel = CancelToken()
-    future = session.turn(app.runtime, message, sink, cancel, approver)
-
-    def step() -> TurnOutcome | None:
-        try:
-            outcome: TurnOutcome = future.get(timeout=0.2)  # short: Ctrl-C reaches us
-        except pykka.Timeout:
-            if getattr(sink, "closed", False):  # stdout's reader went away (JsonView)
-                cancel.cancel()
-            return None
-        return outcome
-
-    return wait_out(step, cancel.cancel)
+    with open_conversation(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
+                           approver) as conversation:
+        # Ctrl-C at the prompt clears the line; SIGTERM (Terminated) ends the chat
+        run_chat(Chat(conversation, out), lambda: input("> "),
+                 lambda e: not isinstance(e, Terminated))
+    return OK
 
 
 # --- the daemon ------------------------------------------------------------------------

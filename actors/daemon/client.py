@@ -397,7 +397,7 @@ def _outcome(msg: p.Done) -> TurnOutcome:
         raise WireError(f"done.usage: expected a usage record, got {type(usage).__name__}", msg.id)
     return TurnOutcome(
         content=msg.content, usage=usage, iterations=msg.iterations,
-        tool_calls=msg.tool_calls, cut=msg.cut, restored=msg.restored,
+        tool_calls=msg.tool_calls, cut=msg.cut, restored=msg.restored, context=msg.context,
     )  # fmt: skip
 
 

@@ -69,7 +69,8 @@ Messages, daemon to client
 - ``pong``: (none).
 - ``opened``: ``id``, ``session``, ``created`` bool, ``records`` int (in its log),
   ``cut_bytes`` int (a torn last record, left by a crash, that opening cut; 0: none. A
-  ``turn`` that opens its session sends this as a ``torn_tail`` event instead).
+  ``turn`` that opens its session sends this as a ``torn_tail`` event instead),
+  ``context`` int (the tokens a slot of the session's model server holds; 0: not known).
 - ``ok``: ``id``.
 - ``event``: ``id`` (of the turn), ``event`` text, ``data`` map: one event of the turn as it
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
@@ -82,7 +83,8 @@ Messages, daemon to client
   ``Usage`` record in the log's own encoding, docs/log.md#encoding: a msgpack map with
   ``kind`` and ``time`` as msgpack's timestamp extension), ``restored`` map or nil (what the
   slot keeper restored: ``server``, ``slot``, ``state``, ``restored``, ``restore_ms``,
-  ``reason``).
+  ``reason``), ``context`` int (the tokens the session's slot holds, to say how full the
+  conversation is; 0: not known).
 - ``error``: ``id``, ``error`` text (the error's class: ``SessionInUse``, ``Cancelled``,
   ``TurnLimit``, ``SessionFull``, ``InferError``, ``WireError``...), ``message`` text (for
   the person), ``exit_code`` int (what ``loopd`` exits with for it).
@@ -121,7 +123,9 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``status_reply.workspace`` (default "": not said; a client cannot tell where the daemon's
   tools work), with ``loopd acp`` (6e179f4);
 - ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it
-  (issue 28).
+  (issue 28);
+- ``opened.context`` (default 0: not known) and ``done.context`` (default 0: not known),
+  when chat came to say how full a session is (issue 28).
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice
@@ -185,6 +189,7 @@ class Opened:
     created: bool
     records: Natural
     cut_bytes: Natural = added(0, "a torn tail shown through the daemon (9b06d21)")
+    context: Natural = added(0, "how full a session is, in chat (issue 28)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -289,6 +294,7 @@ class Done:
     cut: bool
     usage: bytes
     restored: SlotUse | None
+    context: Natural = added(0, "how full a session is, in chat (issue 28)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

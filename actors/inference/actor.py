@@ -150,6 +150,10 @@ class Inference:
                 with self._lock:
                     self._flying.discard(token)
 
+    def context(self, session: str) -> int:
+        """Tokens of context of the slot ``session``'s requests go to (0: unknown)."""
+        return self.keeper.server_of(session)[1]
+
     def turn_ended(self, session: str) -> None:
         """``session``'s turn is over: the keeper may save its state now
         (:meth:`SlotKeeper.turn_ended`)."""

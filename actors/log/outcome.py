@@ -18,3 +18,4 @@ class TurnOutcome:
     tool_calls: int
     cut: bool  # the answer stopped at loop.max_tokens
     restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
+    context: int = 0  # tokens the session's slot holds (its n_ctx); 0: not known

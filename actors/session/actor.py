@@ -8,6 +8,7 @@ actor again, which turns "open elsewhere" or "corrupt" into an exception for the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -129,7 +130,8 @@ class SessionActor(pykka.ThreadingActor):
         """
         from actors.session.turn import run_turn
 
-        return run_turn(self._open_log(), runtime, content, sink, cancel, approver)
+        outcome = run_turn(self._open_log(), runtime, content, sink, cancel, approver)
+        return dataclasses.replace(outcome, context=runtime.inference.context(self.name))
 
 
 def open_session(

@@ -68,6 +68,8 @@ class Model(Protocol):
         self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
     ) -> Completion: ...
 
+    def context(self, session: str) -> int: ...  # the slot's n_ctx in tokens; 0: unknown
+
     def turn_ended(self, session: str) -> None: ...
 
 

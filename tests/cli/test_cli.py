@@ -74,7 +74,7 @@ def test_sessions_and_log_show(env: dict[str, Any], capsys: Any) -> None:
         assert run(env, fake.url, "run", "second", "--session", "beta") == 0
     capsys.readouterr()
     assert main(["sessions", "--config", env["config"]]) == 0
-    assert capsys.readouterr().out.split() == ["alpha", "beta"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["alpha", "beta"]
     assert main(["log", "show", "alpha", "--config", env["config"]]) == 0
     shown = capsys.readouterr().out
     assert "baseline" in shown and "first" in shown and "One." in shown and "usage" in shown

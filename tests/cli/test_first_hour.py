@@ -253,3 +253,22 @@ def test_a_session_keeps_the_workspace_it_was_made_with(env: dict[str, Any], cap
         assert f"session d1 works on {other}" in err and "--session NEW-NAME" in err
         assert "tool hosts" not in err
         assert len(fake.requests) == 4  # two turns of two requests; none for the refusal
+
+
+def test_sessions_lists_each_one_with_its_size_and_workspace(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    with FakeLlama([answer("One.")]) as fake:
+        assert main(["run", "first", "--config", env["config"], "--url", fake.url,
+                     "--session", "alpha"]) == 0
+    capsys.readouterr()
+    assert main(["sessions", "--config", env["config"]]) == 0  # on the embedded model
+    (line,) = capsys.readouterr().out.splitlines()
+    name, tokens, word, of, context, share, workspace = line.split()
+    assert (name, word, of, context, workspace) == (
+        "alpha", "tokens", "of", "8,192", str(env["workspace"]))
+    assert share == f"({int(tokens) / 8192:.0%})" and int(tokens) > 0
+    assert main(["sessions", "--json", "--config", env["config"], "--url", NOBODY]) == 0
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert row == {"name": "alpha", "tokens": int(tokens), "context": 0,
+                   "workspace": str(env["workspace"])}  # context: not known offline for a url

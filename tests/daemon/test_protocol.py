@@ -134,7 +134,8 @@ OLD_MESSAGES: list[Any] = [
 
 
 # Fields added to version 1 after those frames were written: today's encoding has them too.
-ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""}}
+ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""}, "opened": {"context": 0},
+               "done": {"context": 0}}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -157,6 +158,8 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
         (p.Turn(5, "s", "hi", ("x",)), "approve", ()),
         (p.StatusReply(8, 1, "ipc:///x", 1.0, 0, (), "/ws"), "workspace", ""),
         (p.StatusReply(8, 1, "ipc:///x", 1.0, 0, (), "/ws", "m at u"), "model", ""),
+        (p.Opened(2, "s", False, 7, 0, 8192), "context", 0),
+        (p.Done(5, "answer", 0, 0, False, b"", None, 8192), "context", 0),
     ],
 )
 def test_a_field_added_later_reads_as_its_default_when_an_older_peer_leaves_it_out(
@@ -171,7 +174,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     added = p.CODEC.added()
     assert {(kind, field) for kind, field, _, _ in added} == {
         ("opened", "cut_bytes"), ("turn", "approve"), ("status_reply", "workspace"),
-        ("status_reply", "model"),
+        ("status_reply", "model"), ("opened", "context"), ("done", "context"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

@@ -257,7 +257,8 @@ class Server:
         match msg:
             case p.Open(id=rid, session=name, create=create):
                 created, count, cut = self.sessions.attach(peer, name, create)
-                return [p.Opened(rid, name, created, count, cut)]
+                context = self.app.runtime.inference.context(name)
+                return [p.Opened(rid, name, created, count, cut, context)]
             case p.Close(id=rid, session=name):
                 self.sessions.detach(peer, name)
                 return [p.Ok(rid)]
@@ -323,7 +324,7 @@ class Server:
             outcome: TurnOutcome = proxy.turn(runtime, msg.text, sink, token, approver).get()
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
-                encode_record(outcome.usage), outcome.restored,
+                encode_record(outcome.usage), outcome.restored, outcome.context,
             )  # fmt: skip
         except LoopdError as e:
             answer = _error(rid, e)

@@ -6,7 +6,9 @@ gives it (docs/llama-server.md#saving-and-restoring-a-slot). loopd names a sessi
 directories holding a session of the same name never share a file. Beside it loopd keeps
 ``KEY.json`` (:class:`SlotFile`): the session, the token count, the fingerprint of the
 server that saved it (model identity, per-slot ``n_ctx``, server build), when it was saved
-and last used, its size and crc32.
+and last used, its size and crc32. A state is restored on a server of the same model and
+build whatever its context size, as long as the context holds the state's tokens: that is
+what llama-server itself takes (a larger context, or a smaller one the state fits in).
 
 Two kinds of save directory:
 
@@ -31,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import time
 import zlib
@@ -45,6 +48,7 @@ __all__ = [
     "MISSING",
     "NO_STATE",
     "STALE",
+    "TOO_LARGE_FOR_CONTEXT",
     "SlotFile",
     "SlotStore",
     "lru_victims",
@@ -52,12 +56,15 @@ __all__ = [
     "parse_meta",
     "remove_session_files",
     "restore_problem",
+    "same_server",
     "slot_dirs",
     "slot_key",
 ]
 
 NO_STATE = "no saved state"
-STALE = "the saved state is from another model, context size or server build"
+STALE = "the saved state is from another model or server build"
+TOO_LARGE_FOR_CONTEXT = ("the saved state ({tokens:,} tokens) does not fit the server's "
+                         "context ({n_ctx:,} tokens a slot)")
 MISSING = "the saved state's file is gone"
 CORRUPT = "the saved state's file is corrupt (its size or checksum changed since the save)"
 
@@ -86,17 +93,29 @@ class SlotFile:
     crc32: int = -1  # of the file; -1 when loopd cannot read it
 
 
+_CONTEXT = re.compile(r";n_ctx=\d*")
+
+
+def same_server(saved: str, fingerprint: str) -> bool:
+    """Whether a state saved by a server with fingerprint ``saved`` is for one with
+    ``fingerprint``: the same model and build; the context size does not count."""
+    return _CONTEXT.sub("", saved) == _CONTEXT.sub("", fingerprint)
+
+
 def restore_problem(meta: SlotFile | None, fingerprint: str, size_crc: tuple[int, int] | None,
-                    reachable: bool) -> str:
-    """Why ``meta``'s file must not be restored on a server with ``fingerprint``; "" if it may.
+                    reachable: bool, n_ctx: int = 0) -> str:
+    """Why ``meta``'s file must not be restored on a server with ``fingerprint`` and a
+    per-slot context of ``n_ctx`` tokens (0: not known); "" if it may.
 
     ``size_crc`` is the file's size and crc32 as found now (None: no file), looked at only
     when the directory is ``reachable``.
     """
     if meta is None:
         return NO_STATE
-    if meta.fingerprint != fingerprint:
+    if not same_server(meta.fingerprint, fingerprint):
         return STALE
+    if n_ctx and meta.tokens > n_ctx:
+        return TOO_LARGE_FOR_CONTEXT.format(tokens=meta.tokens, n_ctx=n_ctx)
     if not reachable:
         return ""
     if size_crc is None:

@@ -120,6 +120,7 @@ class _Server:
     slots: list[_Slot]
     fingerprint: str
     store: SlotStore | None  # None: no persistence on this server
+    n_ctx: int = 0  # tokens of context per slot (/props); 0: unknown
     why_not: str = ""  # why there is no store
     alive: bool = True
 
@@ -380,6 +381,13 @@ class SlotKeeper:
                   f"{', '.join(s.url for s in others)}")
         return True
 
+    def server_of(self, session: str) -> tuple[LlamaClient, int]:
+        """The client of the server ``session`` uses (or would be given now) and its
+        per-slot context in tokens (0: the server did not say)."""
+        with self._cond:
+            server = self._servers[self._target(self._session(session))]
+            return server.client, server.n_ctx
+
     # --- saving and restoring ----------------------------------------------------------
 
     def _session(self, name: str) -> _Session:
@@ -440,7 +448,8 @@ class SlotKeeper:
         meta = store.meta(session.key)
         found = (store.size_crc(session.key, meta.bytes) if meta is not None and store.reachable
                  else None)
-        problem = restore_problem(meta, server.fingerprint, found, store.reachable)
+        problem = restore_problem(meta, server.fingerprint, found, store.reachable,
+                                  server.n_ctx)
         if problem or meta is None:
             return none(problem)
         try:
@@ -518,7 +527,7 @@ def _probe(spec: ServerSpec, client: LlamaClient, settings: KeeperSettings,
     model = spec.identity or _model_identity(props)
     fingerprint = f"model={model};n_ctx={n_ctx};build={props.get('build_info', '?')}"
     server = _Server(spec.url, client, [_Slot(i) for i in range(max(1, slots))], fingerprint,
-                     None)
+                     None, n_ctx)
     where = spec.save_dir if spec.save_dir is not None else settings.meta_dir
     if not props:
         server.why_not = NO_PERSISTENCE.format(why="no /props")

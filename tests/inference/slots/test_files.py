@@ -33,10 +33,21 @@ def test_restore_problem_names_each_reason() -> None:
                               server="u", saved=1.0, used=1.0, bytes=100, crc32=7)
     assert slotfiles.restore_problem(None, "f", None, True) == slotfiles.NO_STATE
     assert slotfiles.restore_problem(meta, "g", (100, 7), True) == slotfiles.STALE
+    assert slotfiles.restore_problem(meta, "f", (100, 7), True, n_ctx=9) == (
+        slotfiles.TOO_LARGE_FOR_CONTEXT.format(tokens=10, n_ctx=9))
+    assert slotfiles.restore_problem(meta, "f", (100, 7), True, n_ctx=10) == ""  # it fits
     assert slotfiles.restore_problem(meta, "f", None, True) == slotfiles.MISSING
     assert slotfiles.restore_problem(meta, "f", (100, 8), True) == slotfiles.CORRUPT
     assert slotfiles.restore_problem(meta, "f", (100, 7), True) == ""
     assert slotfiles.restore_problem(meta, "f", None, False) == ""  # the server checks it
+
+
+def test_the_context_size_is_no_part_of_the_server_a_state_is_for() -> None:
+    made = "model=/m.gguf:469;n_ctx=8192;build=b1"
+    assert slotfiles.same_server(made, "model=/m.gguf:469;n_ctx=16384;build=b1")
+    assert slotfiles.same_server(made, "model=/m.gguf:469;n_ctx=0;build=b1")
+    assert not slotfiles.same_server(made, "model=/m.gguf:469;n_ctx=8192;build=b2")
+    assert not slotfiles.same_server(made, "model=/other.gguf:9;n_ctx=8192;build=b1")
 
 
 def test_lru_victims_go_oldest_first_until_the_rest_fits() -> None:

@@ -328,6 +328,29 @@ def test_a_stale_file_from_another_build(make: Any) -> None:
     assert not [c for c in rig.calls() if c[0] == "restore"]
 
 
+def test_a_larger_context_restores_the_saved_state(make: Any) -> None:
+    """The context size is no part of whether a state fits another server: llama-server
+    restores it into any context that holds it (a larger one, or a smaller one it fits)."""
+    rig = make(slots=1)
+    rig.turn("a", "a" * 200)
+    rig.restart(n_ctx=16384)  # embedded.ctx_size raised
+    rig.turn("a", "and more")
+    assert restored(rig.last("a")) and rig.losses("a") == []
+    rig.restart(n_ctx=1024)  # smaller, and the state still fits
+    rig.turn("a", "again")
+    assert restored(rig.last("a")) and rig.losses("a") == []
+
+
+def test_a_state_larger_than_the_context_is_not_sent(make: Any) -> None:
+    rig = make(slots=1)
+    rig.turn("a", "a" * 2000)  # about 500 tokens of the fake's
+    rig.restart(n_ctx=64)
+    done = rig.inference.complete(request(session="a"), lambda _e: None, CancelToken())
+    assert done.slot is not None and done.slot.state is SlotState.NONE
+    assert "does not fit the server's context (64 tokens a slot)" in done.slot.reason
+    assert not [c for c in rig.calls() if c[0] == "restore"]  # not sent
+
+
 def test_a_file_the_server_refuses(make: Any) -> None:
     rig = make(slots=1, reachable=False)  # loopd cannot check it: the server does
 

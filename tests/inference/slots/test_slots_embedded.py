@@ -71,3 +71,42 @@ def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens
         removed = loopd(config, "sessions", "rm", "long")  # and its KV state file with it
     assert removed.returncode == 0, removed.stderr
     assert not (tmp_path / "sessions" / "long").exists()
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(900)
+def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: Path) -> None:
+    """``embedded.ctx_size`` raised (and lowered again, the state still fitting): the real
+    llama-server takes the saved state each time, so nothing is processed again."""
+    require_embedded()
+
+    def config(ctx_size: int) -> Path:
+        path = tmp_path / f"loopd-{ctx_size}.toml"
+        path.write_text(
+            f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+            '[session]\nsystem = "Answer in a few words."\n'
+            "[tools]\nstandard = false\n"
+            "[loop]\nmax_tokens = 8\n"
+            "[inference]\ntemperature = 0\nseed = 1\n"
+            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\n",
+            encoding="utf-8",
+        )
+        return path
+
+    facts = "\n".join(long_message().splitlines()[:12])  # about 250 tokens
+    runs = [loopd(config(1024), "run", "--session", "ctx", facts),
+            loopd(config(2048), "run", "--session", "ctx", "How many red marbles in box 3?"),
+            loopd(config(1024), "run", "--session", "ctx", "And in box 4?")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    try:
+        records = read_records(tmp_path / "sessions" / "ctx" / "log.bin")
+        first, larger, smaller = [r for r in records if isinstance(r, Usage)]
+        for after, before in ((larger, first), (smaller, larger)):
+            assert after.slot is not None and after.slot.state is SlotState.RESTORED, after.slot
+            new_tokens = after.prompt_tokens - before.prompt_tokens
+            assert after.timings["prompt_n"] <= new_tokens + FEW, (after.timings, new_tokens)
+        assert not [r for r in records if isinstance(r, CacheLoss)]
+        assert "prompt cache lost" not in flat(runs[1].stderr + runs[2].stderr)
+    finally:
+        assert loopd(config(1024), "sessions", "rm", "ctx").returncode == 0

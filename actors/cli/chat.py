@@ -1,0 +1,194 @@
+"""``loopd chat``: turns typed at a prompt, chat commands, and how full the conversation is.
+
+A line that starts with a slash and one word (``/help``, ``/new``) is a chat command: it
+never goes to the model. Commands are registered by name (:func:`command`), so a later one
+(``/compact``, ``/undo``) plugs in with its own module and ``/help`` lists it; an unknown
+one is said, not sent. ``//text`` sends ``/text``; a path (``/etc/hosts ...``) is text.
+
+How full the conversation is: after each turn the prompt's tokens against the slot's
+context (:func:`fullness`); from :data:`WARN_AT` on, chat says so with the ways on, and a
+turn refused for a full context is followed by the same ways on. A session opened nearly
+full (the last one ended there) says so at once instead of failing on the next message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from actors.base.errors import LoopdError, SessionFull
+from actors.cli.conversation import Conversation, last_usage
+from actors.cli.view import LiveView, summary
+from actors.log.outcome import TurnOutcome
+from actors.session.actor import list_sessions
+
+__all__ = [
+    "COMMANDS", "WARN_AT", "Chat", "Command", "command", "fullness", "parse", "run_chat",
+    "ways_on",
+]
+
+WARN_AT = 0.75  # of the context: from here on chat says how full the conversation is
+_WORD = re.compile(r"/([a-z][a-z-]*)(?:\s+(.*))?", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    """A chat command: ``run(chat, argument)``; ``summary`` is its line in /help."""
+
+    name: str
+    usage: str  # e.g. "/new [NAME]"
+    summary: str
+    run: Callable[[Chat, str], None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, usage: str, summary: str) -> Callable[[Callable[[Chat, str], None]],
+                                                              Callable[[Chat, str], None]]:
+    """Register a chat command (a decorator): ``/NAME`` runs it, ``/help`` lists it."""
+    def register(run: Callable[[Chat, str], None]) -> Callable[[Chat, str], None]:
+        COMMANDS[name] = Command(name, usage, summary, run)
+        return run
+    return register
+
+
+def parse(line: str) -> tuple[str, str] | str:
+    """A typed line as ``(command, argument)``, or the text to send to the model."""
+    if line.startswith("//"):
+        return line[1:]
+    found = _WORD.fullmatch(line.strip())
+    if found is None:
+        return line
+    return found.group(1), (found.group(2) or "").strip()
+
+
+def fullness(used: int, context: int) -> float | None:
+    """The share of the context the conversation's prompt takes (None: context not known)."""
+    return used / context if context > 0 else None
+
+
+def ways_on(session: str) -> str:
+    """What the person can do when the conversation is (nearly) full: what exists here."""
+    ways = [f"/new starts a new session here (session {session} stays as it is)"]
+    if "compact" in COMMANDS:
+        ways.append("/compact shortens this one and keeps going")
+    ways.append("or give the model a larger context (embedded.ctx_size, or your server's "
+                "-c) and come back: the session's saved state is kept")
+    return "Ways on: " + "; ".join(ways) + "."
+
+
+@dataclasses.dataclass
+class Chat:
+    """One ``loopd chat``: the conversation, the console, and what is known of its size."""
+
+    conversation: Conversation
+    out: Console
+
+    @property
+    def session(self) -> str:
+        return self.conversation.name
+
+    def say(self, text: str, style: str = "dim") -> None:
+        self.out.print(f"[{style}]{escape(text)}[/]", highlight=False)
+
+    def greet(self) -> None:
+        self.say(f"session {self.session}: Ctrl-C cancels a turn, Ctrl-D leaves, /help lists "
+                 "the chat commands")
+        usage = last_usage(self.conversation.config, self.session)
+        if usage is not None:
+            self.size(usage.prompt_tokens + usage.completion_tokens, opened=True)
+
+    def size(self, used: int, *, opened: bool = False) -> None:
+        """Say how full the conversation is, when that is worth saying."""
+        context = self.conversation.context()
+        share = fullness(used, context)
+        if share is None or share < WARN_AT:
+            return
+        state = "is nearly full" if share >= 0.9 else "is filling up"
+        where = f"session {self.session} " if opened else "the conversation "
+        self.say(f"{where}{state}: {used:,} of {context:,} tokens ({share:.0%}); a message "
+                 "that does not fit is refused. " + ways_on(self.session), "yellow")
+
+    def line(self, text: str) -> None:
+        """One typed line: a command, or a turn."""
+        parsed = parse(text)
+        if isinstance(parsed, tuple):
+            name, argument = parsed
+            found = COMMANDS.get(name)
+            if found is None:
+                self.say(f"there is no chat command /{name}: /help lists them (a message that "
+                         "starts with / is sent as //...)", "yellow")
+                return
+            try:
+                found.run(self, argument)
+            except LoopdError as e:
+                self.out.print(f"[red]{escape(str(e))}[/]", highlight=False)
+            return
+        self.turn(parsed)
+
+    def turn(self, message: str) -> None:
+        live = LiveView(self.out)
+        started = time.monotonic()
+        try:
+            outcome: TurnOutcome = self.conversation.turn(message, live)
+        except LoopdError as e:
+            live.finish()
+            self.out.print(f"[red]{escape(str(e))}[/]", highlight=False)
+            if isinstance(e, SessionFull):
+                self.say(ways_on(self.session), "yellow")
+            return
+        live.finish()
+        self.say(summary(outcome, time.monotonic() - started))
+        self.size(outcome.usage.prompt_tokens + outcome.usage.completion_tokens)
+
+
+@command("help", "/help", "list the chat commands")
+def _help(chat: Chat, argument: str) -> None:
+    chat.say("Chat commands (never sent to the model):", "bold")
+    for found in sorted(COMMANDS.values(), key=lambda c: c.name):
+        chat.out.print(f"  {escape(found.usage):<14} {escape(found.summary)}", highlight=False)
+    chat.say("Anything else is a message to the model; //text sends /text. Ctrl-C cancels a "
+             "turn, Ctrl-D leaves.")
+
+
+@command("new", "/new [NAME]", "start a new session (this one is kept) and chat there")
+def _new(chat: Chat, argument: str) -> None:
+    config = chat.conversation.config
+    taken = set(list_sessions(config))
+    if argument and argument in taken:
+        chat.say(f"session {argument} exists: /new makes a new one (to go on with {argument}: "
+                 f"loopd chat --session {argument})", "yellow")
+        return
+    base = re.sub(r"-\d+$", "", chat.session)
+    name = argument or next(f"{base}-{n}" for n in range(2, 10_000)
+                            if f"{base}-{n}" not in taken)
+    left = chat.session
+    chat.conversation.switch(name)
+    chat.say(f"session {name}: a new conversation (session {left} is kept: loopd chat "
+             f"--session {left} goes back to it)")
+
+
+def run_chat(chat: Chat, read: Callable[[], str], interrupted: Callable[[BaseException], bool]
+             ) -> None:
+    """Lines from ``read`` until it raises EOFError; ``interrupted(e)`` says whether an
+    interrupt at the prompt only clears the line (Ctrl-C) or must end the chat (SIGTERM)."""
+    chat.greet()
+    while True:
+        try:
+            text = read()
+        except EOFError:
+            chat.out.print()
+            return
+        except KeyboardInterrupt as e:
+            if not interrupted(e):
+                raise
+            chat.out.print()
+            continue
+        if text.strip():
+            chat.line(text)

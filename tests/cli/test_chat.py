@@ -1,0 +1,153 @@
+"""``loopd chat`` as a person meets it (issue 28): a real process in a pseudo-terminal
+(pexpect) against the fake llama-server on loopback.
+
+Chat commands never reach the model; ``/new`` moves the chat to a new session and keeps the
+old one; how full the conversation is gets said as it nears the context, at the wall (with
+the ways on), and when a nearly full session is opened again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from actors.cli.chat import parse
+from tests.support.fake_llama import FakeLlama, Reply, answer, context_full
+
+ROOT = Path(__file__).resolve().parents[2]
+N_CTX = 1000
+
+
+class Env:
+    def __init__(self, root: Path, fake: FakeLlama) -> None:
+        self.root, self.fake = root, fake
+        (root / "ws").mkdir()
+        self.config = root / "loopd.toml"
+        self.config.write_text(
+            f'[log]\ndir = "{root / "sessions"}"\n'
+            f'[tools]\nworkspace = "{root / "ws"}"\nstandard = false\n'
+            "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 30\n"
+        )
+        self.children: list[pexpect.spawn] = []
+
+    def chat(self, session: str = "s") -> pexpect.spawn:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb"}
+        child = pexpect.spawn(
+            sys.executable, ["-m", "actors.cli", "chat", "--config", str(self.config), "--url",
+                             self.fake.url, "--local", "--session", session],
+            cwd=str(ROOT), env=env, encoding="utf-8", timeout=60, dimensions=(50, 200))
+        self.children.append(child)
+        child.expect("Ctrl-D leaves")
+        child.expect("> ")
+        return child
+
+    def records(self, session: str) -> list[dict[str, Any]]:
+        import subprocess
+
+        out = subprocess.run(
+            [sys.executable, "-m", "actors.cli", "log", "show", session, "--json", "--config",
+             str(self.config)], cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+
+def _script(body: dict[str, Any]) -> Reply:
+    """Answers "ok"; "big" makes the prompt 800 of the context's 1,000 tokens; "huge" does
+    not fit."""
+    last = body["messages"][-1]["content"]
+    if "huge" in last:
+        return context_full(n_prompt_tokens=1200, n_ctx=N_CTX)
+    if "big" in last:
+        return answer("ok", usage={"prompt_tokens": 800, "completion_tokens": 2,
+                                   "total_tokens": 802})
+    return answer(f"you said: {last}")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    with FakeLlama(_script, props={"n_ctx": N_CTX}) as fake:
+        made = Env(tmp_path, fake)
+        try:
+            yield made
+        finally:
+            for child in made.children:
+                if child.isalive():
+                    child.kill(signal.SIGKILL)
+                child.close(force=True)
+
+
+def leave(child: pexpect.spawn) -> None:
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_help_and_unknown_commands_never_reach_the_model(env: Env) -> None:
+    child = env.chat()
+    child.sendline("/help")
+    child.expect("Chat commands")
+    child.expect(r"/new \[NAME\]")
+    child.expect("> ")
+    child.sendline("/frobnicate now")
+    child.expect("there is no chat command /frobnicate")
+    child.expect("> ")
+    child.sendline("//help is a word")  # a message that starts with a slash
+    child.expect("you said: /help is a word")
+    child.expect("> ")
+    leave(child)
+    assert [m["messages"][-1]["content"] for m in env.fake.requests] == ["/help is a word"]
+
+
+def test_new_moves_the_chat_to_a_new_session_and_keeps_the_old_one(env: Env) -> None:
+    child = env.chat("talk")
+    child.sendline("first")
+    child.expect("you said: first")
+    child.expect("> ")
+    child.sendline("/new")
+    child.expect("session talk-2: a new conversation")
+    child.expect("> ")
+    child.sendline("second")
+    child.expect("you said: second")
+    child.expect("> ")
+    leave(child)
+    users = [[r["content"] for r in env.records(s) if r["kind"] == "user"]
+             for s in ("talk", "talk-2")]
+    assert users == [["first"], ["second"]]
+    second = env.fake.requests[-1]["messages"]
+    assert [m["role"] for m in second] == ["system", "user"]  # nothing of the old session
+
+
+def test_the_context_nearly_full_is_said_and_the_wall_names_the_ways_on(env: Env) -> None:
+    child = env.chat("full")
+    child.sendline("a big question")
+    child.expect("the conversation is filling up: 802 of 1,000 tokens")
+    child.expect("Ways on: /new starts a new session here")
+    child.expect("> ")
+    child.sendline("a huge question")
+    child.expect("The conversation is full")
+    child.expect("Ways on: /new starts a new session here")
+    child.expect("embedded.ctx_size")
+    child.expect("> ")
+    leave(child)
+    # Ctrl-D and chat again: the session says it is nearly full at once, not at the next turn
+    again = env.chat("full")
+    assert "session full is filling up: 802 of 1,000 tokens" in " ".join(again.before.split())
+    leave(again)
+
+
+@pytest.mark.parametrize(("line", "parsed"), [
+    ("/help", ("help", "")), ("/new garden", ("new", "garden")), ("  /new  ", ("new", "")),
+    ("//new", "/new"), ("/etc/hosts says what?", "/etc/hosts says what?"),
+    ("hello /help", "hello /help"), ("/Help", "/Help"),
+])
+def test_a_line_is_a_command_only_as_a_slash_and_one_word(line: str, parsed: Any) -> None:
+    assert parse(line) == parsed
