@@ -32,7 +32,7 @@ from actors.wire.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.watch import wait_until
-from tests.tools.hostkit import raw_dealer
+from tests.tools.hostkit import raw_dealer, short_dir
 
 
 @pytest.fixture
