@@ -102,12 +102,8 @@ def start_world(
         specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
         model, embedded = "llama-server", config.embedded_model
         if embedded:
-            from actors.inference.embedded.server import (
-                EmbeddedServer,
-                model_name,
-                server_identity,
-                slot_dir,
-            )
+            from actors.inference.embedded.model import model_name
+            from actors.inference.embedded.server import EmbeddedServer, server_identity, slot_dir
 
             server = EmbeddedServer.start(config, on_progress=status)
             stack.callback(server.stop)

