@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import random
 import time
@@ -127,6 +128,49 @@ class _Abandoned:
 
     reasoning: str | None
     reasoning_tokens: int
+
+
+class _Next(enum.Enum):
+    """What a stream does after a chunk, as the thinking cap sees it."""
+
+    GO_ON = "go on"
+    ASK_END = "ask the server to end the reasoning"
+    ABANDON = "close the stream, ask again with thinking off"
+    STOP = "fail: reasoning goes on with thinking off"
+
+
+@dataclasses.dataclass(slots=True)
+class _ThinkingCap:
+    """The thinking cap's backstop over one stream (the module docstring, "Thinking cap")."""
+
+    budget: int | None  # reasoning deltas allowed; None: no cap to keep (thinking off)
+    unthinking: bool  # thinking is off: reasoning before an answer gets a grace only
+    seen: int = 0  # reasoning deltas already checked against the budget
+    asked_end: bool = False  # reasoning_end was sent (once per stream)
+
+    @staticmethod
+    def of(request: ChatRequest) -> _ThinkingCap:
+        return _ThinkingCap(request.thinking_budget if request.thinking else None,
+                            not request.thinking)
+
+    @property
+    def reached(self) -> bool:
+        return self.budget is not None and self.seen >= self.budget
+
+    def after(self, deltas: int, answered: bool) -> _Next:
+        """What to do now that the stream has brought ``deltas`` reasoning pieces; once
+        content or a call has started (``answered``), reasoning is left to finish."""
+        if self.unthinking and deltas > CONTROL_GRACE and not answered:
+            return _Next.STOP
+        if self.budget is None or deltas == self.seen:
+            return _Next.GO_ON
+        self.seen = deltas
+        if deltas <= self.budget or answered:
+            return _Next.GO_ON
+        if not self.asked_end:
+            self.asked_end = True
+            return _Next.ASK_END
+        return _Next.GO_ON if deltas <= self.budget + CONTROL_GRACE else _Next.ABANDON
 
 
 @dataclasses.dataclass(slots=True)
@@ -243,11 +287,7 @@ class LlamaClient:
             raise InferError(InferErrorKind.PROTOCOL, f"{where}: {type(e).__name__}: {e}") from e
         text = r.text[:MAX_ERROR_BODY]
         if r.status_code != 200:
-            said = error_object(text).get("message")
-            raise InferError(
-                InferErrorKind.HTTP, str(said) if said else (text.strip()[:300] or r.reason_phrase),
-                status=r.status_code, body=text,
-            )
+            raise _server_error(r, text)
         try:
             data = r.json()
         except ValueError:
@@ -360,11 +400,8 @@ class LlamaClient:
     ) -> StreamAssembler | _Abandoned:
         asm = StreamAssembler()
         feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
-        budget = request.thinking_budget if request.thinking else None
-        unthinking = not request.thinking  # reasoning here is past the cap: a grace only
+        cap = _ThinkingCap.of(request)
         most = None if request.max_tokens is None else request.max_tokens + CONTROL_GRACE
-        seen = 0  # reasoning deltas already checked against the budget
-        control_sent = False
         stream = EventSource(response).iter_sse()
         try:
             for sse in stream:
@@ -387,21 +424,13 @@ class LlamaClient:
                 if most is not None and asm.deltas > most:
                     asm.finish_reason = "length"  # the server ignored max_tokens: cut here
                     return asm
-                if unthinking and asm.reasoning_deltas > CONTROL_GRACE and not asm.answered:
+                step = cap.after(asm.reasoning_deltas, asm.answered)
+                if step is _Next.STOP:
                     raise _Failed(_thinking_on(asm.reasoning_deltas), retry=False)
-                if budget is None or asm.reasoning_deltas == seen:
-                    continue
-                seen = asm.reasoning_deltas
-                if seen >= budget and not run.capped:
+                if cap.reached and not run.capped:
                     run.capped = True
-                    sink(ThinkingCapped(tokens=seen, cap=budget))
-                if seen <= budget or asm.answered:
-                    continue
-                if not control_sent:
-                    control_sent = True
-                    if self._reasoning_end(asm.id):
-                        continue
-                elif seen <= budget + CONTROL_GRACE:
+                    sink(ThinkingCapped(tokens=cap.seen, cap=cap.budget or 0))
+                if step is _Next.GO_ON or (step is _Next.ASK_END and self._reasoning_end(asm.id)):
                     continue
                 return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
         except httpx.HTTPError as e:
@@ -491,13 +520,7 @@ class LlamaClient:
                 return self._expired(watch, cancel)
             del e  # a cut error body still says enough with its status
         body = b"".join(chunks)[:MAX_ERROR_BODY].decode("utf-8", errors="replace")
-        status = response.status_code
-        said = error_object(body).get("message")
-        message = str(said) if said else (body.strip()[:300] or response.reason_phrase)
-        return _Failed(
-            InferError(InferErrorKind.HTTP, message, status=status, body=body),
-            retry=_retryable_status(status),
-        )
+        return _Failed(_server_error(response, body), retry=_retryable_status(response.status_code))
 
 
 def _drain(stream: Iterator[ServerSentEvent], watch: Watch) -> None:
@@ -519,6 +542,13 @@ def _thinking_on(deltas: int) -> InferError:
         "(the turn's thinking cap is spent); its model may not support turning thinking off: "
         "raise loop.thinking_cap, or use a model that can answer without thinking",
     )
+
+
+def _server_error(response: httpx.Response, body: str) -> InferError:
+    """A non-200 answer as an InferError: the server's own message when its body has one."""
+    said = error_object(body).get("message")
+    message = str(said) if said else (body.strip()[:300] or response.reason_phrase)
+    return InferError(InferErrorKind.HTTP, message, status=response.status_code, body=body)
 
 
 def _retryable_status(status: int | None) -> bool:
