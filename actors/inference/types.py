@@ -10,7 +10,7 @@ from typing import Any
 
 from actors.base.errors import ServerError
 from actors.log import server_values
-from actors.log.records import SlotUse, ToolCall
+from actors.log.records import Assistant, SlotUse, ToolCall, Usage
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -60,6 +60,20 @@ class Completion:
     @property
     def completion_tokens(self) -> int:
         return server_values.count(self.usage.get("completion_tokens")) or 0
+
+    def assistant(self) -> Assistant:
+        """The log's record of what the model said."""
+        return Assistant(content=self.content, reasoning=self.reasoning,
+                         tool_calls=self.tool_calls)
+
+    def usage_record(self) -> Usage:
+        """The log's record of what answering cost, and what the slot keeper did."""
+        return Usage(
+            timings=self.timings, reasoning_tokens=self.reasoning_tokens,
+            thinking_capped=self.thinking_capped, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, finish_reason=self.finish_reason,
+            slot=self.slot,
+        )
 
 
 MAX_ERROR_BODY = 64 * 1024  # bytes of a server's error body kept on an InferError

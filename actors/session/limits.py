@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -13,8 +14,19 @@ from actors.tools.protocol.spec import ResultClass
 from actors.wire.fieldchecks import parse_json
 
 __all__ = [
-    "ASKED_AGAIN", "DENIED", "FAILED", "REPEAT_NOTICE", "TOO_MANY_CALLS", "Repeats",
-    "answer_text", "cache_outcome", "call_key", "cap_result", "loss_cause", "result_failed",
+    "ASKED_AGAIN",
+    "DENIED",
+    "FAILED",
+    "REPEAT_NOTICE",
+    "TOO_MANY_CALLS",
+    "Answered",
+    "Repeats",
+    "answer_text",
+    "cache_outcome",
+    "call_key",
+    "cap_result",
+    "loss_cause",
+    "result_failed",
 ]
 
 REPEAT_NOTICE = (
@@ -33,16 +45,26 @@ ASKED_AGAIN = (
 )
 
 
-def answer_text(answer: wire.Answer) -> tuple[str, ResultClass, bool, str]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answered:
+    """What a call's answer becomes in the log (a ToolResult) and the events."""
+
+    text: str
+    class_: ResultClass = ResultClass.PUBLIC
+    untrusted: bool = False
+    outcome: str = "result"  # result, denied, failed, local or repeat (ToolResultEvent)
+
+
+def answer_text(answer: wire.Answer) -> Answered:
     """What a host's answer becomes in the log: text, class, untrusted, and its outcome name."""
     if isinstance(answer, wire.Result):
-        return answer.content, answer.class_, answer.untrusted, "result"
+        return Answered(answer.content, answer.class_, answer.untrusted)
     if isinstance(answer, wire.Denied):
-        return f"{DENIED}{answer.reason}", ResultClass.PUBLIC, False, "denied"
+        return Answered(f"{DENIED}{answer.reason}", outcome="denied")
     if isinstance(answer, wire.PendingApproval):
         # Only after approval (actors.approval.gate answers the first PendingApproval): a host bug.
-        return ASKED_AGAIN.format(prompt=answer.prompt), ResultClass.PUBLIC, False, "failed"
-    return f"{FAILED}{answer.message}", ResultClass.PUBLIC, False, "failed"
+        return Answered(ASKED_AGAIN.format(prompt=answer.prompt), outcome="failed")
+    return Answered(f"{FAILED}{answer.message}", outcome="failed")
 
 
 def result_failed(content: str) -> bool:

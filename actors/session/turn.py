@@ -36,7 +36,7 @@ from actors.base.events import (
     ToolCallStarted,
     ToolResultEvent,
 )
-from actors.inference.smallmodel.bare_json import parse_bare_tool_call, via_call_tool
+from actors.inference.smallmodel.bare_json import bare_call
 from actors.inference.smallmodel.decision import WordFilter, names_a_file, strip_word
 from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
@@ -48,17 +48,17 @@ from actors.inference.types import (
 )
 from actors.log.file import SessionLog
 from actors.log.outcome import TurnOutcome
-from actors.log.records import Assistant, SlotState, SlotUse, ToolCall, ToolResult, Usage, User
+from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, User
 from actors.session.limits import (
     REPEAT_NOTICE,
     TOO_MANY_CALLS,
+    Answered,
     Repeats,
     answer_text,
     cache_outcome,
     cap_result,
 )
 from actors.session.messages import messages
-from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
@@ -138,45 +138,25 @@ class _Turn:
         self.question = content
         self.log.append(User(content=content))
         while True:
-            completion, usage = self._ask_model()
+            asked = self._ask_model()
+            completion = asked.completion
             if not completion.tool_calls or completion.finish_reason == "length":
                 return TurnOutcome(
-                    content=completion.content or "", usage=usage, iterations=self.iterations,
-                    tool_calls=self.tool_calls, cut=completion.finish_reason == "length",
-                    restored=self.restored,
+                    content=completion.content or "", usage=asked.usage,
+                    iterations=self.iterations, tool_calls=self.tool_calls,
+                    cut=completion.finish_reason == "length", restored=self.restored,
                 )
             self._count_iteration()
             for call in completion.tool_calls:
                 self._run_tool(call)
 
-    def _ask_model(self) -> tuple[Completion, Usage]:
+    def _ask_model(self) -> _Asked:
+        """One model response: asked, read as loopd takes it, checked, logged in one write."""
         previous = _last_usage(self.log.records)
-        baseline = self.log.baseline
-        grammar = self._grammar(baseline.tools)
-        request = ChatRequest(
-            session=self.log.name,
-            messages=tuple(messages(baseline, self.log.records,
-                                    results=self.runtime.config.session.tool_results)),
-            tools=baseline.tools,
-            thinking=self.thinking_left > 0,
-            max_tokens=self.loop.max_tokens,
-            thinking_budget=max(self.thinking_left, 0),
-            sampling=self.sampling,
-            grammar=grammar,
-        )
+        grammar = self._grammar(self.log.baseline.tools)
         sink = WordFilter(self._pass_on, word=grammar is not None,
                           bare=self.runtime.config.inference.bare_json_tool_calls)
-        try:
-            completion = self.runtime.inference.complete(request, sink, self.cancel)
-        except InferError as e:
-            if e.kind is InferErrorKind.CANCELLED:
-                raise Cancelled() from e
-            if is_context_full(e):
-                body = e.error_body()
-                raise SessionFull(body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")) from e
-            raise
-        if self.cancel.cancelled:
-            raise Cancelled()
+        completion = self._complete(self._request(grammar), sink)
         if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
             completion = dataclasses.replace(completion, content=strip_word(completion.content))
         completion = self._bare_json(completion)
@@ -188,27 +168,47 @@ class _Turn:
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
-        assistant = Assistant(
-            content=completion.content,
-            reasoning=completion.reasoning,
-            tool_calls=completion.tool_calls,
+        return _Asked(completion, self._record(completion, previous))
+
+    def _request(self, grammar: str | None) -> ChatRequest:
+        baseline = self.log.baseline
+        return ChatRequest(
+            session=self.log.name,
+            messages=tuple(messages(baseline, self.log.records,
+                                    results=self.runtime.config.session.tool_results)),
+            tools=baseline.tools,
+            thinking=self.thinking_left > 0,
+            max_tokens=self.loop.max_tokens,
+            thinking_budget=max(self.thinking_left, 0),
+            sampling=self.sampling,
+            grammar=grammar,
         )
-        usage = Usage(
-            timings=completion.timings,
-            reasoning_tokens=completion.reasoning_tokens,
-            thinking_capped=completion.thinking_capped,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            finish_reason=completion.finish_reason,
-            slot=completion.slot,
-        )
+
+    def _complete(self, request: ChatRequest, sink: WordFilter) -> Completion:
+        """The model's response; the server's failures as the turn's (cancelled, full)."""
+        try:
+            completion = self.runtime.inference.complete(request, sink, self.cancel)
+        except InferError as e:
+            if e.kind is InferErrorKind.CANCELLED:
+                raise Cancelled() from e
+            if is_context_full(e):
+                body = e.error_body()
+                raise SessionFull(body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")) from e
+            raise
+        if self.cancel.cancelled:
+            raise Cancelled()
+        return completion
+
+    def _record(self, completion: Completion, previous: Usage | None) -> Usage:
+        """The response, its usage and a cache loss (if the prompt cache was lost) logged."""
+        assistant, usage = completion.assistant(), completion.usage_record()
         loss = cache_outcome(
             previous.timings if previous else None, completion.timings, completion.slot
         )
         self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
         if loss is not None:
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
-        return completion, usage
+        return usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
         if not self.runtime.config.inference.constrained_calls:
@@ -227,13 +227,12 @@ class _Turn:
         """A small model's tool call written as bare JSON in the answer, taken as the call."""
         if not self.runtime.config.inference.bare_json_tool_calls or completion.tool_calls:
             return completion
-        offered = {t["function"]["name"] for t in self.log.baseline.tools if "function" in t}
-        known = offered | {spec.name for spec in self.runtime.registry.specs()}
-        parsed = parse_bare_tool_call(completion.content, known)
-        if parsed is None:
+        offered = [t["function"]["name"] for t in self.log.baseline.tools if "function" in t]
+        found = bare_call(completion.content, offered,
+                          [spec.name for spec in self.runtime.registry.specs()])
+        if found is None:
             return completion
-        name, arguments = parsed if parsed[0] in offered else via_call_tool(*parsed)
-        call = ToolCall(id=f"loopd-{len(self.log.records)}", name=name, arguments=arguments)
+        call = ToolCall(id=f"loopd-{len(self.log.records)}", name=found[0], arguments=found[1])
         return dataclasses.replace(
             completion, content=None, tool_calls=(call,), finish_reason="tool_calls"
         )
@@ -259,36 +258,43 @@ class _Turn:
                 "times in this turn (the first repeat was answered with a notice)",
             )
         if earlier == 1:
-            text, cls, untrusted = REPEAT_NOTICE.format(name=call.name), ResultClass.PUBLIC, False
-            outcome = "repeat"
+            answered = Answered(REPEAT_NOTICE.format(name=call.name), outcome="repeat")
         else:
-            text, cls, untrusted, outcome = self._dispatch(call, number)
+            answered = self._dispatch(call, number)
         if self.cancel.cancelled:
             raise Cancelled()
-        text, truncated = cap_result(text, self.loop.tool_result_cap)
+        text, truncated = cap_result(answered.text, self.loop.tool_result_cap)
         self.log.append(
             ToolResult(
-                call=number, tool_call_id=call.id, content=text, class_=cls,
-                untrusted=untrusted, truncated=truncated,
+                call=number, tool_call_id=call.id, content=text, class_=answered.class_,
+                untrusted=answered.untrusted, truncated=truncated,
             )
         )
         self.tool_calls += 1
         self.emit(
             ToolResultEvent(
-                name=call.name, call=number, class_=cls.value, truncated=truncated,
-                outcome=outcome, content=text,
+                name=call.name, call=number, class_=answered.class_.value, truncated=truncated,
+                outcome=answered.outcome, content=text,
             )
         )
 
-    def _dispatch(self, call: ToolCall, number: int) -> tuple[str, ResultClass, bool, str]:
+    def _dispatch(self, call: ToolCall, number: int) -> Answered:
         target = dispatch(self.runtime.registry, call.name, call.arguments)
         if isinstance(target, Local):
-            return target.text, ResultClass.PUBLIC, False, "local"
+            return Answered(target.text, outcome="local")
         port, tool, arguments = target.port, target.tool, target.arguments
         return answer_text(self.gate.run(number, tool, arguments, lambda approved: port.call(
             session=self.log.name, call=number, tool=tool, arguments=arguments,
             cancel=self.cancel, approved=approved,
         )))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Asked:
+    """One model response as the turn logged it."""
+
+    completion: Completion
+    usage: Usage
 
 
 def _last_usage(records: tuple[Any, ...]) -> Usage | None:

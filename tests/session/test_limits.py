@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from actors.log.records import CacheLoss, SlotState, SlotUse
 from actors.session.limits import (
     ASKED_AGAIN,
+    Answered,
     Repeats,
     answer_text,
     cache_outcome,
@@ -30,7 +31,7 @@ NOTE = re.compile(r"\n\[loopd: result cut to (\d+) of (\d+) characters\]$")
 
 def test_a_result_keeps_its_text_class_and_trust() -> None:
     answer = wire.Result(7, "42 files", ResultClass.SECRET, untrusted=True)
-    assert answer_text(answer) == ("42 files", ResultClass.SECRET, True, "result")
+    assert answer_text(answer) == Answered("42 files", ResultClass.SECRET, True, "result")
 
 
 @pytest.mark.parametrize(
@@ -46,13 +47,13 @@ def test_a_result_keeps_its_text_class_and_trust() -> None:
 def test_every_other_answer_is_a_public_trusted_text_that_says_what_happened(
     answer: wire.Answer, text: str, outcome: str
 ) -> None:
-    assert answer_text(answer) == (text, ResultClass.PUBLIC, False, outcome)
+    assert answer_text(answer) == Answered(text, ResultClass.PUBLIC, False, outcome)
 
 
 def test_a_host_asking_again_after_approval_names_its_prompt_and_says_nothing_ran() -> None:
     # the first PendingApproval is answered by actors.approval.gate's gate; answer_text only ever
     # sees one from a host that asks again for a call sent approved
-    text, *_ = answer_text(wire.PendingApproval(1, "delete build/"))
+    text = answer_text(wire.PendingApproval(1, "delete build/")).text
     assert "(delete build/)" in text
     assert "did not run" in text
 

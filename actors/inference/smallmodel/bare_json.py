@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["could_be_call", "parse_bare_tool_call", "via_call_tool"]
+__all__ = ["bare_call", "could_be_call", "parse_bare_tool_call", "via_call_tool"]
 
 _FENCE = re.compile(r"\A```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL | re.IGNORECASE)
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -56,6 +56,18 @@ def parse_bare_tool_call(content: str | None, known: Collection[str]) -> tuple[s
         if arguments is None:
             return None
     return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def bare_call(
+    content: str | None, offered: Collection[str], registered: Collection[str]
+) -> tuple[str, str] | None:
+    """``(name, arguments_json)`` of the call ``content`` writes as bare JSON, as the model
+    may make it: a tool ``offered`` in the baseline by its own name, a ``registered`` one
+    through ``call_tool``; None when the content is not one call of either."""
+    parsed = parse_bare_tool_call(content, {*offered, *registered})
+    if parsed is None:
+        return None
+    return parsed if parsed[0] in offered else via_call_tool(*parsed)
 
 
 def could_be_call(text: str) -> bool:
