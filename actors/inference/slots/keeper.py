@@ -170,6 +170,17 @@ def pick_server(home: int | None, servers: Sequence[tuple[bool, int, int]]) -> i
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _Grant:
+    """A slot marked leased under the lock; what preparing it (outside the lock) needs."""
+
+    session: _Session
+    target: int  # the server's index
+    pick: Pick
+    save_first: bool  # the evicted session's changed state is saved before the restore
+    note: str  # what the keeper noticed for the session, said on its SlotUse
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Ticket:
     """A request's place in the keeper's queue."""
 
@@ -269,9 +280,9 @@ class SlotKeeper:
                 if left <= 0:
                     return None
                 self._cond.wait(left)
-        return self._prepare(*granted)
+        return self._prepare(granted)
 
-    def _grant(self, ticket: Ticket) -> tuple[_Session, int, Pick, bool, str] | None:
+    def _grant(self, ticket: Ticket) -> _Grant | None:
         """Under the lock: mark a slot leased to ``ticket`` when it is its turn."""
         session = self._session(ticket.session)
         target = self._target(session)
@@ -295,7 +306,7 @@ class SlotKeeper:
         if pick.kind != "kept":
             note, session.note = session.note, ""
         self._cond.notify_all()
-        return session, target, pick, save_first, note
+        return _Grant(session, target, pick, save_first, note)
 
     def _target(self, session: _Session) -> int:
         return pick_server(session.home, [
@@ -303,17 +314,17 @@ class SlotKeeper:
              sum(1 for x in s.slots if not x.leased and not x.saving)) for s in self._servers
         ])
 
-    def _prepare(self, session: _Session, target: int, pick: Pick, save_first: bool,
-                 note: str) -> Lease:
+    def _prepare(self, grant: _Grant) -> Lease:
         """Outside the lock: save what the slot held, restore what the session needs."""
+        target, pick, session = grant.target, grant.pick, grant.session
         server = self._servers[target]
         try:
-            if save_first and pick.evicted is not None:
+            if grant.save_first and pick.evicted is not None:
                 self._save(target, pick.slot, pick.evicted)
             if pick.kind == "kept":
                 use = SlotUse(server.url, pick.slot, SlotState.KEPT)
             else:
-                use = self._restore(target, pick.slot, session, note)
+                use = self._restore(target, pick.slot, session, grant.note)
         except BaseException:
             self._release(target, pick.slot, None)
             raise
