@@ -19,7 +19,7 @@ import pykka
 import pytest
 
 from actors.base.cancel import CancelToken
-from actors.base.events import Event, Queued, Waiting
+from actors.base.events import Content, Event, Queued, Waiting
 from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import Completion, InferError, InferErrorKind
 from tests.inference.conftest import config, request
@@ -141,23 +141,45 @@ def test_cancel_while_queued_ends_it_and_sends_nothing(
 
 def test_a_queued_request_times_out_at_its_deadline() -> None:
     # The deadline is the stimulus; it must pass after the second request was queued, which
-    # takes milliseconds alone and can take a second or more on a loaded machine.
+    # takes milliseconds alone and can take a second or more on a loaded machine. The first
+    # request holds the only actor in its sink (the actor's own thread), where no deadline
+    # reaches it, so the actor stays busy past the second's deadline however late that is.
     server = GatedServer()
     inference = Inference.start(
         config("http://llama.test", parallel=1, timeout_s=5.0),
         network=HandlerBackend(server.handler),
     )
+    holding, let_go = threading.Event(), threading.Event()
+
+    def held(event: Event) -> None:
+        if isinstance(event, Content):
+            holding.set()
+            let_go.wait(WAIT)
+
+    def ask_first() -> None:
+        with contextlib.suppress(InferError):  # its own deadline passes while it is held
+            inference.complete(request(), held, CancelToken())
+
+    first = threading.Thread(target=ask_first)
+    second_events: queue.Queue[Event] = queue.Queue()
+    second_out: queue.Queue[Outcome] = queue.Queue()
+    threads = [first]
     try:
-        with held_and_queued(server, inference) as q:
-            # the streaming one, silent, is ended by the watchdog at the same deadline
-            outcomes = [q.out.get(timeout=WAIT), q.out.get(timeout=WAIT)]
+        first.start()
+        server.release(2)  # the role, then "Hello": the first holds the actor in its sink
+        assert holding.wait(WAIT)
+        threads.append(in_thread(inference, second_events, second_out, session="other"))
+        assert isinstance(second_events.get(timeout=WAIT), Queued)
+        outcome = second_out.get(timeout=WAIT)
+        assert len(server.bodies) == 1  # the queued one never reached the server
     finally:
+        let_go.set()
+        server.release(100)
+        for t in threads:
+            t.join(WAIT)
         inference.stop()
-    assert all(isinstance(o, InferError) and o.kind is InferErrorKind.TIMEOUT for o in outcomes)
-    said = sorted(str(o) for o in outcomes)
-    assert "no complete answer within inference.timeout_s = 5 s" in said[0]  # streaming
-    assert "queued behind inference.parallel = 1" in said[1]  # never reached the server
-    assert len(server.bodies) == 1
+    assert isinstance(outcome, InferError) and outcome.kind is InferErrorKind.TIMEOUT
+    assert "queued behind inference.parallel = 1" in outcome.message
 
 
 def test_stop_ends_the_streaming_and_the_queued_request_and_loses_neither(
