@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import stat
 from collections.abc import Iterator
@@ -27,9 +26,10 @@ from actors.daemon import protocol as p
 from actors.daemon.address import endpoint
 from actors.daemon.client import Client, find_daemon
 from actors.log.records import Assistant, ToolResult, User
-from actors.wire.curve import load_public, load_secret, write_keypair
+from actors.wire.curve import load_public, load_secret
 from actors.wire.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
+from tests.support.curve_host import server_keys
 from tests.support.fake_llama import FakeLlama
 from tests.support.watch import wait_until
 from tests.tools.hostkit import raw_dealer, short_dir
@@ -212,12 +212,7 @@ def _free_port() -> int:
 def test_a_curve_client_with_an_unknown_key_gets_nothing(
     tmp_path: Path, run_dir: Path, fake: FakeLlama
 ) -> None:
-    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
-    allowed.mkdir()
-    _, server_secret = write_keypair(keys, "daemon")
-    friend, _ = write_keypair(keys, "friend")
-    write_keypair(keys, "stranger")
-    shutil.copy(friend, allowed)
+    keys, allowed, server_secret = server_keys(tmp_path, "daemon")
     where = f"tcp://127.0.0.1:{_free_port()}"
     config = daemon_config(
         tmp_path, run_dir, fake.url, endpoint=where, curve_secret=str(server_secret),

@@ -17,7 +17,7 @@ from actors.tools.protocol import wire
 from actors.wire.curve import load_secret, write_keypair
 from tests.tools.hostkit import FAKE, short_dir, spawn_host, wait_until
 
-__all__ = ["Remote", "curve_host", "curve_options", "touch"]
+__all__ = ["Remote", "curve_host", "curve_options", "server_keys", "touch"]
 
 
 class Remote(NamedTuple):
@@ -28,16 +28,23 @@ class Remote(NamedTuple):
     allowed: Path
 
 
+def server_keys(d: Path, server: str = "server") -> tuple[Path, Path, Path]:
+    """Key pairs under ``d/keys`` for a CURVE server and two clients, ``friend`` (in the
+    allow directory ``d/allowed``) and ``stranger``: (keys, allowed, the server's secret)."""
+    keys, allowed = d / "keys", d / "allowed"
+    allowed.mkdir(parents=True)
+    _, server_secret = write_keypair(keys, server)
+    friend_public, _ = write_keypair(keys, "friend")
+    write_keypair(keys, "stranger")
+    shutil.copy(friend_public, allowed)
+    return keys, allowed, server_secret
+
+
 @contextlib.contextmanager
 def curve_host() -> Iterator[Remote]:
     """The host, up and bound; stopped when the block ends."""
     with short_dir() as d:
-        keys, allowed = d / "keys", d / "allowed"
-        allowed.mkdir()
-        _, server_secret = write_keypair(keys, "server")
-        friend_public, _ = write_keypair(keys, "friend")
-        write_keypair(keys, "stranger")
-        shutil.copy(friend_public, allowed)
+        keys, allowed, server_secret = server_keys(d)
         log = d / "host.log"
         args = ("--provider", FAKE, "--curve-secret", str(server_secret),
                 "--allow-keys", str(allowed))  # fmt: skip

@@ -78,6 +78,21 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def with_a_child(pid_file: Path, then: str) -> list[str]:
+    """A stand-in host that starts a child (its pid in ``pid_file``), then runs ``then``."""
+    return python(
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        f"{then}\n"
+    )
+
+
+def child_of(pid_file: Path) -> psutil.Process:
+    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", WAIT, "the child")
+    return psutil.Process(int(pid_file.read_text()))
+
+
 def restart_delays(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage().rsplit(" in ", 1)[1] for r in caplog.records
             if "restarting in" in r.getMessage()]  # fmt: skip
@@ -125,15 +140,8 @@ def test_what_a_dead_host_left_running_is_killed(
     supervise: Callable[[list[str]], Supervised], tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "child.pid"
-    code = (
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen(['sleep', '300'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "raise SystemExit(1)\n"
-    )
-    s = supervise(python(code))
-    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", WAIT, "the child")
-    child = psutil.Process(int(pid_file.read_text()))
+    s = supervise(with_a_child(pid_file, "raise SystemExit(1)"))
+    child = child_of(pid_file)
     wait_until(lambda: not is_alive(child), WAIT, "the orphaned child to be killed")
     assert s.conn.exits[0] == "exit code 1"
 
@@ -142,16 +150,9 @@ def test_stopping_ends_the_host_its_children_and_the_connection(
     supervise: Callable[[list[str]], Supervised], tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "child.pid"
-    code = (
-        "import subprocess, time\n"
-        "child = subprocess.Popen(['sleep', '300'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(300)\n"
-    )
-    s = supervise(python(code))
-    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", WAIT, "the child")
+    s = supervise(with_a_child(pid_file, "time.sleep(300)"))
+    child = child_of(pid_file)
     host = psutil.Process(s.status().pid)  # type: ignore[arg-type]
-    child = psutil.Process(int(pid_file.read_text()))
     s.stop()
     assert not is_alive(host) and not is_alive(child)
     assert s.conn.stopped
