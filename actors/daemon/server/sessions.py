@@ -7,12 +7,15 @@ is a LimitError. A session's actor (:class:`~actors.session.actor.SessionActor`,
 the only writer of its log) lives while a client has it attached; it is stopped when the
 client closes it or goes away, after the turn running on it, if any, has ended. The KV state
 stays warm in the slot keeper either way, so reopening costs a read of the log, no prompt.
+A session is free for another client once its actor has stopped (and let go of its log):
+opening one whose actor is still stopping waits for that, rather than finding it locked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from typing import Any
 
@@ -23,6 +26,8 @@ from actors.session.actor import open_session
 from actors.session.world import World
 
 __all__ = ["Sessions"]
+
+log = logging.getLogger("loopd.daemon")
 
 _STOP_S = 10.0
 
@@ -44,10 +49,36 @@ class Sessions:
         self.per_client = per_client  # daemon.max_sessions_per_client
         self._lock = threading.RLock()
         self._open: dict[str, _Entry] = {}
+        self._closing: dict[str, threading.Event] = {}  # set once the actor has stopped
+
+    def _close(self, entries: list[tuple[str, _Entry]]) -> None:
+        """Stop the actors of ``entries`` (already taken out of the table, under the lock);
+        their names stay closing until then."""
+        done = threading.Event()
+        with self._lock:
+            for name, _ in entries:
+                self._closing[name] = done
+        try:
+            for _, entry in entries:
+                if entry.proxy is not None:
+                    _stop(entry.proxy)
+        finally:
+            with self._lock:
+                for name, _ in entries:
+                    if self._closing.get(name) is done:
+                        del self._closing[name]
+            done.set()
 
     def attach(self, client: bytes, name: str, create: bool) -> tuple[bool, int, int]:
         """Attach ``name`` to ``client`` (opening it); (created, records in its log when it
         was opened, bytes of a torn tail that opening cut)."""
+        while True:
+            with self._lock:
+                stopping = self._closing.get(name)
+            if stopping is None:
+                break
+            log.info("session %s: waiting for its last actor to let go of its log", name)
+            stopping.wait(_STOP_S)
         with self._lock:
             entry = self._open.get(name)
             if entry is not None:
@@ -79,7 +110,7 @@ class Sessions:
             if not kept and self._open.get(name) is entry:
                 del self._open[name]
         if not kept:  # the client went, or the daemon began to stop, while it opened
-            _stop(proxy)
+            self._close([(name, entry)])
             raise DaemonError(f"session {name} was closed while it opened")
         return report.created, report.records, report.cut_bytes
 
@@ -105,7 +136,7 @@ class Sessions:
             if not entry.release:
                 return
             del self._open[name]
-        _stop(entry.proxy)
+        self._close([(name, entry)])
 
     def is_attached(self, client: bytes, name: str) -> bool:
         with self._lock:
@@ -121,11 +152,11 @@ class Sessions:
             if entry.busy:
                 raise UsageError(f"a turn is running on session {name}; cancel it first")
             del self._open[name]
-        _stop(entry.proxy)
+        self._close([(name, entry)])
 
     def release_client(self, client: bytes) -> None:
         """``client`` is gone: close its sessions now, or when their turn ends."""
-        idle = []
+        idle: list[tuple[str, _Entry]] = []
         with self._lock:
             for name, entry in list(self._open.items()):
                 if entry.client != client:
@@ -133,9 +164,8 @@ class Sessions:
                 if entry.busy or entry.proxy is None:
                     entry.release = True
                 else:
-                    idle.append(self._open.pop(name))
-        for entry in idle:
-            _stop(entry.proxy)
+                    idle.append((name, self._open.pop(name)))
+        self._close(idle)
 
     def rows(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -143,10 +173,9 @@ class Sessions:
 
     def close_all(self) -> None:
         with self._lock:
-            entries = [e for e in self._open.values() if e.proxy is not None]
+            entries = [(n, e) for n, e in self._open.items() if e.proxy is not None]
             self._open.clear()
-        for entry in entries:
-            _stop(entry.proxy)
+        self._close(entries)
 
 
 def _stop(proxy: Any) -> None:

@@ -8,6 +8,8 @@ closed" is seen directly: another open of the same log in this process succeeds.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -15,13 +17,22 @@ from typing import Any, cast
 import pytest
 
 from actors.base.config import Config
-from actors.base.errors import DaemonError, SessionError, SessionInUse, SessionLocked, UsageError
+from actors.base.errors import (
+    Cancelled,
+    DaemonError,
+    SessionError,
+    SessionInUse,
+    SessionLocked,
+    UsageError,
+)
 from actors.daemon.server.sessions import Sessions
+from actors.inference.types import InferError
 from actors.log.records import Baseline
 from actors.session.actor import open_session
 from actors.session.turn import Runtime
 from actors.session.world import World
 from actors.tools.registry import Registry
+from tests.support.watch import HANG_S, Background, wait_until
 
 A, B = b"client-a", b"client-b"
 
@@ -141,3 +152,43 @@ def test_a_session_released_while_it_opens_is_closed_and_says_so(sessions: Sessi
     with pytest.raises(DaemonError, match="session s was closed while it opened"):
         sessions.attach(A, "s", create=True)
     assert sessions.rows() == [] and closed(sessions, "s")
+
+
+class BlockedModel:
+    """A model that answers nothing until released: the session actor stays busy."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.gate = threading.Event()
+
+    def complete(self, request: Any, sink: Any, cancel: Any) -> Any:
+        self.asked.set()
+        self.gate.wait(HANG_S)
+        raise InferError.cancelled("released by the test")
+
+    def turn_ended(self, session: str) -> None:
+        pass
+
+
+def test_a_session_whose_actor_is_still_stopping_is_waited_for_not_found_locked(
+    sessions: Sessions, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Detached is not yet closed: the actor lets go of the log when its work ends. Another
+    client opening the session then waits for that instead of finding the log locked."""
+    sessions.attach(A, "s", create=True)
+    proxy = sessions.begin_turn(A, "s")
+    model = BlockedModel()
+    runtime = Runtime(config=sessions.app.config, inference=model, registry=Registry([]))
+    work = proxy.turn(runtime, "Hi?", lambda _e: None)  # the actor is busy with it
+    assert model.asked.wait(HANG_S)
+    sessions.end_turn("s")  # the table's turn is over; the actor's work is not
+    detaching = Background(lambda: sessions.detach(A, "s"))  # waits for the actor's stop
+    wait_until(lambda: sessions.rows() == [], what="the session to leave the table")
+    caplog.set_level(logging.INFO, logger="loopd.daemon")
+    opening = Background(lambda: sessions.attach(B, "s", create=False))
+    wait_until(lambda: "waiting for its last actor" in caplog.text, what="the open to wait")
+    model.gate.set()
+    detaching.join()
+    assert opening.join() == (False, 2, 0)  # the Baseline and the turn's User record
+    with pytest.raises(Cancelled):
+        work.get(timeout=HANG_S)
