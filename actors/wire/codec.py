@@ -17,6 +17,7 @@ dataclass's order. From a class the codec reads:
   ``str``, ``bytes``, ``bool``, ``int``  itself, the type exact (``True`` is not an int)
   ``float``                              a float (an int is read as a float)
   :data:`Natural`                        an int from 0 to 2**63 - 1 (ids, counts)
+  ``Annotated[T, fn]``                   a T that ``fn`` checks (``Natural`` is one)
   an ``enum.Enum``                       its value
   ``X | None``                           nil or an X
   ``tuple[X, ...]``                      an array of X
@@ -283,6 +284,7 @@ class Shape:
                 added_.append((wire, f.default, f.metadata[ADDED]))
         self._writing = tuple(writing)
         self.added: tuple[tuple[str, Any, str], ...] = tuple(added_)
+        self.inner = tuple(shape_of(c) for c in _dataclasses_in(hints[f.name] for f in fields))
         self.read: Callable[[dict[Any, Any], frozenset[str]], Any] = self._compile(reading)
         self.form = _Form(self._read_nested, self._write_nested)
 
@@ -397,6 +399,17 @@ class Shape:
 
 
 _NO_ENVELOPE: frozenset[str] = frozenset()
+
+
+def _dataclasses_in(hints: Iterable[Any]) -> list[type[Any]]:
+    """The dataclasses type hints name, inside ``X | None`` and ``tuple[X, ...]`` too."""
+    found: list[type[Any]] = []
+    for hint in hints:
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            found.append(hint)
+        else:
+            found += _dataclasses_in(typing.get_args(hint))
+    return found
 
 
 def _default(f: dataclasses.Field[Any], where: str) -> Callable[[], Any]:
@@ -529,12 +542,16 @@ class Codec:
             raise WireError(f"{where}: {e.text}", _id_of(body)) from None
 
     def added(self) -> list[tuple[str, str, Any, str]]:
-        """Every field added later: (kind, field, default, when), for the documents' tests."""
-        return [
-            (shape.kind, *entry)
-            for shape in self.shapes.values()
-            for entry in shape.added
-        ]
+        """Every field added later, in the messages and the maps inside them: (kind, field,
+        default, when), for the documents' tests."""
+        found, todo, seen = [], list(self.shapes.values()), set()
+        while todo:
+            shape = todo.pop(0)
+            if shape.cls not in seen:
+                seen.add(shape.cls)
+                found += [(shape.kind, *entry) for entry in shape.added]
+                todo += shape.inner
+        return found
 
 
 def _id_of(body: dict[Any, Any]) -> int | None:

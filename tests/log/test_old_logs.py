@@ -12,6 +12,7 @@ import datetime as dt
 import shutil
 from pathlib import Path
 
+from actors.log import records
 from actors.log.file import HEADER, SessionLog, frame, read_records
 from actors.log.records import (
     Approval,
@@ -137,3 +138,12 @@ def test_the_records_keep_their_kinds_and_types() -> None:
         assert type(new) is type(old)
         for name in old.__dataclass_fields__:
             assert type(getattr(new, name)) is type(getattr(old, name)), name
+
+
+def test_the_fields_added_later_are_the_documented_ones() -> None:
+    """Each reads as its default in an older log (tests/log/test_records.py shows it)."""
+    assert [(kind, field, default) for kind, field, default, _ in records.CODEC.added()] == [
+        ("usage", "slot", None), ("cache_loss", "cause", "")
+    ]
+    doc = " ".join((records.__doc__ or "").split())
+    assert '``usage.slot`` (nil) and ``cache_loss.cause`` ("")' in doc
