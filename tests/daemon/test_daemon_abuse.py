@@ -161,11 +161,13 @@ def test_connections_up_to_the_hard_limit_do_not_end_the_daemon(
             wait_until(lambda: "stops listening" in daemon.text(), timeout=60,
                        what="the daemon to stop listening")  # fmt: skip
             assert daemon.proc.poll() is None, daemon.text()
-        def serves() -> bool:  # the flood's clients count until their heartbeats run out
+        def serves() -> bool:
+            """Until the flood's clients have timed out the daemon may refuse ("clients
+            already") or, on a loaded machine, answer late: both are "not yet"; only the
+            daemon's death or the hang guard ends the wait."""
             try:
                 return find_daemon(daemon.config) is not None
-            except DaemonError as e:
-                assert "clients already" in str(e), e
+            except DaemonError:
                 return False
 
         wait_until(lambda: daemon.proc.poll() is not None or serves(),
