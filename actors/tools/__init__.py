@@ -1,13 +1,15 @@
-"""Tools in their own processes, reached over ZeroMQ.
+"""Tools in their own processes, reached over ZeroMQ. Two processes share this folder:
 
-- ``wire``: the messages between a tool port and a tool host, and their msgpack codec;
-- ``host``: the tool host process (``loopd toolhost``), a ROUTER with a worker per call;
-- ``port``: the tool port (a pykka actor, its I/O thread, and the handle sessions call);
-- ``registry``: find_tool / call_tool, and ``dispatch`` of a model's tool call;
-- ``supervisor``: the ``Toolbox`` that starts, restarts and stops the hosts;
-- ``standard``, ``workspace``, ``command``, ``web``: the standard tools and their rules;
-- ``procs``: killing process trees and sessions; ``keys``: CURVE keys (``loopd keys``);
-- ``spec``: what a host offers and the ToolProvider contract; ``mcp``: MCP servers as providers.
+- the tool host process (``loopd toolhost``): ``protocol`` (the wire, the specs, the
+  provider contract; shared with the session side), ``host`` (the server: a ROUTER with a
+  worker per call) and ``providers`` (what runs the tools: the standard tools and their
+  rules, the command sandbox, fetch_url, MCP servers);
+- the session process: ``port`` (a port per tool host: its connection, its calls, the
+  supervisor of a local host's process), ``registry`` (find_tool / call_tool and the
+  ``dispatch`` of a model's tool call), ``search`` (find_tool's ranking) and ``toolbox``
+  (starts the hosts, connects their ports, stops them all).
+
+tests/test_layers.py keeps the host side from reaching anything of the session.
 """
 
 __all__: list[str] = []

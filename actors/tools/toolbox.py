@@ -1,4 +1,5 @@
-"""The daemon's tool side: starts the tool hosts, connects their ports, and stops them all.
+"""The session process's tool side: starts the tool hosts, connects their ports, and stops
+them all.
 
 :meth:`Toolbox.start` reads ``[tools]``:
 
