@@ -43,8 +43,8 @@ import mcp_types  # noqa: E402
 from actors.base.errors import McpError  # noqa: E402
 from actors.tools.protocol.spec import ResultClass  # noqa: E402
 from actors.tools.protocol.wire import Failed, PendingApproval, Result  # noqa: E402
-from actors.tools.providers.mcp import (  # noqa: E402
-    McpProvider,
+from actors.tools.providers.mcp import McpProvider  # noqa: E402
+from actors.tools.providers.mcp_mapping import (  # noqa: E402
     describe_content,
     policy,
     tool_spec,

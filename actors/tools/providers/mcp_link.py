@@ -1,0 +1,355 @@
+"""The life of one MCP server connection, on the provider's asyncio loop.
+
+:class:`McpLink` starts the server (a command over stdio, through :func:`tethered`, so it
+dies with the host even if the host is killed; or a streamable-HTTP url), finishes the MCP
+handshake, and keeps one live connection. A server that exits, closes the connection or
+stops answering makes the call ``Failed`` with a message naming it; the next call starts a
+new connection (a new server process for a command). A call that times out is cancelled on
+the server with MCP's ``notifications/cancelled``; a server that then does not answer a
+``tools/list`` probe is treated as hung and replaced. Every method runs on the loop thread
+(:class:`~actors.tools.providers.asyncloop.LoopThread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from actors.base.errors import McpError
+from actors.tools.protocol.wire import Answer, Failed
+from actors.tools.providers.mcp_mapping import answer_of, reason, timeout_message
+from actors.wire.tether import tethered
+
+try:
+    import anyio
+    import mcp_types
+    from mcp import Client, StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        f"MCP tool hosts need the MCP SDK ({e}); install it with: pip install 'loopd[mcp]'"
+    ) from e
+
+__all__ = ["PROBE_TIMEOUT_S", "McpLink"]
+
+log = logging.getLogger("actors.tools.providers.mcp")
+
+# How long a hung-looking server gets to answer a tools/list probe after a call timed out.
+PROBE_TIMEOUT_S = 5.0
+# The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
+CLOSE_TIMEOUT_S = 10.0
+_MAX_TOOL_PAGES = 100
+_END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+# --- the transport watch -----------------------------------------------------------------
+
+
+class _WatchedRead:
+    """The transport's read stream, setting ``ended`` when the server side is gone.
+
+    The SDK notices a dead server only when a request fails; this lets an idle death
+    start a new server before the next call instead of failing it.
+    """
+
+    def __init__(self, inner: Any, ended: asyncio.Event) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    def __getattr__(self, name: str) -> Any:  # last_context and any other extras
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except _END_OF_STREAM:
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedRead:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._inner.__anext__()
+        except (StopAsyncIteration, *_END_OF_STREAM):
+            self._ended.set()
+            raise
+
+    async def __aenter__(self) -> _WatchedRead:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._ended.set()
+        result: bool | None = await self._inner.__aexit__(exc_type, exc, tb)
+        return result
+
+
+@contextlib.asynccontextmanager
+async def _watched(inner: Any, ended: asyncio.Event) -> AsyncIterator[tuple[Any, Any]]:
+    try:
+        async with inner as (read, write):
+            yield _WatchedRead(read, ended), write
+    finally:
+        ended.set()
+
+
+class _Connection:
+    """One live session with the server (one server process, for a command)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.client: Any = None
+        self.stop = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.client is not None and not self.ended.is_set() and not self.stop.is_set()
+
+
+# --- the link ------------------------------------------------------------------------------
+
+
+class McpLink:
+    """One MCP server's connections: the live one, and those winding down.
+
+    ``label`` names the server in messages; ``closed`` is set by the provider when it
+    closes (no new connection is opened after that).
+    """
+
+    def __init__(
+        self, label: str, *, command: Sequence[str] | None = None, url: str | None = None,
+        connect_timeout_s: float, probe_timeout_s: float,
+    ) -> None:
+        self.label = label
+        self.restarted = "restarted" if command is not None else "reconnected"
+        self.closed = False
+        self._command = list(command) if command is not None else None
+        self._url = url
+        self._connect_timeout_s = connect_timeout_s
+        self._probe_timeout_s = probe_timeout_s
+        self._lock = asyncio.Lock()
+        self._count = 0
+        self._conn: _Connection | None = None
+        self._retired: set[asyncio.Task[None]] = set()
+        self._probe: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether a live session is open (False once the server is gone, until the next call)."""
+        conn = self._conn
+        return conn is not None and conn.usable
+
+    def _transport(self, ended: asyncio.Event) -> Any:
+        if self._command is not None:
+            # Tethered, so the server dies with this host even if the host is killed.
+            argv = tethered(self._command)
+            params = StdioServerParameters(command=argv[0], args=argv[1:])
+            return _watched(stdio_client(params), ended)
+        assert self._url is not None
+        return _watched(streamable_http_client(self._url), ended)
+
+    async def first_listing(self) -> list[mcp_types.Tool]:
+        """Start the server and list its tools, or raise McpError saying why not."""
+        conn = await self._open(self._connect_timeout_s)
+        try:
+            return await asyncio.wait_for(self._list_tools(conn), self._connect_timeout_s)
+        except Exception as e:
+            self._retire(conn)
+            raise McpError(f"MCP server {self.label} did not list its tools: {reason(e)}") from e
+
+    async def _list_tools(self, conn: _Connection) -> list[mcp_types.Tool]:
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        for _ in range(_MAX_TOOL_PAGES):
+            page = await conn.client.list_tools(cursor=cursor, cache_mode="bypass")
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return tools
+
+    async def _open(self, timeout_s: float) -> _Connection:
+        """Start the server and finish the MCP handshake, or raise McpError."""
+        self._count += 1
+        conn = _Connection(self._count)
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(_retrieved)  # nobody may be waiting any more
+        conn.task = asyncio.create_task(self._hold(conn, ready))
+        try:
+            conn.client = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
+        except Exception as e:
+            self._retire(conn, cancel=True)
+            raise McpError(self._start_failure(e, timeout_s)) from None
+        self._conn = conn
+        return conn
+
+    async def _hold(self, conn: _Connection, ready: asyncio.Future[Any]) -> None:
+        """Own the SDK client for the connection's life (anyio scopes need one task)."""
+        try:
+            client = Client(
+                self._transport(conn.ended),
+                cache=None,
+                client_info=mcp_types.Implementation(name="loopd", version=_version()),
+            )
+            async with client:
+                if not ready.done():
+                    ready.set_result(client)
+                await conn.stop.wait()
+        except BaseException as e:
+            if not ready.done():
+                if isinstance(e, Exception):
+                    ready.set_exception(e)
+                else:
+                    ready.cancel()
+            elif isinstance(e, Exception):
+                log.info("MCP server %s connection %d ended: %r", self.label, conn.number, e)
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            conn.ended.set()
+
+    def _retire(self, conn: _Connection, *, cancel: bool = False) -> None:
+        """Let a connection wind down in the background (the SDK bounds the shutdown).
+
+        ``cancel`` is for a connection still in its handshake, which does not see ``stop``.
+        """
+        conn.stop.set()
+        if self._conn is conn:
+            self._conn = None
+        if conn.task is not None and not conn.task.done():
+            if cancel:
+                conn.task.cancel()
+            self._retired.add(conn.task)
+            conn.task.add_done_callback(self._retired.discard)
+
+    async def _connection(self, deadline: float) -> _Connection:
+        """The live connection, starting a new one if the old one died or hung."""
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            probe = self._probe
+            if probe is not None and not probe.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(probe), max(0.0, deadline - loop.time()))
+            conn = self._conn
+            if conn is not None and conn.usable:
+                return conn
+            if conn is not None:
+                self._retire(conn)
+            if self.closed:
+                raise McpError(f"MCP server {self.label} is closed")
+            budget = min(self._connect_timeout_s, deadline - loop.time())
+            return await self._open(max(0.001, budget))
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], own_s: float, timeout_s: float, *,
+        untrusted: bool, max_output: int | None,
+    ) -> Answer:
+        """One call within ``own_s``; ``timeout_s`` is the caller's limit, for messages."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + own_s
+        try:
+            conn = await self._connection(deadline)
+        except McpError as e:
+            return Failed(message=f"{e}; the call to {tool} did not run")
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return Failed(message=timeout_message(tool, self.label, timeout_s))
+        try:
+            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=remaining)
+        except MCPError as e:
+            if e.code == mcp_types.REQUEST_TIMEOUT:
+                self._start_probe(conn)
+                return Failed(message=timeout_message(tool, self.label, timeout_s))
+            if e.code == mcp_types.CONNECTION_CLOSED or conn.ended.is_set():
+                self._retire(conn)
+                return Failed(
+                    message=f"MCP server {self.label} exited or closed the connection during "
+                    f"the call to {tool}; it is {self.restarted} for the next call",
+                )
+            return Failed(message=f"MCP server {self.label} refused the call to {tool}: {e}")
+        except Exception as e:
+            # Not an MCP answer (a transport or protocol fault): start afresh next time.
+            self._retire(conn)
+            log.info("MCP call %s on %s raised", tool, self.label, exc_info=True)
+            return Failed(message=f"MCP call {tool} on {self.label} failed: {reason(e)}")
+        return answer_of(result, untrusted, max_output)
+
+    def _start_probe(self, conn: _Connection) -> None:
+        """After a timeout: a server that cannot list its tools either is hung; replace it."""
+        if self._probe is not None and not self._probe.done():
+            return
+
+        async def probe() -> None:
+            try:
+                await asyncio.wait_for(self._list_tools(conn), self._probe_timeout_s)
+            except Exception as e:
+                log.warning(
+                    "MCP server %s did not answer after a timed-out call (%s); restarting it",
+                    self.label, reason(e),
+                )
+                self._retire(conn)
+
+        self._probe = asyncio.create_task(probe())
+
+    async def shutdown(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        if self._conn is not None:
+            self._retire(self._conn)
+        tasks = list(self._retired)
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+            for t in pending:
+                t.cancel()
+        current = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not current]
+        for t in others:
+            t.cancel()
+        if others:
+            await asyncio.wait(others, timeout=2)
+
+    def _start_failure(self, e: Exception, timeout_s: float) -> str:
+        if isinstance(e, TimeoutError):
+            return (
+                f"MCP server {self.label} did not finish the MCP handshake within {timeout_s:g} s"
+            )
+        if isinstance(e, OSError):
+            return (
+                f"MCP server command {self.label} could not be started: {e}; "
+                "check the command in [[tools.hosts]] (is it installed and on PATH?)"
+            )
+        return (
+            f"MCP server {self.label} did not start: {reason(e)}; "
+            "run the command by hand to see its error output"
+        )
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loopd")
+    except PackageNotFoundError:
+        return "0"
