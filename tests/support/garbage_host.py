@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -26,7 +27,7 @@ from actors.base.errors import WireError
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
 
-__all__ = ["MODES", "SPEC", "main"]
+__all__ = ["MODES", "SPEC", "main", "serve"]
 
 MODES = ("bytes", "map", "wrong_id", "huge", "silent")
 SPEC = ToolSpec(
@@ -50,8 +51,11 @@ def _answer(request: wire.ToolRequest) -> bytes | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def serve(argv: list[str] | None, specs: tuple[ToolSpec, ...],
+          answer: Callable[[wire.ToolRequest], bytes | None], description: str) -> int:
+    """A hand-written host's loop: ``--bind ENDPOINT [--parent-pid PID]`` from ``argv``;
+    Hello gets ``specs``, Ping a Pong, a call what ``answer`` says (None: nothing)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--bind", required=True)
     parser.add_argument("--parent-pid", type=int)
     args = parser.parse_args(argv)
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(args.bind)
-    tools = wire.encode(wire.Tools((SPEC,)))
+    tools = wire.encode(wire.Tools(specs))
     pong = wire.encode(wire.Pong())
     try:
         while args.parent_pid is None or os.getppid() == args.parent_pid:
@@ -76,13 +80,17 @@ def main(argv: list[str] | None = None) -> int:
             elif isinstance(msg, wire.Ping):
                 reply = pong
             elif isinstance(msg, wire.ToolRequest):
-                reply = _answer(msg)
+                reply = answer(msg)
             if reply is not None:
                 sock.send_multipart([peer, reply])
     finally:
         sock.close(linger=0)
         ctx.term()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(argv, (SPEC,), _answer, __doc__.split("\n")[0])
 
 
 if __name__ == "__main__":

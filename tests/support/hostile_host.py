@@ -16,16 +16,12 @@ also used by the grammar's own tests.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from typing import Any
 
-import zmq
-
-from actors.base.errors import WireError
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
+from tests.support.garbage_host import serve
 
 __all__ = ["FINE", "deep", "deep_shared", "main", "odd", "specs", "wide"]
 
@@ -64,38 +60,8 @@ def specs() -> tuple[ToolSpec, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bind", required=True)
-    parser.add_argument("--parent-pid", type=int)
-    args = parser.parse_args(argv)
-    ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(args.bind)
-    tools = wire.encode(wire.Tools(specs()))
-    pong = wire.encode(wire.Pong())
-    try:
-        while args.parent_pid is None or os.getppid() == args.parent_pid:
-            if not sock.poll(250):
-                continue
-            peer, frame = sock.recv_multipart()
-            try:
-                msg = wire.decode(frame)
-            except WireError:
-                continue
-            reply: bytes | None = None
-            if isinstance(msg, wire.Hello):
-                reply = tools
-            elif isinstance(msg, wire.Ping):
-                reply = pong
-            elif isinstance(msg, wire.ToolRequest):
-                reply = wire.encode(wire.Result(msg.id, f"{msg.tool} ran"))
-            if reply is not None:
-                sock.send_multipart([peer, reply])
-    finally:
-        sock.close(linger=0)
-        ctx.term()
-    return 0
+    return serve(argv, specs(), lambda call: wire.encode(wire.Result(call.id, f"{call.tool} ran")),
+                 __doc__.split("\n")[0])
 
 
 if __name__ == "__main__":
