@@ -7,7 +7,8 @@ processes is a cgroup of its own with ``pids.max`` (cgroup v1's ``pids`` hierarc
 where the ``pids`` controller can be enabled below the host's cgroup), made for the
 command and removed after it. Where no cgroup can be made (a container whose
 ``/sys/fs/cgroup`` is read-only), :func:`why_not` says so and the bound is not enforced
-for root (said once at start).
+for root (said once at start). A host killed mid-command (SIGKILL) cannot remove its
+command's cgroup; the next one to make a cgroup there removes those of hosts that are gone.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class PidGroup:
         if found is None:
             raise OSError("no cgroup hierarchy with the pids controller is mounted")
         parent, v2 = found
+        _sweep(parent)
         path = parent / f"loopd-cmd-{os.getpid()}-{next(_numbers)}"
         if v2 and "pids" not in (parent / "cgroup.subtree_control").read_text().split():
             (parent / "cgroup.subtree_control").write_text("+pids")
@@ -83,6 +85,23 @@ class PidGroup:
                 time.sleep(0.01)
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+_swept: set[Path] = set()
+
+
+def _sweep(parent: Path) -> None:
+    """Once per process: remove the empty cgroups of tool hosts that are gone (one killed
+    mid-command, even by SIGKILL, could not remove its own)."""
+    if parent in _swept:
+        return
+    _swept.add(parent)
+    with contextlib.suppress(OSError):
+        for child in parent.glob("loopd-cmd-*-*"):
+            pid = child.name.split("-")[2]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):  # still busy, or raced: left
+                    child.rmdir()
 
 
 def why_not() -> str:
