@@ -59,9 +59,13 @@ class Waiting:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Progress:
+    """Prompt processing: ``processed`` of ``total`` tokens (the ``cache`` reused included);
+    ``time_ms`` since the server started on this prompt (0: not said)."""
+
     processed: int
     total: int
     cache: int
+    time_ms: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -36,8 +36,11 @@ from rich.markup import escape
 
 from actors.base.cancel import CancelToken
 from actors.base.events import ApprovalRequested, Choice, Decision
+from actors.base.rules import parse_rule
 
-__all__ = ["KEYS", "JsonApprover", "NoTerminal", "TerminalApprover", "approve_flag", "fold"]
+__all__ = [
+    "KEYS", "JsonApprover", "NoTerminal", "TerminalApprover", "allows", "approve_flag", "fold",
+]
 
 KEYS = {"y": Choice.ONCE, "s": Choice.SESSION, "a": Choice.ALWAYS, "n": Choice.DENY}
 _STEP = 0.1  # seconds between looks at the cancel token and the clock
@@ -131,7 +134,7 @@ class TerminalApprover:
                 keys = "/".join(choices)
                 self.console.print(f"[dim]press {keys} (or v to see all arguments)[/]")
         choice = choices[key]
-        self.console.print(f"[bold]{key}[/]")
+        self.console.print()  # the key is not echoed: the decision's own line says it
         if choice is not Choice.DENY:
             return Decision(choice)
         self.console.print("reason for the model (Enter for none): ", end="")
@@ -148,11 +151,12 @@ class TerminalApprover:
             text = (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
                     ) if whole else fold(value)
             say(f"    [cyan]{escape(str(key))}[/]: {escape(text)}")
-        rule = escape(request.rule)
         say("  [bold]y[/]  allow once")
         if request.rule:
-            say(f"  [bold]s[/]  allow for this session: {rule}")
-            say(f"  [bold]a[/]  always allow: {rule} [dim](saved in the rules file)[/]")
+            reach = escape(allows(request.rule))
+            say(f"  [bold]s[/]  allow for this session: {reach}")
+            say(f"  [bold]a[/]  always allow: {reach} [dim](saved in your rules file: every "
+                "session, every workspace, until you remove it)[/]")
         else:
             say("  [dim](only once: no rule can match this call, e.g. a command with shell "
                 "operators)[/]")
@@ -210,6 +214,25 @@ def parse_answer(line: str) -> Decision | str:
     if not isinstance(reason, str):
         return '"reason" must be a string'
     return Decision(choice, reason)
+
+
+def allows(rule: str) -> str:
+    """What an "allow for this session" or "always" answer granting ``rule`` lets run
+    without asking, in words (the rule in brackets)."""
+    try:
+        parsed = parse_rule(rule)
+    except ValueError:
+        return rule
+    if parsed.prefix is None:
+        return f"every {parsed.tool} call, whatever its arguments [{rule}]"
+    words = str(parsed).split(" = " if parsed.exact else ": ", 1)[1]
+    if parsed.tool == "run_command":
+        what = f"the command `{words}`"
+        return (f"{what} exactly, nothing added [{rule}]" if parsed.exact
+                else f"commands starting with `{words}` [{rule}]")
+    if parsed.exact:
+        return f"{parsed.tool} on the path {words} only [{rule}]"
+    return f"{parsed.tool} on paths under {words} [{rule}]"
 
 
 def approve_flag(request: ApprovalRequested) -> str:

@@ -24,7 +24,14 @@ from actors.log import records as rec
 from actors.log.outcome import TurnOutcome
 
 __all__ = [
-    "JsonView", "LiveView", "ReaderGone", "describe", "quiet", "summary", "torn_tail",
+    "JsonView",
+    "LiveView",
+    "ReaderGone",
+    "describe",
+    "quiet",
+    "summary",
+    "time_left",
+    "torn_tail",
     "torn_tail_left",
 ]
 
@@ -42,6 +49,17 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
         f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
     )
+
+
+def time_left(done: int, left: int, seconds: float) -> str:
+    """What prompt processing has still to go, once its rate is known: ``done`` tokens
+    processed in ``seconds`` (cached ones not counted), ``left`` to go; "" until then."""
+    if done <= 0 or seconds <= 0 or left <= 0:
+        return ""
+    eta = left * seconds / done
+    if eta < 1:
+        return "under a second left"
+    return f"about {eta:.0f} s left" if eta < 90 else f"about {eta / 60:.0f} min left"
 
 
 def torn_tail(session: str, cut_bytes: int) -> str:
@@ -138,6 +156,7 @@ class LiveView:
         self._lock = threading.Lock()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._since = (0.0, 0)  # when the bar started, and the tokens processed then
         self._mode = ""  # "reasoning" | "content" | "": what the current line holds
         self.started = time.monotonic()
 
@@ -147,8 +166,8 @@ class LiveView:
 
     def _show(self, event: ev.Event) -> None:
         match event:
-            case ev.Progress(processed=done, total=total, cache=cache):
-                self._bar(done, total, cache)
+            case ev.Progress(processed=done, total=total, cache=cache, time_ms=ms):
+                self._bar(done, total, cache, ms)
             case ev.Reasoning(text=text):
                 self._switch("reasoning")
                 self.console.print(text, style="dim", end="", markup=False, highlight=False)
@@ -203,17 +222,25 @@ class LiveView:
             case _:
                 pass
 
-    def _bar(self, done: int, total: int, cache: int) -> None:
+    def _bar(self, done: int, total: int, cache: int, time_ms: float) -> None:
+        now = time.monotonic()
         if self._progress is None:
             self._switch("")
             self._progress = Progress(
-                TextColumn("prompt"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TextColumn(f"({cache} cached)"), console=self.console, transient=True,
+                TextColumn("prompt"), BarColumn(),
+                TextColumn("{task.completed:,}/{task.total:,} tokens"),
+                TextColumn(f"({cache:,} cached)"), TextColumn("{task.fields[left]}"),
+                console=self.console, transient=True,
             )
             self._progress.start()
-            self._task = self._progress.add_task("prompt", total=max(total, 1))
+            self._task = self._progress.add_task("prompt", total=max(total, 1), left="")
+            self._since = (now, done)
         assert self._task is not None
-        self._progress.update(self._task, completed=done, total=max(total, 1))
+        # the server's own clock when it gives one, else ours from the first progress seen
+        start, base = (time_ms / 1000, cache) if time_ms > 0 else (now - self._since[0],
+                                                                   self._since[1])
+        self._progress.update(self._task, completed=done, total=max(total, 1),
+                              left=time_left(done - base, total - done, start))
         if done >= total:
             self._stop_bar()
 

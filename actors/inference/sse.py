@@ -129,6 +129,7 @@ class StreamAssembler:
                     processed=_int(progress.get("processed", 0)),
                     total=_int(progress.get("total", 0)),
                     cache=_int(progress.get("cache", 0)),
+                    time_ms=float(server_values.number(progress.get("time_ms")) or 0.0),
                 )
             ]
         choices = get("choices")

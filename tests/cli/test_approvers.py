@@ -122,3 +122,15 @@ def test_each_decision_has_a_line(
         call=2, tool="run_command", decision=decision, scope=scope, by=by, reason=reason,
         rule=rule))
     assert out.getvalue().strip() == line
+
+
+def test_what_an_always_answer_allows_is_said_in_words() -> None:
+    from actors.cli.approvers import allows
+
+    assert allows("write_file = notes.txt") == (
+        "write_file on the path notes.txt only [write_file = notes.txt]")
+    assert allows("write_file") == "every write_file call, whatever its arguments [write_file]"
+    assert allows("run_command = git status") == (
+        "the command `git status` exactly, nothing added [run_command = git status]")
+    assert allows("run_command: git") == "commands starting with `git` [run_command: git]"
+    assert allows("write_file: notes") == "write_file on paths under notes [write_file: notes]"

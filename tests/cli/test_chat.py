@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pexpect
 import pytest
 
 from actors.cli.chat import parse
-from tests.support.fake_llama import FakeLlama, Reply, answer, context_full
+from tests.support.fake_llama import Conn, FakeLlama, Reply, answer, context_full
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CTX = 1000
@@ -38,8 +39,8 @@ class Env:
         )
         self.children: list[pexpect.spawn] = []
 
-    def chat(self, session: str = "s") -> pexpect.spawn:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb"}
+    def chat(self, session: str = "s", term: str = "dumb") -> pexpect.spawn:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": term}
         child = pexpect.spawn(
             sys.executable, ["-m", "actors.cli", "chat", "--config", str(self.config), "--url",
                              self.fake.url, "--local", "--session", session],
@@ -151,3 +152,48 @@ def test_the_context_nearly_full_is_said_and_the_wall_names_the_ways_on(env: Env
 ])
 def test_a_line_is_a_command_only_as_a_slash_and_one_word(line: str, parsed: Any) -> None:
     assert parse(line) == parsed
+
+
+def _slow_prompt(gate: threading.Event) -> Reply:
+    """A 4,000-token prompt whose processing the test steps through: 1,000 tokens done in
+    2 s by the server's own clock (500 a second: 6 s left), then the gate, then the answer."""
+
+    def serve(conn: Conn) -> None:
+        def chunk(delta: dict[str, Any], finish: str | None = None, **more: Any) -> None:
+            conn.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                        "id": "c1", "object": "chat.completion.chunk", **more})
+
+        conn.head(200, "text/event-stream")
+        role = {"role": "assistant", "content": None}
+        for done, ms in ((0, 0), (1000, 2000)):
+            chunk(role, prompt_progress={"total": 4000, "cache": 0, "processed": done,
+                                         "time_ms": ms})
+        gate.wait(30)
+        chunk({"content": "Read it all."})
+        chunk({}, "stop")
+        conn.event({"choices": [], "id": "c1", "usage": {
+            "prompt_tokens": 4000, "completion_tokens": 4, "total_tokens": 4004},
+            "timings": {"cache_n": 0, "prompt_n": 4000}})
+        conn.event("[DONE]")
+        conn.end()
+
+    return Reply("slow_prompt", serve)
+
+
+def test_prompt_processing_shows_tokens_done_and_the_time_left(tmp_path: Path) -> None:
+    gate = threading.Event()
+    with FakeLlama([_slow_prompt(gate)]) as fake:
+        env = Env(tmp_path, fake)
+        try:
+            child = env.chat(term="xterm-256color")  # rich draws no bar on a dumb one
+            child.sendline("read the long file")
+            child.expect(r"1,000/4,000 tokens")
+            child.expect("about 6 s left")
+            gate.set()
+            child.expect("Read it all.")
+            child.expect("> ")
+            leave(child)
+        finally:
+            gate.set()
+            for c in env.children:
+                c.close(force=True)

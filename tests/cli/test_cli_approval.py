@@ -166,11 +166,15 @@ def test_allow_once_runs_it_and_asks_again_next_time(make: Any) -> None:
     # the prompt shows the tool, its arguments and the choices
     shown = child.before
     assert "command: touch once.txt" in shown
-    for choice in ("y  allow once", "s  allow for this session: run_command = touch once.txt",
-                   "a  always allow: run_command = touch once.txt", "n  deny"):
-        assert choice in shown
+    exactly = "the command `touch once.txt` exactly, nothing added [run_command = touch once.txt]"
+    for choice in ("y  allow once", f"s  allow for this session: {exactly}",
+                   f"a  always allow: {exactly} (saved in your rules file: every session, every "
+                   "workspace, until you remove it)", "n  deny"):
+        assert choice in shown, shown
     child.send("y")  # one key, no Enter
-    assert "allowed once" in answered(child, "t1")
+    said = answered(child, "t1")
+    assert "allowed once" in said
+    assert not said.lstrip(" ").startswith("y"), said  # the key is not echoed after the prompt
     assert (env.workspace / "once.txt").exists()
     ask(child, order("t2", "touch once.txt"))  # once is once: asked again
     child.send("y")

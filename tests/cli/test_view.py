@@ -165,7 +165,7 @@ def test_the_prompt_bar_goes_away_before_the_answer() -> None:
     live(ev.Progress(processed=100, total=100, cache=5))
     live(ev.Content("Done."))
     live.finish()
-    drawn, after = buf.getvalue().split("100/100 (5 cached)")
+    drawn, after = buf.getvalue().split("100/100 tokens (5 cached)")
     assert "prompt" in drawn
     assert after.endswith("\x1b[1A\x1b[2KDone.\n")
 
@@ -251,3 +251,13 @@ def test_lines_written_from_many_threads_stay_whole() -> None:
     assert {json.loads(line)["text"].split()[0] for line in lines} == {
         f"{n}:{i}" for n in range(4) for i in range(200)
     }
+
+
+def test_time_left_is_said_once_the_rate_is_known() -> None:
+    from actors.cli.view import time_left
+
+    assert time_left(0, 4000, 0.0) == ""  # nothing processed yet: no rate
+    assert time_left(1000, 3000, 2.0) == "about 6 s left"
+    assert time_left(1000, 3000, 60.0) == "about 3 min left"
+    assert time_left(4000, 10, 1.0) == "under a second left"
+    assert time_left(1000, 0, 2.0) == ""  # done
