@@ -17,7 +17,6 @@ loopd processes saving at once both keep their rule).
 
 from __future__ import annotations
 
-import os
 import threading
 import tomllib
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import tomlkit
 
-from actors.base.durable import fsync_dir, locked, write_all
+from actors.base.durable import locked, replace_file
 from actors.base.errors import RulesError
 from actors.base.rules import Rule, RuleBook, parse_rule
 
@@ -111,21 +110,9 @@ def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
             entries = doc.setdefault("deny" if deny else "allow", tomlkit.array())
             if str(rule) not in [str(v) for v in entries]:
                 entries.append(str(rule))
-            _replace(path, tomlkit.dumps(doc).encode())
+            replace_file(path, tomlkit.dumps(doc).encode())
     except OSError as e:
         raise RulesError(f"rules file {path}: cannot save the rule {str(rule)!r}: {e}") from None
-
-
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class RuleStore:

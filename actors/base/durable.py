@@ -1,6 +1,6 @@
-"""Durable writes and file locks, written once: every byte of a buffer, a directory entry
-made durable, an exclusive ``flock`` (the kernel lets go of it when its process dies, even by
-SIGKILL, so a lock is never stale)."""
+"""Durable writes and file locks, written once: every byte of a buffer, a file replaced
+whole or not at all, a directory entry made durable, an exclusive ``flock`` (the kernel lets
+go of it when its process dies, even by SIGKILL, so a lock is never stale)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["fsync_dir", "lock", "locked", "write_all"]
+__all__ = ["fsync_dir", "lock", "locked", "replace_file", "write_all"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -52,3 +52,20 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """``data`` in ``path``, whole or not at all, durably: written to a temporary file of
+    this process beside it (mode 0600; never through a link someone left in its place),
+    then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a crash's leftover
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

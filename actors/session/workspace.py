@@ -13,11 +13,10 @@ with :class:`~actors.base.errors.UsageError` naming both (:func:`keep_workspace`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from actors.base.config import Config
-from actors.base.durable import fsync_dir, write_all
+from actors.base.durable import replace_file
 from actors.base.errors import UsageError
 
 __all__ = ["FILE", "keep_workspace", "kept_workspace", "other_workspace"]
@@ -51,19 +50,6 @@ def keep_workspace(config: Config, name: str) -> None:
         return
     kept, here = kept_workspace(config, name), config.workspace
     if kept is None:
-        _write(config.log_dir / name / FILE, f"{here}\n".encode())
+        replace_file(config.log_dir / name / FILE, f"{here}\n".encode())
     elif kept != here:
         raise UsageError(other_workspace(name, kept, here))
-
-
-def _write(path: Path, data: bytes) -> None:
-    """``data`` in ``path``, whole or not at all (a temporary file renamed over it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

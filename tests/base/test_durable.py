@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.base.durable import fsync_dir, lock, locked, write_all
+from actors.base.durable import fsync_dir, lock, locked, replace_file, write_all
+from tests.support.watch import HANG_S
 
 
 def _open_paths() -> set[str]:
@@ -195,7 +196,7 @@ def test_locked_waits_for_the_holder_and_leaves_nothing_open(tmp_path: Path) -> 
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     threads[0].start()
-    assert inside.wait(10)
+    assert inside.wait(HANG_S)
     threads[1].start()  # waits in flock until the first block ends
     with locked(path.with_name("other.lock")):  # another file's lock does not wait
         fd = os.open(path, os.O_RDWR)
@@ -205,6 +206,33 @@ def test_locked_waits_for_the_holder_and_leaves_nothing_open(tmp_path: Path) -> 
             os.close(fd)
     release.set()
     for t in threads:
-        t.join(10)
+        t.join(HANG_S)
     assert order == ["first in", "first out", "second in"]
     assert str(path) not in _open_paths()
+
+
+def test_replace_file_puts_the_whole_new_content_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text("old")
+    replace_file(path, b"new content\n")
+    assert path.read_bytes() == b"new content\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rules.toml"]  # no temporary left
+
+
+def test_replace_file_never_writes_through_a_link_left_in_its_way(tmp_path: Path) -> None:
+    """A leftover (or planted) symlink at the temporary name is removed, not followed."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    path = tmp_path / "state"
+    (tmp_path / f".state.{os.getpid()}.tmp").symlink_to(victim)
+    replace_file(path, b"mine")
+    assert victim.read_text() == "keep me"
+    assert path.read_bytes() == b"mine" and not path.is_symlink()
+
+
+def test_replace_file_fails_whole_and_leaves_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "gone" / "state"  # its folder does not exist
+    with pytest.raises(OSError):
+        replace_file(path, b"x")
+    assert not path.exists()
