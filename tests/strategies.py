@@ -24,7 +24,9 @@ from actors.log.records import (
     CacheLoss,
     Compaction,
     CompactionBy,
+    Forked,
     Record,
+    Rewind,
     SlotState,
     SlotUse,
     ToolCall,
@@ -42,8 +44,10 @@ __all__ = [
     "compactions",
     "conversations",
     "epoch_records",
+    "forks",
     "json_values",
     "records",
+    "rewinds",
     "texts",
     "times",
     "tool_calls",
@@ -145,16 +149,19 @@ compactions = st.builds(
     Compaction, summary=texts, kept=counts, tokens_before=counts,
     by=st.sampled_from(CompactionBy), time=times,
 )
-# Every kind but Compaction: records that never change what an earlier request sent.
+forks = st.builds(Forked, from_=texts, at=counts, time=times)
+rewinds = st.builds(Rewind, to_turn=counts, time=times)
+# Every kind but Compaction and Rewind: records that never change what an earlier request
+# sent.
 epoch_records: st.SearchStrategy[Record] = st.one_of(
-    baselines, users, assistants, usages, cache_losses, tool_results, approvals
+    baselines, users, assistants, usages, cache_losses, tool_results, approvals, forks
 )
-records: st.SearchStrategy[Record] = epoch_records | compactions
+records: st.SearchStrategy[Record] = epoch_records | compactions | rewinds
 
 
 @st.composite
 def conversations(
-    draw: st.DrawFn, max_steps: int = 25, compacting: bool = False
+    draw: st.DrawFn, max_steps: int = 25, compacting: bool = False, rewinding: bool = False
 ) -> tuple[Baseline, list[Record]]:
     """A baseline and the records after it, tool results referring to earlier calls' ids.
 
@@ -162,6 +169,8 @@ def conversations(
     may answer a call, answer nothing (an orphan), or never come (a call stopped by a limit).
     With ``compacting``, Compaction records too (``kept`` an index of the list with the
     baseline at 0, at most the compaction's own: a turn start, any record, or past all).
+    With ``rewinding``, Rewind records too (``to_turn`` a turn asked so far, or one past
+    them) and a Forked note now and then.
     """
     baseline = draw(baselines)
     ids = st.sampled_from(["call_0", "call_1", "call_2", "c", ""]) | texts
@@ -177,9 +186,16 @@ def conversations(
     seen: list[str] = []
     number = 0
     kinds = ["user", "assistant", "result", "result", "approval", "other"]
+    kinds += ["compaction"] if compacting else []
+    kinds += ["rewind", "rewind", "forked"] if rewinding else []
     for _ in range(draw(st.integers(min_value=0, max_value=max_steps))):
-        choice = draw(st.sampled_from([*kinds, "compaction"] if compacting else kinds))
-        if choice == "compaction":
+        choice = draw(st.sampled_from(kinds))
+        if choice == "rewind":
+            asked = sum(1 for r in out if isinstance(r, User))
+            out.append(Rewind(to_turn=draw(st.integers(0, asked + 1)), time=draw(times)))
+        elif choice == "forked":
+            out.append(draw(forks))
+        elif choice == "compaction":
             here = len(out) + 1  # its index, the baseline being 0
             starts = [i + 1 for i, r in enumerate(out) if isinstance(r, User)] or [here]
             kept = draw(st.sampled_from(starts) | st.integers(min_value=1, max_value=here))

@@ -24,6 +24,7 @@ from rich.markup import escape
 from actors.base import config as cfg
 from actors.base.errors import DaemonError, LoopdError, UsageError
 from actors.base.events import Approver
+from actors.cli import branch
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
 from actors.cli.chat import Chat, run_chat
 from actors.cli.conversation import last_usage, open_conversation
@@ -37,8 +38,9 @@ from actors.cli.view import (
     torn_tail_left,
 )
 from actors.log.file import read_log
-from actors.log.records import Compaction, kind_of, to_json
+from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
 from actors.session.actor import list_sessions, remove_session, session_path
+from actors.session.messages import turn_of, view
 from actors.session.workspace import kept_workspace
 
 __all__ = ["main"]
@@ -102,6 +104,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     rm.add_argument("name")
     rm.set_defaults(usage=rm)
+    fork = sessions_sub.add_parser(
+        "fork", parents=[common],
+        help="a new session from another's conversation (all of it, or up to a turn) and its "
+        "KV state: the branch's first message is processed alone",
+    )  # fmt: skip
+    fork.add_argument("source", help="the session to fork (it is not changed)")
+    fork.add_argument("name", help="the new session's name")
+    fork.add_argument("--at", type=int, metavar="TURN",
+                      help="fork after this turn of the source (turn N: its N-th message; "
+                      "default: all of it; loopd log show numbers them)")
+    fork.add_argument("--local", action="store_true", help=local)
+    fork.set_defaults(usage=fork)
+    rewind = sub.add_parser(
+        "rewind", parents=[common],
+        help="take back a session's last turn(s): they stay in its log, the conversation "
+        "goes on from before them (warm)",
+    )  # fmt: skip
+    rewind.add_argument("session")
+    rewind.add_argument("--turns", type=int, default=1, help="how many (default: 1)")
+    rewind.add_argument("--local", action="store_true", help=local)
+    rewind.set_defaults(usage=rewind)
     log = sub.add_parser("log", help="read a session's log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
     show = log_sub.add_parser("show", parents=[common], help="every record of a session")
@@ -191,6 +214,8 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    if args.sessions_command == "fork":
+        return branch.fork(args, config, err)
     if args.sessions_command == "rm":
         remove_session(config, args.name)
         err.print(f"session {args.name} deleted")
@@ -224,13 +249,19 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
         return OK
     out = console()
     marks = {r.kept: n for n, r in enumerate(records, 1) if isinstance(r, Compaction)}
+    turns, shown = turn_of(records), set(view(records).turns)
     for i, r in enumerate(records, 1):
         if i - 1 in marks:  # where a compaction's verbatim part starts
             out.print(f"[dim]     ── from here on sent verbatim after the compaction at "
                       f"#{marks[i - 1]} ──[/]", highlight=False)
         when = r.time.strftime("%Y-%m-%d %H:%M:%S")
         kind = kind_of(r)
-        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] ", end="", highlight=False)
+        turn = turns[i - 1]
+        rewound = turn and turn not in shown and not isinstance(r, Rewind | Forked)
+        out.print(f"[dim]{i:>4} {when}[/] [bold]{kind:<11}[/] "
+                  + ("[yellow](rewound)[/] " if rewound else "")
+                  + (f"[dim]turn {turn}:[/] " if isinstance(r, User) else ""),
+                  end="", highlight=False)
         out.print(describe(r), markup=False, highlight=False)
     return OK
 
@@ -386,6 +417,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] =
     "acp": _acp,
     "status": _status,
     "stop": _stop,
+    "rewind": branch.rewind,
 }
 
 

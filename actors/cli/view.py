@@ -117,6 +117,13 @@ def describe(record: rec.Record) -> str:
             return (f"({record.by.value}) at {record.tokens_before:,} prompt tokens: from here "
                     f"on the model sees this summary and the records from #{record.kept + 1} "
                     f"on; summary: {_short(record.summary, 240)}")
+        case rec.Forked():
+            return (f"forked from session {record.from_} after its turn {record.at}: the "
+                    "records before this one are its, as they were")
+        case rec.Rewind():
+            back = f"turn {record.to_turn}" if record.to_turn else "its start"
+            return (f"the conversation goes back to {back}: the turns after it are rewound "
+                    "(kept here, no longer sent)")
     raise AssertionError(f"no description for {type(record).__name__}")
 
 

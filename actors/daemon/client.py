@@ -159,6 +159,19 @@ class Client:
                 return records
             start = page.next
 
+    def fork(self, source: str, session: str, at: int | None = None) -> p.ForkReply:
+        """Make ``session`` a fork of ``source`` (up to the end of its turn ``at``; all by
+        default), starting from its KV state (docs/rendering.md#fork-and-rewind)."""
+        answer: p.ForkReply = self._ask(lambda rid: p.Fork(rid, source, session, at),
+                                        p.ForkReply)
+        return answer
+
+    def rewind(self, session: str, turns: int = 1) -> p.Rewound:
+        """Take back ``session``'s last ``turns`` turns (they stay in its log); refused
+        while another client has it attached (SessionInUse) or a turn runs on it."""
+        answer: p.Rewound = self._ask(lambda rid: p.Rewind(rid, session, turns), p.Rewound)
+        return answer
+
     def status(self) -> p.StatusReply:
         answer: p.StatusReply = self._ask(p.Status, p.StatusReply)
         return answer

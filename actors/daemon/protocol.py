@@ -62,6 +62,11 @@ kind            fields                                         answer
 ``read_log``    ``id``, ``session``, ``start`` int             ``log``
 ``status``      ``id``                                         ``status_reply``
 ``stop``        ``id``                                         ``ok``, then the daemon stops
+``fork``        ``id``, ``source`` text, ``session`` text      ``forked``
+                (the new one), ``at`` int or nil (the
+                source's turn to fork at; nil: all)
+``rewind``      ``id``, ``session``, ``turns`` int (how many   ``rewound``
+                turns to take back, 1 or more)
 ==============  =============================================  ===============================
 
 Messages, daemon to client
@@ -97,6 +102,17 @@ Messages, daemon to client
   ``workspace`` text (the root of its file tools, an absolute path: a client that works in
   another directory, like ``loopd acp`` for an editor's project, runs in its own process),
   ``model`` text (what answers: the model and its server, for the person).
+- ``forked``: ``id``, ``session`` (the new one), ``source``, ``at`` int (the source's turns
+  copied), ``records`` int (copied), ``state_tokens`` int (tokens of the source's saved KV
+  state that the new session starts from; 0: none, its first request re-processes).
+  A fork reads the source whatever client it is attached to (only whole records: one
+  running a turn is forked as far as it has written), saves the source's KV state first when
+  it changed, and never opens either session; a ``session`` that exists is refused.
+- ``rewound``: ``id``, ``session``, ``to_turn`` int (the ``Rewind`` record's),
+  ``taken`` list of int (the turns taken back), ``left`` list of int (the turns the
+  conversation still shows). A rewind is refused on a session attached to another client
+  (``SessionInUse``) and while a turn runs on it; one not attached is opened for it and
+  closed again.
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
@@ -127,6 +143,9 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``opened.context`` (default 0: not known) and ``done.context`` (default 0: not known),
   when chat came to say how full a session is (issue 28).
 
+``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (issue 25): a
+daemon from before answers them ``error`` (an unknown kind).
+
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice
 ``never`` came later (6e179f4): a daemon from before refuses it (an unknown value).
@@ -148,8 +167,9 @@ from actors.wire.codec import CHECK, Codec, Natural, added, shape_of
 
 __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Done", "Error",
-    "EventMessage", "Log", "Message", "Ok", "Open", "Opened", "Ping", "Pong", "ReadLog",
-    "SessionList", "Sessions", "Status", "StatusReply", "Stop", "Turn", "decode",
+    "EventMessage", "Fork", "ForkReply", "Log", "Message", "Ok", "Open", "Opened", "Ping",
+    "Pong", "ReadLog", "Rewind", "Rewound", "SessionList", "Sessions", "Status",
+    "StatusReply", "Stop", "Turn", "decode",
     "decode_event", "encode", "encode_event",
 ]  # fmt: skip
 
@@ -277,6 +297,42 @@ class Stop:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Fork:
+    id: Natural
+    source: str
+    session: str
+    at: Natural | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForkReply:
+    KIND: ClassVar[str] = "forked"
+
+    id: Natural
+    session: str
+    source: str
+    at: Natural
+    records: Natural
+    state_tokens: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rewind:
+    id: Natural
+    session: str
+    turns: Natural = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rewound:
+    id: Natural
+    session: str
+    to_turn: Natural
+    taken: tuple[int, ...]
+    left: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMessage:
     KIND: ClassVar[str] = "event"
 
@@ -320,7 +376,8 @@ Message: TypeAlias = Any  # one of MESSAGES
 
 MESSAGES = (
     Ping, Pong, Bye, Open, Opened, Close, Ok, Turn, Cancel, Approve, Sessions, SessionList,
-    ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval,
+    ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval, Fork,
+    ForkReply, Rewind, Rewound,
 )  # fmt: skip
 """Every message of the protocol; a new one is its dataclass above, its name here and its
 row in the document."""

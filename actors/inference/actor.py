@@ -159,6 +159,11 @@ class Inference:
         (:meth:`SlotKeeper.turn_ended`)."""
         self.keeper.turn_ended(session)
 
+    def save_state(self, session: str) -> None:
+        """Save ``session``'s KV state now if it changed (a fork copies it next:
+        :meth:`SlotKeeper.save_now`)."""
+        self.keeper.save_now(session)
+
     def _lease(self, session: str, sink: Sink, cancel: CancelToken, deadline: float) -> Lease:
         ticket = self.keeper.enter(session)
         try:

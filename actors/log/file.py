@@ -53,6 +53,7 @@ __all__ = [
     "OpenReport",
     "SessionLog",
     "frame",
+    "read_frames",
     "read_log",
     "read_records",
 ]
@@ -227,6 +228,15 @@ def read_records(path: Path, *, name: str = "") -> tuple[Record, ...]:
 
 def read_log(path: Path, *, name: str = "") -> tuple[tuple[Record, ...], int]:
     """:func:`read_records`, and how many bytes follow the last whole record (a torn tail)."""
+    data, records, ends = read_frames(path, name=name)
+    return records, len(data) - ends[-1]
+
+
+def read_frames(
+    path: Path, *, name: str = ""
+) -> tuple[bytes, tuple[Record, ...], tuple[int, ...]]:
+    """The log's bytes as read, its whole records, and the byte offset after each of them:
+    ``data[:ends[i]]`` is a valid log of the records up to ``i`` (a fork copies that)."""
     path = Path(path)
     name = name or path.parent.name
     where = f"session {name} ({path})"
@@ -235,11 +245,12 @@ def read_log(path: Path, *, name: str = "") -> tuple[tuple[Record, ...], int]:
     except FileNotFoundError:
         raise SessionError(f"session {name} does not exist ({path})") from None
     _check_header(data, where)
-    records, end = _replay(data, where)
+    ends: list[int] = []
+    records, _ = _replay(data, where, ends)
     if not records:
         raise SessionError(f"{where} has no baseline record (its creation was interrupted)")
     _check_first(records[0], where)
-    return tuple(records), len(data) - end
+    return data, tuple(records), tuple(ends)
 
 
 # --- open helpers ---------------------------------------------------------------------
@@ -375,8 +386,11 @@ def _check_header(data: bytes, where: str) -> None:
         )
 
 
-def _replay(data: bytes, where: str) -> tuple[list[Record], int]:
-    """The whole records of ``data`` and the offset after the last of them."""
+def _replay(
+    data: bytes, where: str, ends: list[int] | None = None
+) -> tuple[list[Record], int]:
+    """The whole records of ``data`` and the offset after the last of them (and after each
+    of them in ``ends``, when given)."""
     n = len(data)
     if n <= len(HEADER):
         return [], n
@@ -399,6 +413,8 @@ def _replay(data: bytes, where: str) -> tuple[list[Record], int]:
                         pos,
                     ) from None
                 pos = end
+                if ends is not None:
+                    ends.append(end)
                 continue
         # A bad frame: a torn tail unless a valid frame follows somewhere after it.
         later = _next_valid_frame(data, pos + 1)

@@ -38,7 +38,9 @@ __all__ = [
     "CacheLoss",
     "Compaction",
     "CompactionBy",
+    "Forked",
     "Record",
+    "Rewind",
     "SlotState",
     "SlotUse",
     "ToolCall",
@@ -218,8 +220,30 @@ class Compaction:
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Forked:
+    """This session was forked from session ``from_`` (``from`` in the log) after its turn
+    ``at``: the records before this one are a copy of that session's, byte for byte.
+    Renders to nothing (docs/rendering.md#fork-and-rewind)."""
+
+    from_: str
+    at: Natural  # the source's turns copied (turn N: its N-th User record)
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rewind:
+    """From here on the conversation is rendered as it was when turn ``to_turn + 1`` was
+    asked: the turns after ``to_turn`` are skipped (actors/session/messages.py); they stay
+    in the log. ``to_turn`` counts User records in the log (0: back to the Baseline)."""
+
+    to_turn: Natural
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
 Record: TypeAlias = (
     Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval | Compaction
+    | Forked | Rewind
 )
 """Every kind of record the log holds; adding one here (and its dataclass above) is all the
 codec needs."""

@@ -28,6 +28,7 @@ from actors.session.workspace import keep_workspace
 if TYPE_CHECKING:
     from actors.base.cancel import CancelToken
     from actors.base.events import Approver, Sink
+    from actors.session.fork import RewindReport
     from actors.session.turn import Runtime, TurnOutcome
 
 __all__ = [
@@ -118,6 +119,16 @@ class SessionActor(pykka.ThreadingActor):
 
     def next_call(self) -> int:
         return self._open_log().next_call()
+
+    def rewind(self, turns: int = 1) -> RewindReport:
+        """Take back the last ``turns`` turns still in the conversation: a Rewind record
+        (actors.session.fork); they stay in the log. Here, so that no turn runs meanwhile."""
+        from actors.session.fork import rewind_target
+
+        log = self._open_log()
+        report = rewind_target(self.name, log.records, turns)
+        log.append(report.rewind)
+        return report
 
     def turn(
         self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None,

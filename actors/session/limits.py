@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.base.textcut import cut
-from actors.log.records import CacheLoss, SlotState, SlotUse
+from actors.log.records import CacheLoss, Record, SlotState, SlotUse, Usage
+from actors.session.messages import view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.wire.fieldchecks import parse_json
@@ -27,6 +28,7 @@ __all__ = [
     "cap_result",
     "loss_cause",
     "result_failed",
+    "shown_usage",
 ]
 
 REPEAT_NOTICE = (
@@ -99,6 +101,25 @@ def cache_outcome(
     if got >= expected:
         return None
     return CacheLoss(expected=expected, got=got, cause=loss_cause(slot))
+
+
+def shown_usage(records: Sequence[Record]) -> Usage | None:
+    """The Usage of the last request whose prompt the next one extends: the last one the
+    rendering still shows (a rewind hides those of the turns it took back; their state is
+    longer than the next prompt, so the server keeps the common part). None when that
+    request was of another epoch than the next one (a rewind past a compaction: the slot
+    holds the later epoch, and only the baseline's prefix is common)."""
+    shown = view(records)
+    live = set(shown.live)
+    last = next((i for i in range(len(records) - 1, 0, -1) if isinstance(records[i], Usage)),
+                None)
+    if last is None:
+        return None
+    if last not in live and view(records[:last]).epoch != shown.epoch:
+        return None
+    found = next((records[i] for i in reversed(shown.live) if isinstance(records[i], Usage)),
+                 None)
+    return found if isinstance(found, Usage) else None
 
 
 def loss_cause(slot: SlotUse | None) -> str:

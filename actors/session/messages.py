@@ -2,10 +2,13 @@
 (docs/rendering.md).
 
 Two steps, both pure. :func:`view` is a left fold over the records that says what is sent:
-the summary of the last :class:`~actors.log.records.Compaction` (if any) and the indexes of
-the records sent verbatim, in order. Each record only adds its own index, except a
-Compaction, which keeps the indexes from its ``kept`` on and sets the summary; a record
-that changes what is sent later (a rewind, a fork's note) joins the fold the same way.
+the summary of the last :class:`~actors.log.records.Compaction` in effect (if any) and the
+indexes of the records sent verbatim, in order. Each record only adds its own index, except
+a Compaction, which keeps the indexes from its ``kept`` on and sets the summary, and a
+:class:`~actors.log.records.Rewind`, which puts the fold back where it was when turn
+``to_turn + 1`` was asked (its summary, its records): the turns after ``to_turn`` are
+skipped, and a compaction made since is undone with them. A
+:class:`~actors.log.records.Forked` note only adds its index (it renders to nothing).
 :func:`render` turns a view into messages: the system prompt, the summary in a fixed frame
 (:data:`SUMMARY_FRAME`, then :data:`SUMMARY_ACK` when a user message follows, so templates
 that insist on alternating roles still render), then the live records in order.
@@ -22,7 +25,8 @@ User or Assistant record comes. While the block is still open at the end of the 
 nothing is emitted for it, so a ToolResult appended later still extends the rendering.
 Results are matched to calls by ``tool_call_id``; a result that answers no open call is
 still rendered (the log is the truth: nothing is dropped). Baseline (in any position),
-Usage, CacheLoss, Approval and Compaction records render to nothing themselves, and
+Usage, CacheLoss, Approval, Compaction, Forked and Rewind records render to nothing
+themselves, and
 ``time`` is never sent. ``records`` is the log from its Baseline on when it holds
 Compactions: their ``kept`` is an index into it.
 
@@ -45,11 +49,20 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from actors.log.records import Assistant, Baseline, Compaction, Record, ToolCall, ToolResult, User
+from actors.log.records import (
+    Assistant,
+    Baseline,
+    Compaction,
+    Record,
+    Rewind,
+    ToolCall,
+    ToolResult,
+    User,
+)
 
 __all__ = [
     "MISSING_RESULT", "SUMMARY_ACK", "SUMMARY_FRAME", "USER_RESULT", "Message", "ResultStyle",
-    "View", "message_text", "messages", "render", "view",
+    "View", "message_text", "messages", "render", "turn_of", "view",
 ]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
@@ -70,27 +83,60 @@ ResultStyle = Literal["tool", "user"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class View:
-    """What a request sends: the last compaction's summary, and the records sent verbatim."""
+    """What a request sends: the summary of the compaction in effect, and the records sent
+    verbatim; and which turns are still in the conversation (the rest were rewound)."""
 
     summary: str | None
     live: tuple[int, ...]  # indexes into the records, increasing
+    turns: tuple[int, ...] = ()  # turn n: the n-th User record; those not rewound, in order
+    epoch: int = 0  # the index of the Compaction in effect (0: none)
 
     def before(self, index: int) -> View:
         """The same view without the records from ``index`` on (a prefix of its rendering)."""
-        return View(self.summary, tuple(i for i in self.live if i < index))
+        return dataclasses.replace(self, live=tuple(i for i in self.live if i < index))
+
+
+@dataclasses.dataclass(slots=True)
+class _Fold:
+    """The fold's state. Only ever appended to: a Compaction or a Rewind starts a new one,
+    so a turn's snapshot (a state and its lengths then) stays valid."""
+
+    summary: str | None
+    live: list[int]
+    turns: list[int]
+    epoch: int
 
 
 def view(records: Sequence[Record]) -> View:
-    """The left fold: every record adds its index; a Compaction keeps those from ``kept``."""
-    summary: str | None = None
-    live: list[int] = []
+    """The left fold: every record adds its index; a Compaction keeps those from ``kept``;
+    a Rewind goes back to the state in which turn ``to_turn + 1`` was asked (one past the
+    turns asked so far changes nothing)."""
+    state = _Fold(None, [], [], 0)
+    asked: list[tuple[_Fold, int, int]] = []  # per turn: the state when it was asked
     for i, record in enumerate(records):
         if isinstance(record, Compaction):
-            summary = record.summary
-            live = [j for j in live if j >= record.kept]
-        else:
-            live.append(i)
-    return View(summary, tuple(live))
+            state = _Fold(record.summary, [j for j in state.live if j >= record.kept],
+                          list(state.turns), i)
+            continue
+        if isinstance(record, Rewind):
+            if record.to_turn < len(asked):
+                was, live, turns = asked[record.to_turn]
+                state = _Fold(was.summary, was.live[:live], was.turns[:turns], was.epoch)
+        elif isinstance(record, User):
+            asked.append((state, len(state.live), len(state.turns)))
+            state.turns.append(len(asked))
+        state.live.append(i)
+    return View(state.summary, tuple(state.live), tuple(state.turns), state.epoch)
+
+
+def turn_of(records: Sequence[Record]) -> list[int]:
+    """The turn each record belongs to: that of the last User record at or before it (0:
+    the records before the first question)."""
+    out, turn = [], 0
+    for record in records:
+        turn += isinstance(record, User)
+        out.append(turn)
+    return out
 
 
 def messages(
@@ -135,7 +181,7 @@ def render(
                     break
             added.append(_result(results, record.tool_call_id, record.content, answered,
                                  question))
-        # Baseline, Usage, CacheLoss, Approval: nothing
+        # Baseline, Usage, CacheLoss, Approval, Forked, Rewind: nothing
         if framed and added:
             framed = False
             if added[0]["role"] == "user":

@@ -57,6 +57,7 @@ from actors.session.limits import (
     answer_text,
     cache_outcome,
     cap_result,
+    shown_usage,
 )
 from actors.session.messages import messages
 from actors.tools.registry import Local, Registry, dispatch
@@ -152,7 +153,7 @@ class _Turn:
 
     def _ask_model(self) -> _Asked:
         """One model response: asked, read as loopd takes it, checked, logged in one write."""
-        previous = _last_usage(self.log.records)
+        previous = shown_usage(self.log.records)
         grammar = self._grammar(self.log.baseline.tools)
         sink = WordFilter(self._pass_on, word=grammar is not None,
                           bare=self.runtime.config.inference.bare_json_tool_calls)
@@ -296,9 +297,3 @@ class _Asked:
     completion: Completion
     usage: Usage
 
-
-def _last_usage(records: tuple[Any, ...]) -> Usage | None:
-    for record in reversed(records):
-        if isinstance(record, Usage):
-            return record
-    return None

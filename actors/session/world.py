@@ -26,6 +26,7 @@ from actors.inference.slots.files import meta_dir
 from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.records import Baseline, now
 from actors.session.actor import open_session
+from actors.session.fork import ForkReport, fork_session
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox, check_workspace
@@ -41,6 +42,12 @@ class World:
     urls: tuple[str, ...] = ()  # the model servers' (the embedded one's when it runs)
     sessions: list[Any] = dataclasses.field(default_factory=list)
     stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
+    save_state: Callable[[str], None] = lambda _: None  # the slot keeper's save_now
+
+    def fork(self, src: str, new: str, at: int | None = None) -> ForkReport:
+        """Fork session ``src`` into ``new`` (actors.session.fork), its KV state saved first
+        when a slot of this world holds it changed."""
+        return fork_session(self.config, src, new, at, save=self.save_state)
 
     @property
     def config(self) -> Config:
@@ -130,6 +137,6 @@ def start_world(
         runtime = Runtime(config=config, inference=inference, registry=toolbox.registry,
                           rules=rules)
         world = World(runtime=runtime, model=model, embedded=embedded,
-                      urls=tuple(s.url for s in specs))
+                      urls=tuple(s.url for s in specs), save_state=inference.save_state)
         stack.callback(world.close_sessions, status)
         yield world

@@ -35,6 +35,8 @@ SAMPLES: list[Any] = [
     p.Done(5, "answer", 0, 0, True, USAGE, None),
     p.Error(5, "Cancelled", "Cancelled.", 130),
     p.Approval(5, 2, "run_command", "{}", "ok?", "run_command: ls", 300.0),
+    p.Fork(10, "a", "b", None), p.Fork(10, "a", "b", 2), p.ForkReply(10, "b", "a", 2, 5, 4646),
+    p.Rewind(11, "s", 1), p.Rewound(11, "s", 1, (2, 3), (1,)),
 ]  # fmt: skip
 
 

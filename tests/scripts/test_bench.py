@@ -45,7 +45,8 @@ def smoke(
 
 
 def test_every_bench_is_found() -> None:
-    assert {"log", "tools", "mcp", "loop", "daemon", "sessions", "inference", "slots"} <= set(
+    assert {"log", "tools", "mcp", "loop", "daemon", "sessions", "inference", "slots",
+            "fork"} <= set(
         BENCHES
     )
 
@@ -53,7 +54,8 @@ def test_every_bench_is_found() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=[pytest.mark.embedded] if n == "slots" else []) for n in BENCHES],
+    [pytest.param(n, marks=[pytest.mark.embedded] if n in ("slots", "fork") else [])
+     for n in BENCHES],
 )
 def test_each_bench_runs_whole_at_tiny_sizes(tmp_path: Path, name: str) -> None:
     code, err, rows = smoke(tmp_path, name)
@@ -66,7 +68,7 @@ def test_each_bench_runs_whole_at_tiny_sizes(tmp_path: Path, name: str) -> None:
             assert "skip" in (row.get("note", "") + row["name"]), row
         else:
             assert isinstance(row["value"], int | float), row
-    if name == "slots" and HAS_MODEL:
+    if name in ("slots", "fork") and HAS_MODEL:
         assert all(r["value"] is not None for r in mine), mine  # the model is there: it ran
 
 

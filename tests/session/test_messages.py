@@ -21,7 +21,9 @@ from actors.log.records import (
     CacheLoss,
     Compaction,
     CompactionBy,
+    Forked,
     Record,
+    Rewind,
     ToolCall,
     ToolResult,
     Usage,
@@ -34,6 +36,7 @@ from actors.session.messages import (
     ResultStyle,
     View,
     messages,
+    turn_of,
     view,
 )
 from actors.tools.protocol.spec import ResultClass
@@ -302,7 +305,7 @@ def test_a_compaction_renders_the_summary_then_the_records_from_kept_on() -> Non
     assert messages(BASE, [*recs[:5], compaction(kept=5), recs[6]]) == [
         SYSTEM, framed("S"), ACK, {"role": "user", "content": "three"},
     ]
-    assert view(recs) == View("They said one.", (3, 4, 6))
+    assert view(recs) == View("They said one.", (3, 4, 6), turns=(1, 2, 3), epoch=5)
 
 
 def test_the_last_compaction_wins_and_keeps_only_what_the_one_before_kept() -> None:
@@ -311,7 +314,7 @@ def test_the_last_compaction_wins_and_keeps_only_what_the_one_before_kept() -> N
         User(content="c"), compaction(kept=1, summary="AB"), User(content="d"),
     ]
     # kept=1 cannot bring back record 1: the first compaction already dropped it
-    assert view(recs) == View("AB", (2, 4, 6))
+    assert view(recs) == View("AB", (2, 4, 6), turns=(1, 2, 3, 4), epoch=5)
     assert messages(BASE, recs)[1:3] == [framed("AB"), ACK]
 
 
@@ -366,5 +369,85 @@ def test_extension_property_by_epochs(
             assert current[0] == {"role": "system", "content": baseline.system}
             assert current[1] == framed(last.summary)
         else:
+            assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
+        previous = current
+
+
+# --- fork and rewind ----------------------------------------------------------------------------
+
+
+def turn(n: int) -> list[Record]:
+    return [User(content=f"q{n}"), Assistant(content=f"a{n}", reasoning=None)]
+
+
+def test_a_forked_note_renders_to_nothing() -> None:
+    recs: list[Record] = [BASE, *turn(1), Forked(from_="src", at=1)]
+    assert messages(BASE, recs) == messages(BASE, recs[:3])
+    assert messages(BASE, [*recs, User(content="n")])[-1] == {"role": "user", "content": "n"}
+
+
+def test_a_rewind_skips_the_turns_after_it_and_they_stay_in_the_log() -> None:
+    recs: list[Record] = [BASE, *turn(1), *turn(2), *turn(3), Rewind(to_turn=1)]
+    assert messages(BASE, recs) == messages(BASE, recs[:3])
+    assert view(recs).turns == (1,)
+    # a new turn after it is turn 4; undoing it goes back to turns 1 and (not) 2, 3
+    more = [*recs, *turn(4)]
+    assert view(more).turns == (1, 4)
+    assert [m["content"] for m in messages(BASE, more)] == ["sys", "q1", "a1", "q4", "a4"]
+    assert view([*more, Rewind(to_turn=1)]).turns == (1,)
+    assert turn_of(more) == [0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
+
+
+def test_a_rewind_to_a_turn_not_asked_yet_changes_nothing() -> None:
+    recs: list[Record] = [BASE, *turn(1), Rewind(to_turn=1), Rewind(to_turn=7)]
+    assert messages(BASE, recs) == messages(BASE, recs[:3])
+    assert view(recs).turns == (1,)
+
+
+def test_rewinding_past_a_compaction_undoes_it() -> None:
+    recs: list[Record] = [
+        BASE, *turn(1), *turn(2), User(content="q3"), compaction(kept=3, summary="one"),
+        Assistant(content="a3", reasoning=None),
+    ]
+    assert messages(BASE, recs)[1] == framed("one")
+    back = [*recs, Rewind(to_turn=2)]
+    assert messages(BASE, back) == messages(BASE, recs[:5])  # no summary: all of 1 and 2
+    assert view(back).summary is None and view(back).epoch == 0
+    assert view(recs).epoch == 6
+
+
+def test_rewinding_to_a_turn_within_the_epoch_keeps_the_compaction() -> None:
+    recs: list[Record] = [
+        BASE, *turn(1), *turn(2), compaction(kept=3, summary="one"), *turn(3), *turn(4),
+        Rewind(to_turn=3),
+    ]
+    assert messages(BASE, recs) == messages(BASE, recs[:8])
+    assert messages(BASE, recs)[1] == framed("one")
+    assert view(recs).turns == (1, 2, 3)
+
+
+@settings(max_examples=200)
+@given(conversations(compacting=True, rewinding=True), st.sampled_from(["tool", "user"]))
+def test_a_rewind_renders_what_was_rendered_when_the_next_turn_was_asked(
+    conv: tuple[Baseline, list[Record]], style: ResultStyle
+) -> None:
+    """After ``Rewind{to_turn: k}`` the rendering is exactly the one of the records before
+    turn k+1's question (so a prefix of what an earlier request sent); every other record
+    but a Compaction only extends the rendering. The seed is in pytest's header."""
+    baseline, recs = conv
+    full: list[Record] = [baseline, *recs]
+    starts = [i for i, r in enumerate(full) if isinstance(r, User)]
+    previous = messages(baseline, full[:1], results=style)
+    for i in range(2, len(full) + 1):
+        current = messages(baseline, full[:i], results=style)
+        last = full[i - 1]
+        asked = [s for s in starts if s < i - 1]
+        if isinstance(last, Rewind):
+            if last.to_turn < len(asked):
+                was = messages(baseline, full[: asked[last.to_turn]], results=style)
+                assert current == was, f"record {i - 1} did not go back to turn {last.to_turn}"
+            else:
+                assert current == previous
+        elif not isinstance(last, Compaction):
             assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
         previous = current

@@ -195,12 +195,12 @@ class Server:
                     approver = client.approvers.get(rid)
                 if approver is not None:  # else the turn has ended: nothing waits for it
                     approver.answer(msg)
-            case p.Turn() | p.Open() if self._loop.stopping:
+            case p.Turn() | p.Open() | p.Fork() | p.Rewind() if self._loop.stopping:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
                 self._start_turn(peer, client, msg)
-            case p.Open() | p.Close() | p.Sessions() | p.ReadLog():
+            case p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind():
                 self._spawn(f"daemon-{type(msg).__name__.lower()}", lambda: self._job(peer, msg))
             case p.Stop(id=rid):
                 log.info("stop asked by client %s", short(peer))
@@ -266,6 +266,14 @@ class Server:
                 return [p.SessionList(rid, tuple(list_sessions(self.app.config)))]
             case p.ReadLog(id=rid, session=name, start=start):
                 return self._log_pages(rid, name, start)
+            case p.Fork(id=rid, source=source, session=name, at=at):
+                forked = self.app.fork(source, name, at)
+                tokens = forked.state.tokens if forked.state is not None else 0
+                return [p.ForkReply(rid, name, source, forked.forked.at, forked.records, tokens)]
+            case p.Rewind(id=rid, session=name, turns=turns):
+                rewound = self.sessions.rewind(peer, name, turns)
+                return [p.Rewound(rid, name, rewound.rewind.to_turn, rewound.taken,
+                                  rewound.left)]
         raise AssertionError(f"no job for {type(msg).__name__}")
 
     def _log_pages(self, rid: int, name: str, start: int) -> list[p.Message]:

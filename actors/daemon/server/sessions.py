@@ -23,6 +23,7 @@ import pykka
 
 from actors.base.errors import DaemonError, LimitError, SessionInUse, UsageError
 from actors.session.actor import open_session
+from actors.session.fork import RewindReport
 from actors.session.world import World
 
 __all__ = ["Sessions"]
@@ -137,6 +138,28 @@ class Sessions:
                 return
             del self._open[name]
         self._close([(name, entry)])
+
+    def rewind(self, client: bytes, name: str, turns: int) -> RewindReport:
+        """Take back ``name``'s last ``turns`` turns for ``client``: SessionInUse when another
+        client has it attached, refused while a turn runs on it; one not attached is opened
+        for the rewind and closed again."""
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is not None and entry.client != client:
+                raise SessionInUse(name)
+        opened = entry is None
+        if opened:
+            self.attach(client, name, create=False)
+        try:
+            proxy = self.begin_turn(client, name)
+            try:
+                report: RewindReport = proxy.rewind(turns).get(timeout=_STOP_S)
+            finally:
+                self.end_turn(name)
+        finally:
+            if opened:
+                self.detach(client, name)
+        return report
 
     def is_attached(self, client: bytes, name: str) -> bool:
         with self._lock:

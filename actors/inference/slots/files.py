@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from actors.base.config import Config
+from actors.base.durable import write_all
 from actors.inference.embedded.server import slot_dir
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "TOO_LARGE_FOR_CONTEXT",
     "SlotFile",
     "SlotStore",
+    "copy_state",
     "lru_victims",
     "meta_dir",
     "parse_meta",
@@ -91,6 +93,8 @@ class SlotFile:
     used: float  # unix time of the last save or restore (least recently used goes first)
     bytes: int  # the file's size
     crc32: int = -1  # of the file; -1 when loopd cannot read it
+    origin: str = ""  # the session whose state this is a copy of (a fork's source), until
+    # the session saves its own
 
 
 _CONTEXT = re.compile(r";n_ctx=\d*")
@@ -143,6 +147,7 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _INTS = {"tokens": 0, "bytes": 0, "crc32": -1}  # and their smallest values
 _FLOATS = ("saved", "used")
 _STRS = ("session", "file", "fingerprint", "server")
+_ORIGIN_MAX = 128  # a session name's longest
 log = logging.getLogger("loopd.slots")
 _said: set[str] = set()
 
@@ -166,6 +171,10 @@ def parse_meta(data: object, key: str) -> SlotFile | str:
         fields[name] = value
     if fields["crc32"] >= 2**32:  # type: ignore[operator]
         return "crc32 is not a crc32"
+    origin = data.get("origin", "")
+    if not isinstance(origin, str) or len(origin) > _ORIGIN_MAX:
+        return f"origin is not a session name of at most {_ORIGIN_MAX} characters"
+    fields["origin"] = origin
     for name in _FLOATS:
         value = data.get(name)
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
@@ -310,6 +319,28 @@ class SlotStore:
         self._write_meta(key, meta)
         return meta
 
+    def copy(self, key: str, new_key: str, session: str) -> SlotFile | None:
+        """Give ``new_key`` (session ``session``) a copy of ``key``'s state, for a fork: the
+        file hard-linked (a copy where it cannot be) under a temporary name and renamed into
+        place, then the metadata, which names ``key``'s session as the origin. The metadata
+        is copied even when the file is gone or changed: the fork's first restore then says
+        why it cannot be used, as it would have for ``key``. None when ``key`` has no saved
+        state here (nothing to copy)."""
+        meta = self.meta(key)
+        if meta is None:
+            return None
+        if self.reachable:
+            source, target = self.dir / self.file_name(key), self.dir / self.file_name(new_key)
+            tmp = self.dir / f"{new_key}.fork.bin"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            if _link_or_copy(source, tmp, meta.bytes):
+                os.replace(tmp, target)
+        copied = dataclasses.replace(meta, session=session, file=self.file_name(new_key),
+                                     used=time.time(), origin=meta.session)
+        self._write_meta(new_key, copied)
+        return copied
+
     def discard_save(self, key: str) -> None:
         """Drop what the server saved (an empty slot: the older file stays the session's)."""
         if self.reachable:
@@ -344,6 +375,54 @@ class SlotStore:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 (self.dir / name).unlink()
+
+
+def _link_or_copy(source: Path, target: Path, limit: int) -> bool:
+    """``source`` (a regular file, no symlink followed) at ``target``: a hard link, or a copy
+    of at most ``limit`` + 1 bytes where a link cannot be made. False when there is no
+    such file to copy."""
+    try:
+        if not stat.S_ISREG(os.lstat(source).st_mode):
+            return False
+        os.link(source, target, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass  # another file system, or links refused: copy it
+    try:
+        fd = os.open(source, _READ)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600)
+        try:
+            left = limit + 1
+            while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+                write_all(out, chunk)
+                left -= len(chunk)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+    return True
+
+
+def copy_state(stores: Sequence[SlotStore], src_log: Path, new_log: Path) -> SlotFile | None:
+    """Give the session whose log will be ``new_log`` a copy of the saved KV state of the
+    one at ``src_log`` (a fork), in every store that has one; the metadata of the first
+    copy, None when there was none. A store loopd cannot reach gets no copy (the server
+    holds its files): a fork there re-processes its first request."""
+    key, new_key = slot_key(src_log), slot_key(new_log)
+    found = None
+    for store in stores:
+        if store.reachable:
+            copied = store.copy(key, new_key, Path(new_log).parent.name)
+            found = found or copied
+    return found
 
 
 def meta_dir(config: Config) -> Path:

@@ -79,7 +79,9 @@ RESTORE_FAILED = "the restore failed: {message}"
 SAVE_FAILED = "the last save failed: {message}"
 TOO_LARGE = "its saved state was larger than slots.disk_mb and was deleted"
 SERVER_CHANGED = "server changed: {url} did not answer"
+FORKED = "the saved state of session {origin}, which this one was forked from"
 
+_SAVE_WAIT_S = 60.0  # save_now: how long a save in flight is waited for (a hang guard)
 _PROBE = "loopd-probe"  # an action no server knows: 400 with a save path, 501 without
 
 
@@ -360,6 +362,34 @@ class SlotKeeper:
                             self._saver.start()
                         self._saves.put((target, slot.index, key))
 
+    def save_now(self, session: str, timeout: float = _SAVE_WAIT_S) -> None:
+        """Bring ``session``'s saved state up to date, for a fork to copy: a save of it in
+        flight is waited for (up to ``timeout``), and a state a slot holds changed since
+        its last save is saved now. A state in a slot that a request of it has leased (a
+        turn running) is left as it is: the fork copies the last save, and the turn's
+        end saves the rest."""
+        with self._cond:
+            key = self._session(session).key
+            holding = [(t, slot) for t, server in enumerate(self._servers) if server.alive
+                       and server.store is not None for slot in server.slots
+                       if slot.holder == key]
+            self._cond.wait_for(lambda: not any(slot.saving for _, slot in holding),
+                                timeout)
+            todo = [(t, slot) for t, slot in holding
+                    if slot.holder == key and slot.dirty and not slot.leased and not slot.saving]
+            for _, slot in todo:
+                slot.saving = True  # not leased meanwhile
+        for target, slot in todo:
+            ok = False
+            try:
+                ok = self._save(target, slot.index, key)
+            finally:
+                with self._cond:
+                    slot.saving = False
+                    if ok and slot.holder == key:
+                        slot.dirty = False
+                    self._cond.notify_all()
+
     def _release(self, target: int, index: int, holder: str | None) -> None:
         with self._cond:
             server = self._servers[target]
@@ -461,6 +491,8 @@ class SlotKeeper:
                  else None)
         problem = restore_problem(meta, server.fingerprint, found, store.reachable,
                                   server.n_ctx)
+        if meta is not None and meta.origin:  # a fork's copy of its source's state
+            note = "; ".join(r for r in (note, FORKED.format(origin=meta.origin)) if r)
         if problem or meta is None:
             return none(problem)
         try:

@@ -1,0 +1,92 @@
+"""``loopd sessions fork`` and ``loopd rewind``: a branch costs nothing, an undo loses nothing.
+
+Both go through the daemon when one answers (its slot keeper saves the source's KV state
+first, and a rewind obeys its rule that a session attached to another client is not
+touched), else they run here: a fork only reads the source and writes the new session
+(actors.session.fork), a rewind opens the session (refused while another process has it
+open) and appends its record. ``--log-dir`` (a world of the command's own) keeps them here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from actors.base import config as cfg
+from actors.base.errors import UsageError
+from actors.session.actor import check_name
+from actors.session.workspace import kept_workspace
+
+__all__ = ["fork", "rewind", "rewound_text"]
+
+
+def _client(args: argparse.Namespace, config: cfg.Config) -> Any:
+    """The daemon's client, or None: run here (none answers, or --local / --log-dir)."""
+    if getattr(args, "local", False) or args.log_dir:
+        return None
+    from actors.daemon.client import find_daemon
+
+    return find_daemon(config)
+
+
+def fork(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    check_name(args.source)
+    check_name(args.name)
+    if args.at is not None and args.at < 0:
+        raise UsageError(f"--at is a turn of {args.source} (1, 2, ...; 0: only its start), "
+                         f"not {args.at}")
+    client = _client(args, config)
+    if client is not None:
+        with client:
+            answer = client.fork(args.source, args.name, args.at)
+        at, records, tokens = answer.at, answer.records, answer.state_tokens
+    else:
+        from actors.session.fork import fork_session
+
+        report = fork_session(config, args.source, args.name, args.at)
+        at, records = report.forked.at, report.records
+        tokens = report.state.tokens if report.state is not None else 0
+    state = (f"it starts from {args.source}'s saved KV state ({tokens:,} tokens): its first "
+             "message is processed alone" if tokens else
+             f"{args.source} has no saved KV state: its first message processes the whole "
+             "conversation")
+    err.print(escape(f"session {args.name}: forked from {args.source} at turn {at} ({records} "
+                     f"records copied; {args.source} is unchanged); {state}"), highlight=False)
+    return 0
+
+
+def rewound_text(session: str, taken: tuple[int, ...], left: tuple[int, ...]) -> str:
+    """What a rewind did, for the person."""
+    turns = ", ".join(map(str, taken))
+    back = (f"the next message follows turn {left[-1]}" if left else
+            "the next message starts the conversation afresh")
+    return (f"session {session}: took back turn{'s' if len(taken) > 1 else ''} {turns} (kept in "
+            f"its log: loopd log show {session}); {back}")
+
+
+def rewind(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
+    check_name(args.session)
+    if args.turns < 1:
+        raise UsageError(f"--turns is how many turns to take back: 1 or more, not {args.turns}")
+    client = _client(args, config)
+    if client is not None:
+        with client:
+            answer = client.rewind(args.session, args.turns)
+        taken, left = answer.taken, answer.left
+    else:
+        from actors.session.actor import open_session
+
+        kept = kept_workspace(config, args.session)  # a rewind runs no tool: any will do
+        if kept is not None:
+            config = config.replace("tools", workspace=str(kept))
+        proxy = open_session(config, args.session)
+        try:
+            report = proxy.rewind(args.turns).get()
+        finally:
+            proxy.actor_ref.stop()
+        taken, left = report.taken, report.left
+    err.print(escape(rewound_text(args.session, taken, left)), highlight=False)
+    return 0

