@@ -424,6 +424,8 @@ class LlamaClient:
                 if most is not None and asm.deltas > most:
                     asm.finish_reason = "length"  # the server ignored max_tokens: cut here
                     return asm
+                if asm.reasoning_deltas == cap.seen and not cap.unthinking:
+                    continue  # no new reasoning: nothing for the cap (once per token, inline)
                 step = cap.after(asm.reasoning_deltas, asm.answered)
                 if step is _Next.STOP:
                     raise _Failed(_thinking_on(asm.reasoning_deltas), retry=False)
