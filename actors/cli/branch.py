@@ -1,10 +1,12 @@
-"""``loopd sessions fork`` and ``loopd rewind``: a branch costs nothing, an undo loses nothing.
+"""``loopd sessions fork``, ``loopd rewind`` and ``/undo`` in chat: a branch costs nothing, an
+undo loses nothing.
 
 Both go through the daemon when one answers (its slot keeper saves the source's KV state
 first, and a rewind obeys its rule that a session attached to another client is not
 touched), else they run here: a fork only reads the source and writes the new session
 (actors.session.fork), a rewind opens the session (refused while another process has it
 open) and appends its record. ``--log-dir`` (a world of the command's own) keeps them here.
+``/undo [N]`` rewinds the chat's own session, wherever its turns run.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from rich.markup import escape
 
 from actors.base import config as cfg
 from actors.base.errors import UsageError
+from actors.cli.chat import Chat, command
 from actors.session.actor import check_name
 from actors.session.workspace import kept_workspace
 
-__all__ = ["fork", "rewind", "rewound_text"]
+__all__ = ["fork", "rewind", "rewound_text"]  # and the chat command /undo
 
 
 def _client(args: argparse.Namespace, config: cfg.Config) -> Any:
@@ -90,3 +93,13 @@ def rewind(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         taken, left = report.taken, report.left
     err.print(escape(rewound_text(args.session, taken, left)), highlight=False)
     return 0
+
+
+@command("undo", "/undo [N]", "take back the last turn (or N): kept in the log, no longer sent")
+def _undo(chat: Chat, argument: str) -> None:
+    if argument and not argument.isdigit():
+        chat.say(f"/undo takes a number of turns (/undo, /undo 2), not {argument!r}", "yellow")
+        return
+    turns = int(argument or 1)
+    taken, left = chat.conversation.rewind(turns)
+    chat.say(rewound_text(chat.session, taken, left))

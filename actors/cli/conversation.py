@@ -27,6 +27,7 @@ from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Usage
 from actors.session.actor import check_name, session_path
+from actors.session.limits import shown_usage
 
 __all__ = ["Conversation", "approved", "last_usage", "open_conversation"]
 
@@ -45,6 +46,9 @@ class Conversation(Protocol):
 
     def context(self) -> int: ...  # tokens a slot of its model server holds; 0: not known
 
+    def rewind(self, turns: int) -> tuple[tuple[int, ...], tuple[int, ...]]: ...  # the turns
+    # taken back, the turns left (actors.session.fork)
+
 
 def approved(args: argparse.Namespace) -> RuleBook:
     """The ``--approve`` rules, checked like tools.allow (UsageError naming the flag)."""
@@ -55,13 +59,14 @@ def approved(args: argparse.Namespace) -> RuleBook:
 
 
 def last_usage(config: cfg.Config, name: str) -> Usage | None:
-    """The last Usage record of session ``name`` as its log file says now (None: no such
-    session, or no answer yet): how full its prompt was after its last request."""
+    """The last Usage record of session ``name`` the conversation still shows, as its log
+    file says now (None: no such session, no answer yet, or rewound past a compaction): how
+    full its prompt was after its last request."""
     path = session_path(config, name)
     if not path.is_file():
         return None
     records, _ = read_log(path, name=name)
-    return next((r for r in reversed(records) if isinstance(r, Usage)), None)
+    return shown_usage(records)
 
 
 @contextlib.contextmanager
@@ -112,6 +117,10 @@ class _Remote:
 
     def context(self) -> int:
         return self._context
+
+    def rewind(self, turns: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        answer = self.client.rewind(self.name, turns)
+        return answer.taken, answer.left
 
 
 class _Local:
@@ -165,3 +174,8 @@ class _Local:
     def context(self) -> int:
         context: int = self.app.runtime.inference.context(self.name)
         return context
+
+    def rewind(self, turns: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        assert self.session is not None
+        report = self.session.rewind(turns).get()
+        return report.taken, report.left

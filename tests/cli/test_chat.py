@@ -145,6 +145,36 @@ def test_the_context_nearly_full_is_said_and_the_wall_names_the_ways_on(env: Env
     leave(again)
 
 
+def test_undo_takes_back_the_last_turn_and_keeps_it_in_the_log(env: Env) -> None:
+    child = env.chat("u")
+    for line in ("first", "second"):
+        child.sendline(line)
+        child.expect(f"you said: {line}")
+        child.expect("> ")
+    child.sendline("/help")
+    child.expect(r"/undo \[N\]")
+    child.expect("> ")
+    child.sendline("/undo")
+    child.expect("took back turn 2")
+    child.expect("the next message follows turn 1")
+    child.expect("> ")
+    child.sendline("third")
+    child.expect("you said: third")
+    child.expect("> ")
+    child.sendline("/undo 5")
+    child.expect("has only 2 turns to take back, not 5")
+    child.expect("> ")
+    child.sendline("/undo two")
+    child.expect("takes a number of turns")
+    child.expect("> ")
+    leave(child)
+    sent = env.fake.requests[-1]["messages"]
+    assert [m["content"] for m in sent[1:]] == ["first", "you said: first", "third"]
+    records = env.records("u")
+    assert [r["content"] for r in records if r["kind"] == "user"] == ["first", "second", "third"]
+    assert [r["to_turn"] for r in records if r["kind"] == "rewind"] == [1]
+
+
 @pytest.mark.parametrize(("line", "parsed"), [
     ("/help", ("help", "")), ("/new garden", ("new", "garden")), ("  /new  ", ("new", "")),
     ("//new", "/new"), ("/etc/hosts says what?", "/etc/hosts says what?"),

@@ -3,16 +3,19 @@ and the in-use rule (a session attached to another client is not rewound)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from actors.base.errors import SessionInUse, UsageError
 from actors.log.file import read_records
 from actors.log.records import Forked, Rewind, User
-from tests.daemon.daemonkit import Daemon, cli, daemon_config
+from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
@@ -107,3 +110,40 @@ def test_fork_and_rewind_through_the_cli(daemon: Daemon) -> None:
     rewound = cli(daemon.config_path, "rewind", "new")
     assert rewound.returncode == 0, rewound.stderr
     assert "starts the conversation afresh" in " ".join(rewound.stderr.split())
+
+
+def test_undo_in_a_chat_through_the_daemon(daemon: Daemon) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb"}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "actors.cli", "chat", "--config", str(daemon.config_path),
+                         "--session", "c"],
+        cwd=str(ROOT), env=env, encoding="utf-8", timeout=60, dimensions=(50, 200),
+    )  # fmt: skip
+    try:
+        child.expect("Ctrl-D leaves")
+        child.expect("> ")
+        for n in (1, 2):
+            child.sendline(f"t{n} :: list_dir {{}}")
+            child.expect(rf"done t{n}\.")
+            child.expect("> ")
+        # the chat's client has it attached: nobody else rewinds it
+        with daemon.client() as other, pytest.raises(SessionInUse):
+            other.rewind("c")
+        child.sendline("/undo")
+        child.expect("took back turn 2")
+        child.expect("> ")
+        child.sendline("t3 :: list_dir {}")
+        child.expect(r"done t3\.")
+        child.expect("> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+    finally:
+        if child.isalive():
+            child.kill(9)
+            child.close(force=True)
+    records = read_records(daemon.config.log_dir / "c" / "log.bin")
+    assert [r.to_turn for r in records if isinstance(r, Rewind)] == [1]
+    assert [r.content for r in records if isinstance(r, User)] == [
+        "t1 :: list_dir {}", "t2 :: list_dir {}", "t3 :: list_dir {}"]
