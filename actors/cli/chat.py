@@ -5,10 +5,10 @@ never goes to the model. Commands are registered by name (:func:`command`), so a
 (``/compact``, ``/undo``) plugs in with its own module and ``/help`` lists it; an unknown
 one is said, not sent. ``//text`` sends ``/text``; a path (``/etc/hosts ...``) is text.
 
-How full the conversation is: after each turn the prompt's tokens against the slot's
-context (:func:`fullness`); from :data:`WARN_AT` on, chat says so with the ways on, and a
-turn refused for a full context is followed by the same ways on. A session opened nearly
-full (the last one ended there) says so at once instead of failing on the next message.
+How full the conversation is (actors.cli.fullness): said after each turn from 75% of the
+context on, with the ways on (the chat commands among them that exist), and after a turn
+refused for a full context. A session opened nearly full (the last one ended there) says
+so at once instead of failing on the next message.
 """
 
 from __future__ import annotations
@@ -23,16 +23,13 @@ from rich.markup import escape
 
 from actors.base.errors import LoopdError, SessionFull
 from actors.cli.conversation import Conversation, last_usage
+from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import LiveView, summary
 from actors.log.outcome import TurnOutcome
 from actors.session.actor import list_sessions
 
-__all__ = [
-    "COMMANDS", "WARN_AT", "Chat", "Command", "command", "fullness", "parse", "run_chat",
-    "ways_on",
-]
+__all__ = ["COMMANDS", "Chat", "Command", "command", "parse", "run_chat"]
 
-WARN_AT = 0.75  # of the context: from here on chat says how full the conversation is
 _WORD = re.compile(r"/([a-z][a-z-]*)(?:\s+(.*))?", re.DOTALL)
 
 
@@ -68,21 +65,6 @@ def parse(line: str) -> tuple[str, str] | str:
     return found.group(1), (found.group(2) or "").strip()
 
 
-def fullness(used: int, context: int) -> float | None:
-    """The share of the context the conversation's prompt takes (None: context not known)."""
-    return used / context if context > 0 else None
-
-
-def ways_on(session: str) -> str:
-    """What the person can do when the conversation is (nearly) full: what exists here."""
-    ways = [f"/new starts a new session here (session {session} stays as it is)"]
-    if "compact" in COMMANDS:
-        ways.append("/compact shortens this one and keeps going")
-    ways.append("or give the model a larger context (embedded.ctx_size, or your server's "
-                "-c) and come back: the session's saved state is kept")
-    return "Ways on: " + "; ".join(ways) + "."
-
-
 @dataclasses.dataclass
 class Chat:
     """One ``loopd chat``: the conversation, the console, and what is known of its size."""
@@ -106,14 +88,10 @@ class Chat:
 
     def size(self, used: int, *, opened: bool = False) -> None:
         """Say how full the conversation is, when that is worth saying."""
-        context = self.conversation.context()
-        share = fullness(used, context)
-        if share is None or share < WARN_AT:
-            return
-        state = "is nearly full" if share >= 0.9 else "is filling up"
-        where = f"session {self.session} " if opened else "the conversation "
-        self.say(f"{where}{state}: {used:,} of {context:,} tokens ({share:.0%}); a message "
-                 "that does not fit is refused. " + ways_on(self.session), "yellow")
+        note = size_note(self.session, used, self.conversation.context(), COMMANDS, chat=True,
+                         opened=opened)
+        if note is not None:
+            self.say(note, "yellow")
 
     def line(self, text: str) -> None:
         """One typed line: a command, or a turn."""
@@ -141,7 +119,7 @@ class Chat:
             live.finish()
             self.out.print(f"[red]{escape(str(e))}[/]", highlight=False)
             if isinstance(e, SessionFull):
-                self.say(ways_on(self.session), "yellow")
+                self.say(ways_on(self.session, COMMANDS, chat=True), "yellow")
             return
         live.finish()
         self.say(summary(outcome, time.monotonic() - started))

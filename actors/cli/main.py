@@ -22,12 +22,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from actors.base import config as cfg
-from actors.base.errors import DaemonError, LoopdError, UsageError
+from actors.base.errors import DaemonError, LoopdError, SessionFull, UsageError
 from actors.base.events import Approver
 from actors.cli import branch
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
 from actors.cli.chat import Chat, run_chat
 from actors.cli.conversation import last_usage, open_conversation
+from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import (
     JsonView,
     LiveView,
@@ -288,16 +289,24 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                 json_view.line({"event": "error", "kind": type(e).__name__, "message": str(e)})
             else:
                 err.print(f"[red]{escape(str(e))}[/]", highlight=False, soft_wrap=True)
+                if isinstance(e, SessionFull):
+                    err.print(f"[yellow]{escape(ways_on(args.session, _COMMANDS, chat=False))}"
+                              "[/]", highlight=False)
             return e.exit_code
         live.finish()
         line = summary(outcome, time.monotonic() - started)
-        if json_view:
+        used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
+        context = outcome.context or conversation.context()
+        if json_view:  # tokens of context (0: not known): a script sees how full it is
             json_view.line({"event": "answer", "content": outcome.content, "cut": outcome.cut,
-                            "summary": line})
+                            "summary": line, "tokens": used, "context": context})
             return OK
         if live.answer is err:
             print(outcome.content)
         err.print(f"[dim]{line}[/]")
+        note = size_note(args.session, used, context, _COMMANDS, chat=False)
+        if note is not None:
+            err.print(f"[yellow]{escape(note)}[/]", highlight=False)
         return OK
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from actors.cli.main import main
-from tests.support.fake_llama import FakeLlama, answer
+from tests.support.fake_llama import FakeLlama, answer, context_full
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = "http://127.0.0.1:9"  # nothing listens there: any contact with it is said on stderr
@@ -272,3 +272,40 @@ def test_sessions_lists_each_one_with_its_size_and_workspace(
     (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert row == {"name": "alpha", "tokens": int(tokens), "context": 0,
                    "workspace": str(env["workspace"])}  # context: not known offline for a url
+
+
+# --- loopd run says how full the conversation is, and the ways on at the wall ---------------
+
+
+def test_run_says_when_the_conversation_nears_full_and_json_gives_its_size(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    big = answer("ok", usage={"prompt_tokens": 800, "completion_tokens": 2, "total_tokens": 802})
+    with FakeLlama([answer("ok"), big, big], props={"n_ctx": 1000}) as fake:
+        base = ["--config", env["config"], "--url", fake.url, "--session", "s"]
+        assert main(["run", "small", *base]) == 0
+        assert "filling up" not in capsys.readouterr().err  # nothing to say below 75%
+        assert main(["run", "big", *base]) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == "ok"
+        flat = " ".join(err.split())
+        assert "session s is filling up: 802 of 1,000 tokens (80%)" in flat, err
+        assert ("Ways on: --session NEW-NAME starts a new session (session s stays as it is); "
+                "loopd rewind s takes back the last turn") in flat, err
+        assert main(["run", "big again", *base, "--json"]) == 0
+    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert last["event"] == "answer" and (last["tokens"], last["context"]) == (802, 1000)
+
+
+def test_run_refused_for_a_full_context_names_the_ways_on(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    with FakeLlama([context_full(n_prompt_tokens=1200, n_ctx=1000)],
+                   props={"n_ctx": 1000}) as fake:
+        assert main(["run", "huge", "--config", env["config"], "--url", fake.url,
+                     "--session", "s"]) == 3
+    flat = " ".join(capsys.readouterr().err.split())
+    assert "The conversation is full" in flat
+    assert "Ways on: --session NEW-NAME starts a new session" in flat, flat
+    assert "loopd rewind s takes back the last turn" in flat
+    assert "embedded.ctx_size" in flat
