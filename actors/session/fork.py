@@ -14,8 +14,9 @@ rather than after the Baseline so that the copied bytes stay SRC's and a Compact
 - SRC is only read, never locked nor written: a fork taken while SRC runs a turn copies
   the whole records written so far (a record being appended is not whole yet).
 - NEW is absent or whole: its directory is built under a hidden name and renamed into
-  place. A fork killed before that leaves a hidden directory the next fork removes;
-  the KV state is copied before the rename, so a NEW that exists has its state.
+  place. A fork killed before that leaves a hidden directory the next fork removes, with
+  the KV state it had copied for NEW; the state is copied before the rename, so a NEW that
+  exists has its state.
 - Forks are one at a time (a lock file in ``log.dir``), across processes.
 - Turn N is the N-th User record of the log. ``at`` must be a turn NEW will show (a turn
   that was rewound before turn N+1 was asked cannot be forked at: the fork would show
@@ -42,7 +43,7 @@ from pathlib import Path
 from actors.base.config import Config
 from actors.base.durable import fsync_dir, locked, write_all
 from actors.base.errors import SessionError, UsageError
-from actors.inference.slots.files import SlotFile, copy_state, slot_dirs
+from actors.inference.slots.files import SlotFile, copy_state, remove_session_files, slot_dirs
 from actors.log.file import frame, read_frames
 from actors.log.records import Forked, Record, Rewind, User
 from actors.session.actor import check_name, session_path
@@ -81,7 +82,7 @@ def fork_session(
     root = config.log_dir
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     with locked(root / _LOCK):
-        _sweep(root)
+        _sweep(config)
         if target.parent.exists() or target.parent.is_symlink():
             raise UsageError(f"session {new} exists ({target.parent}); fork into a new name")
         if not source.is_file():
@@ -92,17 +93,19 @@ def fork_session(
         count = _cut(src, records, at)
         taken = sum(1 for r in records[:count] if isinstance(r, User))
         forked = Forked(from_=src, at=taken)
-        state = copy_state(slot_dirs(config), source, target)
         tmp = root / f"{_TMP}{new}-{uuid.uuid4().hex[:8]}"
         try:
+            tmp.mkdir(mode=0o700)  # first: a fork killed after it leaves a name to sweep
+            state = copy_state(slot_dirs(config), source, target)
             _write_session(tmp, data[: ends[count - 1]] + frame(forked),
                            source.parent / WORKSPACE_FILE)
             os.rename(tmp, target.parent)  # a directory made since is not empty: refused
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            if target.parent.exists():
+            if target.parent.exists():  # made since the check, not by a fork (they wait)
                 raise UsageError(f"session {new} exists ({target.parent}); fork into a new "
                                  "name") from None
+            remove_session_files(slot_dirs(config), target)
             raise SessionError(f"session {new}: the fork could not be written in {root}: "
                                f"{e.strerror or e}") from None
         fsync_dir(root)
@@ -150,8 +153,7 @@ def rewind_target(name: str, records: Sequence[Record], turns: int) -> RewindRep
 
 
 def _write_session(tmp: Path, log: bytes, workspace: Path) -> None:
-    """A session directory at ``tmp``: its log (synced) and the source's workspace file."""
-    tmp.mkdir(mode=0o700)
+    """The session directory ``tmp``'s log (synced) and the source's workspace file."""
     fd = os.open(tmp / "log.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         write_all(fd, log)
@@ -163,8 +165,16 @@ def _write_session(tmp: Path, log: bytes, workspace: Path) -> None:
     fsync_dir(tmp)
 
 
-def _sweep(root: Path) -> None:
-    """Remove what forks killed half-way left (forks are one at a time: none runs now)."""
-    for leftover in root.glob(f"{_TMP}*"):
-        if leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
+def _sweep(config: Config) -> None:
+    """Remove what forks killed half-way left (forks are one at a time: none runs now): the
+    hidden directory, and the KV state copied for a session that was then never made (a
+    session made later under that name must not start from a state that is not its own)."""
+    for leftover in config.log_dir.glob(f"{_TMP}*"):
+        if not leftover.is_dir() or leftover.is_symlink():
+            continue
+        name = leftover.name[len(_TMP):].rpartition("-")[0]
+        with contextlib.suppress(UsageError):  # a name no fork made: only the directory
+            target = session_path(config, name)
+            if not target.parent.exists():
+                remove_session_files(slot_dirs(config), target)
+        shutil.rmtree(leftover, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""A fork SIGKILLed at each point of its work, in a process of its own: NEW is absent or
+whole (never half), SRC is unchanged, and the next fork sweeps what the killed one left (its
+hidden directory and the KV state it had copied for a NEW that was never made)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.base.config import Config
+from actors.base.errors import UsageError
+from actors.inference.slots.files import SlotFile, SlotStore, slot_key
+from actors.log.file import SessionLog, read_records
+from actors.log.records import Assistant, Baseline, Forked, Record, User, now
+from actors.session.fork import fork_session
+from tests.faults.fork_child import POINTS, config_at
+from tests.support.watch import HANG_S
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def source(config: Config) -> Path:
+    """Session src: 40 turns with long answers (a log of some size), and a saved KV state."""
+    path = config.log_dir / "src" / "log.bin"
+    base = Baseline(system="s", tools=(), model="m", created=now())
+    log, _ = SessionLog.open(path, baseline=base, name="src")
+    with log:
+        for n in range(40):
+            log.append(User(content=f"q{n}"), Assistant(content=f"a{n} " * 2000, reasoning=None))
+    store = SlotStore(Path(config.slots.save_dir), reachable=True)
+    key = slot_key(path)
+    store.dir.mkdir(parents=True, exist_ok=True)
+    (store.dir / store.save_name(key)).write_bytes(b"kv" * 4096)
+    when = time.time()
+    store.commit(key, SlotFile(session="src", file=store.file_name(key), tokens=900,
+                               fingerprint="model=m", server="http://127.0.0.1:1", saved=when,
+                               used=when, bytes=0))
+    return path
+
+
+def kill_at(root: Path, point: str) -> None:
+    """Run the fork in a child until it says it reached ``point``, then SIGKILL it."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.faults.fork_child", str(root), point],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], HANG_S)
+        assert ready, f"the fork never reached {point}"
+        assert proc.stdout.readline().strip() == point
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=HANG_S) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def states(config: Config) -> dict[str, SlotFile]:
+    """The saved states in the save directory, by the session they are for."""
+    return {meta.session: meta for _, meta in
+            SlotStore(Path(config.slots.save_dir), reachable=True).all()}
+
+
+def assert_whole(config: Config, name: str, src: list[Record]) -> None:
+    new = read_records(config.log_dir / name / "log.bin")
+    assert list(new[:-1]) == src and isinstance(new[-1], Forked)
+    assert dataclasses.replace(new[-1], time=src[0].time) == Forked(
+        from_="src", at=40, time=src[0].time)
+    assert states(config)[name].origin == "src"
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_fork_killed_anywhere_leaves_new_absent_or_whole(tmp_path: Path, point: str) -> None:
+    config = config_at(tmp_path)
+    path = source(config)
+    before, src = path.read_bytes(), list(read_records(path))
+    kill_at(tmp_path, point)
+    assert path.read_bytes() == before
+    new = config.log_dir / "new"
+    assert new.exists() == (point == "after-rename"), "only a renamed NEW is there, and whole"
+    if new.exists():
+        assert_whole(config, "new", src)
+        with pytest.raises(UsageError, match="session new exists"):
+            fork_session(config, "src", "new")
+        fork_session(config, "src", "other")  # the killed fork's lock went with it
+        assert sorted(states(config)) == ["new", "other", "src"]
+    else:
+        fork_session(config, "src", "new")  # the lock is free, the leftovers swept
+        assert_whole(config, "new", src)
+        assert sorted(states(config)) == ["new", "src"]
+    assert [p.name for p in config.log_dir.iterdir() if p.name.startswith(".fork-")] == []
+    assert path.read_bytes() == before
+
+
+def test_the_state_a_killed_fork_copied_is_swept_with_its_directory(tmp_path: Path) -> None:
+    config = config_at(tmp_path)
+    source(config)
+    kill_at(tmp_path, "state")
+    assert sorted(states(config)) == ["new", "src"]  # copied for a NEW that is not there
+    fork_session(config, "src", "other")
+    # a session made later under the name starts from no state rather than src's
+    assert sorted(states(config)) == ["other", "src"]
+    assert not (config.log_dir / "new").exists()
