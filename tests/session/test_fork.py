@@ -11,10 +11,13 @@ import datetime as dt
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.base.config import Config, parse
 from actors.base.errors import SessionError, SessionLocked, UsageError
@@ -37,6 +40,7 @@ from actors.session.actor import open_session
 from actors.session.fork import fork_session, rewind_target
 from actors.session.messages import messages, view
 from tests.inference.slots.slots_rig import Slots
+from tests.strategies import conversations, epoch_records
 from tests.support.watch import HANG_S
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -344,3 +348,72 @@ def test_a_rewind_is_warm_too(slots: Slots, restart: bool) -> None:
     kept = usages[1]  # the last request of turn 2, the turn the rewind goes back to
     assert usages[-1].timings["cache_n"] >= kept.timings["cache_n"] + kept.timings["prompt_n"]
     assert usages[-1].timings["prompt_n"] <= len("<|user|>Instead, this?<|end|>") // 4 + 4
+
+
+# --- the extension property through forks and rewinds ---------------------------------------
+
+
+def fork_points(records: tuple[Record, ...]) -> list[int | None]:
+    """The turns a fork of ``records`` may be taken at: each turn the log showed when the
+    next one was asked (turn N is the N-th User record), its start (0) and its end (None)."""
+    starts = [i for i, r in enumerate(records) if isinstance(r, User)]
+    ends = [*starts[1:], len(records)]
+    return [None, 0, *(n for n in range(1, len(starts) + 1)
+                       if n in view(records[: ends[n - 1]]).turns)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations(compacting=True, rewinding=True), st.data())
+def test_forks_and_rewinds_of_generated_conversations_send_what_was_sent_before(
+    conv: tuple[Baseline, list[Record]], data: st.DataObject
+) -> None:
+    """A generated conversation (Compaction, Rewind and Forked records among the rest) in a
+    real log, forked at a drawn turn it may be forked at: SRC's bytes are unchanged; NEW's
+    rendering is what SRC rendered when it asked the turn after the fork (so its first
+    request extends a request SRC sent); NEW goes on, each record extending its rendering;
+    a rewind of NEW only grows its log and renders what NEW rendered when the turn after
+    the one it goes back to was asked. The seed is in pytest's header."""
+    baseline, recs = conv
+    with tempfile.TemporaryDirectory() as tmp:
+        config = config_at(Path(tmp))
+        path = config.log_dir / "src" / "log.bin"
+        with SessionLog.open(path, baseline=baseline, name="src")[0] as log:
+            if recs:
+                log.append(*recs)
+        before, records = path.read_bytes(), read_records(path)
+        at = data.draw(st.sampled_from(fork_points(records)), label="at")
+        fork_session(config, "src", "new", at)
+        assert path.read_bytes() == before
+        new_path = config.log_dir / "new" / "log.bin"
+        new = read_records(new_path)
+        starts = [i for i, r in enumerate(records) if isinstance(r, User)]
+        cut = len(records) if at is None or at == len(starts) else starts[at]
+        assert new[:-1] == records[:cut] and isinstance(new[-1], Forked)
+        first = messages(baseline, new)
+        assert first == messages(baseline, records[:cut])
+        ask = User(content=data.draw(st.text(max_size=20), label="ask"))
+        sent = messages(baseline, [*records[:cut], ask])  # what SRC sent asking turn at+1
+        assert messages(baseline, [*new, ask]) == sent
+
+        more = data.draw(st.lists(epoch_records | st.builds(User, content=st.text(max_size=9)),
+                                  max_size=8), label="more")
+        with SessionLog.open(new_path)[0] as log:
+            previous = first
+            for record in more:
+                log.append(record)
+                current = messages(baseline, log.records)
+                assert current[: len(previous)] == previous, f"{record} rewrote the rendering"
+                previous = current
+            shown = view(log.records).turns
+            if not shown:
+                return
+            grown = new_path.read_bytes()
+            turns = data.draw(st.integers(1, len(shown)), label="turns")
+            report = rewind_target("new", log.records, turns)
+            log.append(report.rewind)
+            after = new_path.read_bytes()
+            assert after.startswith(grown) and len(after) > len(grown)
+            asked = [i for i, r in enumerate(log.records) if isinstance(r, User)]
+            back = messages(baseline, log.records[: asked[report.rewind.to_turn]])
+            assert messages(baseline, log.records) == back
+            assert view(log.records).turns == report.left
