@@ -58,7 +58,7 @@ lint: $(VENV)/.test
 bench: $(VENV)/.bench
 	$(BIN)/python -m scripts.bench
 
-# The embedded model on the fixed tasks of examples/eval/tasks.toml, with a new user's
+# The embedded model on the fixed tasks of examples/eval/*.toml (per workspace), with a new user's
 # defaults: a table, the pass rate, bench/eval.json. Slow (minutes): not part of `make test`.
 eval: $(VENV)/.embedded
 	$(BIN)/python -m scripts.eval $(TASKS)

@@ -1,20 +1,28 @@
 """`make eval`: fixed tasks on the embedded model, with the defaults a new user gets.
 
-Each task of ``examples/eval/tasks.toml`` is one turn in a new session, on a fresh copy of
-``examples/eval/workspace``, with ``Config()`` (no ``--config``, no ``$LOOPD_CONFIG``): the
-embedded model, the standard tool hosts, the built-in system prompt and tools. Only what a
-harness must change is changed: the log directory and the workspace (temporary copies), and
-a fixed sampling seed so that a run can be repeated (the temperature stays the default).
+The task files of ``examples/eval`` (``*.toml``; garden.toml's header says what a task
+checks) each name a workspace (a folder of ``examples/eval/workspaces``, or this repository
+copied) and a set: ``tuned`` (defaults were chosen on it), ``never-tuned`` (never used to
+choose), ``repo`` (this repository as the workspace) or ``long`` (one long chat). Each task
+is one turn; tasks that name the same ``session`` run one after another in one session (a
+follow-up question), every other task in a new session. A session starts on a fresh copy of
+its workspace, with ``Config()`` (no ``--config``, no ``$LOOPD_CONFIG``): the embedded model,
+the standard tool hosts, the built-in system prompt and tools. Only what a harness must
+change is changed: the log directory and the workspace (temporary copies), and a fixed
+sampling seed so that a run can be repeated (the temperature stays the default).
 
-A task is scored from the answer and the log (see the task file's header): which tools ran
-(a call through ``call_tool`` counts as the tool it names), with which arguments, what the
-answer says, and for a write, the file. It prints a table (task, pass, tool calls, prompt
-tokens, time), the pass rate, and writes ``bench/eval.json`` (like ``make bench``).
+A turn is scored from the answer and the log: which tools ran (a call through
+``call_tool`` counts as the tool it names), with which arguments, what the answer says, and
+for a write, the file. It prints a table per task, then the pass rate per task file, per
+set, per kind of task and overall (the tuned and never-tuned sets; repo and long apart), and
+writes ``bench/eval.json`` (like ``make bench``).
 
-    python -m scripts.eval                  # every task
-    python -m scripts.eval read-notes       # some tasks, by id
-    python -m scripts.eval --config FILE    # another config (to compare), same tasks
-    python -m scripts.eval -v read-notes    # and each turn's calls, results and answers
+    python -m scripts.eval                       # every task file
+    python -m scripts.eval --set never-tuned     # the files of some sets
+    python -m scripts.eval --tasks examples/eval/notes.toml   # some files
+    python -m scripts.eval n-read-todo n-launch  # some tasks, by id (and their sessions)
+    python -m scripts.eval --config FILE         # another config (to compare), same tasks
+    python -m scripts.eval -v n-launch           # and each turn's calls, results and answers
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import dataclasses
 import json
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -43,17 +52,24 @@ from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
 
 ROOT = Path(__file__).resolve().parent.parent
-TASKS = ROOT / "examples" / "eval" / "tasks.toml"
-WORKSPACE = ROOT / "examples" / "eval" / "workspace"
+EVAL_DIR = ROOT / "examples" / "eval"
+WORKSPACES = EVAL_DIR / "workspaces"
+TASKS = EVAL_DIR / "garden.toml"
 OUT = ROOT / "bench" / "eval.json"
 SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
+# The sets, in the order they are reported; the first two make the overall rate.
+SETS = ("tuned", "never-tuned", "repo", "long")
+OVERALL = SETS[:2]
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
 # a denial for any other, so a write task checks the file on disk. False: check the call
 # the model made (path and content) instead.
 APPROVAL = True
 
-__all__ = ["Call", "Row", "Task", "calls_of", "load_tasks", "main", "run_tasks", "score"]
+__all__ = [
+    "Call", "Row", "Task", "TaskFile", "calls_of", "load_file", "load_tasks", "main",
+    "run_tasks", "score", "sessions", "summary", "task_files",
+]  # fmt: skip
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -64,7 +80,9 @@ class Task:
     id: str
     kind: str
     prompt: str
+    session: str = ""  # tasks naming the same session run in one, in the file's order
     tools: tuple[str, ...] = ()
+    tools_any: tuple[str, ...] = ()
     ordered: bool = False
     args: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     no_tools: bool = False
@@ -75,21 +93,92 @@ class Task:
     file: Mapping[str, str] | None = None
 
 
-def load_tasks(path: Path = TASKS) -> list[Task]:
-    """The tasks of a task file; an unknown key or a repeated id is refused."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskFile:
+    """One task file: its tasks, the workspace they run on and the set it belongs to."""
+
+    name: str  # the file's name without .toml
+    workspace: str  # a folder of WORKSPACES; "" for this repository, copied (set "repo")
+    set: str
+    tasks: tuple[Task, ...]
+
+
+def load_file(path: Path) -> TaskFile:
+    """A task file; an unknown key, a repeated id, an unknown set or workspace is refused."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
+    unknown = set(data) - {"workspace", "set", "session", "task"}
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    kind = data.get("set", "")
+    if kind not in SETS:
+        raise ValueError(f"{path}: set must be one of {', '.join(SETS)}, not {kind!r}")
+    workspace = data.get("workspace", "")
+    if kind == "repo" and workspace:
+        raise ValueError(f"{path}: a repo file runs on this repository: no workspace")
+    if kind != "repo" and not (workspace and (WORKSPACES / workspace).is_dir()):
+        raise ValueError(f"{path}: workspace {workspace!r} is not a folder of {WORKSPACES}")
     fields = {f.name for f in dataclasses.fields(Task)}
     tasks: list[Task] = []
     for i, raw in enumerate(data.get("task", [])):
-        unknown = set(raw) - fields
-        if unknown:
-            raise ValueError(f"{path}: task {i} has unknown key(s) {', '.join(sorted(unknown))}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+        bad = set(raw) - fields
+        if bad:
+            raise ValueError(f"{path}: task {i} has unknown key(s) {', '.join(sorted(bad))}")
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in raw.items()}
+        values.setdefault("session", data.get("session", ""))
         tasks.append(Task(**values))
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: task ids repeat")
-    return tasks
+    return TaskFile(path.stem, workspace, kind, tuple(tasks))
+
+
+def load_tasks(path: Path = TASKS) -> list[Task]:
+    """The tasks of one task file."""
+    return list(load_file(path).tasks)
+
+
+def task_files(directory: Path = EVAL_DIR) -> list[TaskFile]:
+    """Every task file of ``directory``, by set (in SETS' order), then by name."""
+    files = [load_file(p) for p in sorted(directory.glob("*.toml"))]
+    ids = [t.id for f in files for t in f.tasks]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise ValueError(f"task ids repeat across the files of {directory}: {repeated}")
+    return sorted(files, key=lambda f: SETS.index(f.set))
+
+
+def sessions(tasks: Sequence[Task]) -> list[list[Task]]:
+    """The tasks in the sessions they run in: one per task, or one per named session (its
+    tasks in order, where its first task stands)."""
+    out: list[list[Task]] = []
+    named: dict[str, list[Task]] = {}
+    for task in tasks:
+        if not task.session:
+            out.append([task])
+        elif task.session in named:
+            named[task.session].append(task)
+        else:
+            named[task.session] = [task]
+            out.append(named[task.session])
+    return out
+
+
+def select(files: Sequence[TaskFile], ids: Iterable[str]) -> list[TaskFile]:
+    """The files with only the tasks ``ids`` and the earlier tasks of their sessions."""
+    wanted = set(ids)
+    unknown = wanted - {t.id for f in files for t in f.tasks}
+    if unknown:
+        raise ValueError(f"unknown task(s): {', '.join(sorted(unknown))}")
+    out: list[TaskFile] = []
+    for f in files:
+        keep: list[Task] = []
+        for group in sessions(f.tasks):
+            last = max((i for i, t in enumerate(group) if t.id in wanted), default=-1)
+            keep += group[: last + 1]
+        if keep:
+            out.append(dataclasses.replace(f, tasks=tuple(keep)))
+    return out
 
 
 # --- scoring -------------------------------------------------------------------------------
@@ -165,6 +254,9 @@ def score(
         if tool not in names:
             return False, f"{tool} was not called" + (f" (called: {', '.join(names)})"
                                                        if names else "")
+    if task.tools_any and not set(task.tools_any) & set(names):
+        return False, f"none of {', '.join(task.tools_any)} was called" + (
+            f" (called: {', '.join(names)})" if names else "")
     if task.ordered:
         firsts = [names.index(t) for t in task.tools]
         if firsts != sorted(firsts):
@@ -223,6 +315,9 @@ class Row:
     why: str
     answer: str
     transcript: tuple[str, ...] = ()  # the turn's records, a line each (for -v)
+    file: str = ""  # the task file's name, its workspace and set
+    workspace: str = ""
+    set: str = ""
 
 
 def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config:
@@ -235,14 +330,15 @@ def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config
 
 
 def run_tasks(
-    tasks: Sequence[Task],
+    files: Sequence[TaskFile],
     base: cfg.Config | None = None,
     *,
     timeout_s: float = TASK_TIMEOUT_S,
     seed: int = SEED,
     say: Callable[[str], None] = lambda _: None,
 ) -> list[Row]:
-    """Run ``tasks`` on one app (one embedded server, one set of tool hosts) and score them."""
+    """Run the tasks of ``files`` on one app (one model server, one set of tool hosts), a
+    session at a time on a fresh copy of its workspace, and score each turn."""
     from actors.inference.slots.files import remove_session_files, slot_dirs
     from actors.session.actor import session_path
     from actors.session.world import start_world
@@ -250,17 +346,23 @@ def run_tasks(
     root = Path(tempfile.mkdtemp(prefix="loopd-eval-"))
     config = eval_config(base if base is not None else cfg.Config(), root, seed=seed)
     workspace = root / "workspace"
-    shutil.copytree(WORKSPACE, workspace)
+    workspace.mkdir()
     names: list[str] = []
     rows: list[Row] = []
     try:
         with start_world(config, say) as app:
-            for task in tasks:
-                _reset(workspace)
-                name = f"eval-{task.id}-{int(time.time())}"
-                names.append(name)
-                rows.append(_run_one(app, task, name, workspace, timeout_s))
-                say(_line(rows[-1]))
+            for f in files:
+                for group in sessions(f.tasks):
+                    fill(workspace, f.workspace)
+                    name = f"eval-{group[0].id}-{int(time.time())}"
+                    names.append(name)
+                    session = app.session(name)
+                    for task in group:
+                        row = _run_one(app, session, task, workspace, timeout_s)
+                        rows.append(dataclasses.replace(
+                            row, file=f.name, workspace=f.workspace or "loopd", set=f.set))
+                        say(_line(rows[-1]))
+                    app.close_sessions()
     finally:
         for name in names:
             remove_session_files(slot_dirs(config), session_path(config, name))
@@ -268,18 +370,36 @@ def run_tasks(
     return rows
 
 
-def _reset(workspace: Path) -> None:
-    """The workspace as the example has it (a write task's file removed), same directory."""
+def fill(workspace: Path, name: str) -> None:
+    """``workspace`` (same directory) holding a fresh copy of workspace ``name``, or of this
+    repository's tracked files for "" (its git checkout; the whole tree but for .git and
+    what .gitignore names, without git)."""
     for child in workspace.iterdir():
-        if child.is_dir():
+        if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
             child.unlink()
-    shutil.copytree(WORKSPACE, workspace, dirs_exist_ok=True)
+    if name:
+        shutil.copytree(WORKSPACES / name, workspace, dirs_exist_ok=True)
+        return
+    for rel in _repo_files():
+        target = workspace / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target, follow_symlinks=False)
 
 
-def _run_one(app: Any, task: Task, name: str, workspace: Path, timeout_s: float) -> Row:
-    session = app.session(name)
+def _repo_files() -> list[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True,
+                             check=True).stdout.decode()
+        return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "bench", "node_modules", "__pycache__", ".mypy_cache"}
+        return sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                      if p.is_file() and not skip & set(p.relative_to(ROOT).parts))
+
+
+def _run_one(app: Any, session: Any, task: Task, workspace: Path, timeout_s: float) -> Row:
     cancel = CancelToken()
     timer = threading.Timer(timeout_s, cancel.cancel)
     started = time.monotonic()
@@ -356,22 +476,68 @@ def pass_rate(rows: Sequence[Row]) -> float:
     return sum(r.passed for r in rows) / len(rows) if rows else 0.0
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tally:
+    """Passed turns of a group of rows: a task file, a set, a kind, or all."""
+
+    group: str
+    passed: int
+    tasks: int
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.tasks if self.tasks else 0.0
+
+    def __str__(self) -> str:
+        return f"{self.passed}/{self.tasks} ({self.rate:.0%})"
+
+
+def summary(rows: Sequence[Row]) -> dict[str, list[Tally]]:
+    """The pass counts per task file, per set, per set and kind, and overall (the tuned and
+    never-tuned sets: the repository and the long chats are reported apart)."""
+
+    def tally(name: str, group: Iterable[Row]) -> Tally:
+        got = list(group)
+        return Tally(name, sum(r.passed for r in got), len(got))
+
+    files = list(dict.fromkeys(r.file for r in rows))
+    sets = [s for s in SETS if any(r.set == s for r in rows)]
+    kinds = list(dict.fromkeys(r.kind for r in rows))
+    return {
+        "file": [tally(f"{f} ({next(r.workspace for r in rows if r.file == f)}, "
+                       f"{next(r.set for r in rows if r.file == f)})",
+                       (r for r in rows if r.file == f)) for f in files],
+        "set": [tally(s, (r for r in rows if r.set == s)) for s in sets],
+        "kind": [tally(f"{k} ({s})", rows_k) for s in sets for k in kinds
+                 if (rows_k := [r for r in rows if r.set == s and r.kind == k])],
+        "overall": [tally(" + ".join(s for s in OVERALL if s in sets) or "none",
+                          (r for r in rows if r.set in OVERALL))],
+    }
+
+
 def table(rows: Sequence[Row]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"loopd eval: {sum(r.passed for r in rows)}/{len(rows)} passed "
-                    f"({pass_rate(rows):.0%})")
-    for col in ("task", "kind", "pass", "tool calls", "prompt tokens", "time (s)", "why"):
-        t.add_column(col, justify="right" if col in ("tool calls", "prompt tokens", "time (s)")
-                     else "left")
-    for r in rows:
-        t.add_row(r.task, r.kind, "yes" if r.passed else "[red]no[/]", str(r.tool_calls),
-                  f"{r.prompt_tokens:,}", f"{r.seconds:.1f}", r.why[:90])
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
+    t = Table(title=f"loopd eval: {sum(r.passed for r in rows)}/{len(rows)} turns passed")
+    for col in ("task", "file", "kind", "pass", "tool calls", "prompt tokens", "time (s)",
+                "why"):
+        t.add_column(col, justify="right" if col in ("tool calls", "prompt tokens", "time (s)")
+                     else "left")
+    for r in rows:
+        t.add_row(r.task, r.file, r.kind, "yes" if r.passed else "[red]no[/]", str(r.tool_calls),
+                  f"{r.prompt_tokens:,}", f"{r.seconds:.1f}", r.why[:90])
     console.print(t)
+    for group, tallies in summary(rows).items():
+        s = Table(title=f"per {group}" if group != "overall" else "overall")
+        s.add_column(group)
+        s.add_column("passed", justify="right")
+        for tally in tallies:
+            s.add_row(tally.group, str(tally))
+        console.print(s)
 
 
 def write_json(rows: Sequence[Row], out: Path, meta: Mapping[str, Any]) -> None:
@@ -382,6 +548,9 @@ def write_json(rows: Sequence[Row], out: Path, meta: Mapping[str, Any]) -> None:
             "python": platform.python_version(), "machine": platform.machine(), **meta,
             "pass_rate": round(pass_rate(rows), 3),
             "passed": sum(r.passed for r in rows), "tasks": len(rows),
+            "summary": {group: [{"group": t.group, "passed": t.passed, "tasks": t.tasks}
+                                for t in tallies]
+                        for group, tallies in summary(rows).items()},
         },
         "rows": [{"bench": "eval", **dataclasses.asdict(r)} for r in rows],
     }
@@ -390,33 +559,41 @@ def write_json(rows: Sequence[Row], out: Path, meta: Mapping[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make eval", description=__doc__.splitlines()[0])
-    p.add_argument("ids", nargs="*", help="run only these tasks")
+    p.add_argument("ids", nargs="*", help="run only these tasks (and the earlier tasks of "
+                   "their sessions)")
     p.add_argument("--config", help="a config file instead of a new user's defaults")
-    p.add_argument("--tasks", default=str(TASKS), help="the task file")
+    p.add_argument("--tasks", action="append", default=[], metavar="FILE",
+                   help="a task file (again for more); default: every file of examples/eval")
+    p.add_argument("--set", action="append", default=[], choices=SETS,
+                   help="only the files of this set (again for more)")
     p.add_argument("--out", default=str(OUT), help="where the JSON goes")
-    p.add_argument("--timeout", type=float, default=TASK_TIMEOUT_S, help="seconds per task")
+    p.add_argument("--timeout", type=float, default=TASK_TIMEOUT_S,
+                   help="seconds per turn (raise it on a loaded machine rather than count "
+                   "timeouts as failures)")
     p.add_argument("--seed", type=int, default=SEED, help="sampling seed; -1: the default")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each turn's calls, results and answers")
     args = p.parse_args(argv)
-    tasks = load_tasks(Path(args.tasks))
-    if args.ids:
-        unknown = set(args.ids) - {t.id for t in tasks}
-        if unknown:
-            p.error(f"unknown task(s): {', '.join(sorted(unknown))}")
-        tasks = [t for t in tasks if t.id in args.ids]
+    try:
+        files = [load_file(Path(t)) for t in args.tasks] if args.tasks else task_files()
+        files = [f for f in files if not args.set or f.set in args.set]
+        if args.ids:
+            files = select(files, args.ids)
+    except ValueError as e:
+        p.error(str(e))
     base = cfg.load(args.config) if args.config else cfg.Config()
     started = time.monotonic()
-    rows = run_tasks(tasks, base, timeout_s=args.timeout, seed=args.seed,
+    rows = run_tasks(files, base, timeout_s=args.timeout, seed=args.seed,
                      say=lambda s: print(s, file=sys.stderr, flush=True))
     if args.verbose:
         for row in rows:
             print("\n".join((f"{row.task}: {'pass' if row.passed else 'FAIL'}",
                              *row.transcript)))
     table(rows)
-    print(f"pass rate: {pass_rate(rows):.0%} ({sum(r.passed for r in rows)}/{len(rows)}) "
-          f"in {time.monotonic() - started:.0f} s")
-    write_json(rows, Path(args.out), {"config": args.config or "defaults", "seed": args.seed})
+    overall = summary(rows)["overall"][0]
+    print(f"overall ({overall.group}): {overall} in {time.monotonic() - started:.0f} s")
+    write_json(rows, Path(args.out), {"config": args.config or "defaults", "seed": args.seed,
+                                      "timeout_s": args.timeout})
     print(f"written {args.out}")
     return 0
 

@@ -1,8 +1,10 @@
-"""`make eval`'s task file and scorer, and a smoke run of two tasks on the embedded model.
+"""`make eval`'s task files and scorer, and smoke runs of the harness.
 
-The scorer is checked on hand-made logs (each check must be able to fail a turn); the smoke
-run (marker ``embedded``) runs two tasks through the same code as ``make eval``, with the
-defaults a new user gets, and writes the JSON.
+The scorer is checked on hand-made logs (each check must be able to fail a turn). A quick
+run of three tasks (a follow-up session among them, on two workspaces) goes through the same
+code as ``make eval`` against the fake llama-server and the real tool hosts, so it runs
+everywhere; the smoke run on the embedded model (marker ``embedded``) runs two tasks with
+the defaults a new user gets, when the model is installed, and writes the JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
 from tests.support.embedded import require_embedded
+from tests.support.fake_llama import FakeLlama, Reply, answer
 
 NOTES = "The garden club meets on Saturday at 10 am by the greenhouse."
 
@@ -38,30 +41,95 @@ def _task(task_id: str) -> ev.Task:
     return next(t for t in ev.load_tasks() if t.id == task_id)
 
 
-def test_the_task_file_has_every_kind_the_issue_names() -> None:
-    tasks = ev.load_tasks()
-    kinds = Counter(t.kind for t in tasks)
-    assert len(tasks) >= 20
-    for kind in ("list", "read", "search", "read-then-answer", "two tools", "no tool",
-                 "write (approval)", "missing file"):
-        assert kinds[kind] >= 1, kind
-    assert all(t.tools or t.no_tools for t in tasks)
+KINDS = ("list", "read", "search", "read-then-answer", "two tools", "no tool",
+         "write (approval)", "missing file")
+
+
+def test_every_workspace_has_tasks_of_every_kind() -> None:
+    """At least four workspaces of different kinds, tuned and never tuned, each with every
+    kind of task; follow-ups in one session; the garden's 22 + 14 among them."""
+    files = ev.task_files()
+    by_workspace: dict[str, Counter[str]] = {}
+    for f in files:
+        if f.set in ev.OVERALL:
+            by_workspace.setdefault(f.workspace, Counter()).update(t.kind for t in f.tasks)
+    assert len(by_workspace) >= 4
+    for workspace, kinds in by_workspace.items():
+        assert all(kinds[k] for k in KINDS), (workspace, kinds)
+    assert sum(kinds["follow-up"] for kinds in by_workspace.values()) >= 4
+    assert {f.set for f in files} == set(ev.SETS)
+    never = {f.workspace for f in files if f.set == "never-tuned"}
+    assert len(never) >= 2 and not never & {f.workspace for f in files if f.set == "tuned"}
+    names = {f.name: len(f.tasks) for f in files}
+    assert names["garden"] == 22 and names["garden-held-out"] == 14
+    long = next(f for f in files if f.set == "long")
+    assert len(ev.sessions(long.tasks)) == 1 and len(long.tasks) >= 30
+    for f in files:  # every task checks something a turn can fail
+        assert all(t.tools or t.tools_any or t.no_tools or t.answer_all or t.answer_any
+                   for t in f.tasks), f.name
 
 
 def test_the_held_out_tasks_ask_other_questions() -> None:
-    """examples/eval/held-out.toml checks tuning against questions it was not chosen for."""
-    held = ev.load_tasks(ev.TASKS.with_name("held-out.toml"))
+    """examples/eval/garden-held-out.toml checks tuning against questions it was not chosen
+    for."""
+    held = ev.load_tasks(ev.EVAL_DIR / "garden-held-out.toml")
     tuned = ev.load_tasks()
-    assert len(held) >= 10 and all(t.tools or t.no_tools for t in held)
+    assert len(held) >= 10
     assert not {t.id for t in held} & {t.id for t in tuned}
     assert not {t.prompt.lower() for t in held} & {t.prompt.lower() for t in tuned}
 
 
-def test_an_unknown_key_in_the_task_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('workspace = "garden"\nset = "tuned"\n[[task]]\nid = "x"\nkind = "list"\n'
+         'prompt = "p"\ntool = ["list_dir"]\n', "unknown key"),
+        ('workspace = "garden"\nset = "tuned"\nextra = 1\n', "unknown key"),
+        ('workspace = "garden"\nset = "tunned"\n', "set must be one of"),
+        ('workspace = "nowhere"\nset = "tuned"\n', "is not a folder"),
+        ('set = "tuned"\n', "is not a folder"),
+        ('workspace = "garden"\nset = "repo"\n', "no workspace"),
+        ('workspace = "garden"\nset = "tuned"\n[[task]]\nid = "x"\nkind = "k"\nprompt = "p"'
+         '\n[[task]]\nid = "x"\nkind = "k"\nprompt = "q"\n', "ids repeat"),
+    ],
+)
+def test_a_bad_task_file_is_refused(tmp_path: Path, text: str, match: str) -> None:
     bad = tmp_path / "tasks.toml"
-    bad.write_text('[[task]]\nid = "x"\nkind = "list"\nprompt = "p"\ntool = ["list_dir"]\n')
-    with pytest.raises(ValueError, match="unknown key"):
-        ev.load_tasks(bad)
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        ev.load_file(bad)
+
+
+def test_tasks_that_name_a_session_run_in_it_in_order() -> None:
+    def t(task_id: str, session: str = "") -> ev.Task:
+        return ev.Task(id=task_id, kind="k", prompt="p", session=session)
+
+    tasks = [t("a"), t("b", "s"), t("c"), t("d", "s"), t("e", "u")]
+    assert [[x.id for x in g] for g in ev.sessions(tasks)] == [["a"], ["b", "d"], ["c"], ["e"]]
+    files = [ev.TaskFile("f", "notes", "tuned", tuple(tasks))]
+    picked = ev.select(files, ["d", "c"])  # d's session runs from its start
+    assert [x.id for x in picked[0].tasks] == ["b", "d", "c"]
+    with pytest.raises(ValueError, match="unknown task"):
+        ev.select(files, ["zz"])
+
+
+def test_the_summary_is_per_file_set_kind_and_overall() -> None:
+    def row(task: str, file: str, set_: str, kind: str, passed: bool) -> ev.Row:
+        return ev.Row(task=task, kind=kind, passed=passed, tool_calls=0, prompt_tokens=0,
+                      seconds=0.0, why="", answer="", file=file, workspace=file, set=set_)
+
+    rows = [row("a", "notes", "tuned", "read", True), row("b", "notes", "tuned", "list", False),
+            row("c", "logs", "never-tuned", "read", True), row("d", "loopd", "repo", "read", False)]
+    got = {group: [(t.group, t.passed, t.tasks) for t in tallies]
+           for group, tallies in ev.summary(rows).items()}
+    assert got == {
+        "file": [("notes (notes, tuned)", 1, 2), ("logs (logs, never-tuned)", 1, 1),
+                 ("loopd (loopd, repo)", 0, 1)],
+        "set": [("tuned", 1, 2), ("never-tuned", 1, 1), ("repo", 0, 1)],
+        "kind": [("read (tuned)", 1, 1), ("list (tuned)", 0, 1), ("read (never-tuned)", 1, 1),
+                 ("read (repo)", 0, 1)],
+        "overall": [("tuned + never-tuned", 2, 3)],  # the repository apart
+    }
 
 
 def test_a_read_passes_with_the_call_and_the_fact(tmp_path: Path) -> None:
@@ -93,6 +161,16 @@ def test_each_check_can_fail_a_read(
     passed, reason = ev.score(_task("read-notes"), answer, None, turn, tmp_path)
     assert not passed
     assert why in reason
+
+
+def test_a_fact_in_an_unnamed_file_must_be_looked_for(tmp_path: Path) -> None:
+    task = ev.Task(id="x", kind="unnamed file", prompt="When is the launch?",
+                   tools_any=("read_file", "search_files"), answer_all=("14 june",))
+    made_up = _turn(answer="On 14 June.")
+    assert ev.score(task, "On 14 June.", None, made_up, tmp_path) == (
+        False, "none of read_file, search_files was called")
+    searched = _turn(("search_files", {"pattern": "launch"}, "notes.md:3: launch 14 June"))
+    assert ev.score(task, "On 14 June.", None, searched, tmp_path) == (True, "ok")
 
 
 def test_a_turn_that_ended_in_an_error_fails(tmp_path: Path) -> None:
@@ -131,18 +209,56 @@ def test_a_write_checks_the_file_once_approval_exists(tmp_path: Path) -> None:
     assert not ev.score(task, "Done.", None, wrong, tmp_path, approval=False)[0]
 
 
+def _script(body: dict[str, object]) -> Reply:
+    """The fake model: lists, then reads what the session's first answer named second."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    last = messages[-1]
+    if last["role"] == "tool":
+        return answer(content=f"It says: {last['content']}")
+    asked = last["content"]
+    if "second one" in asked:
+        earlier = " ".join(str(m.get("content")) for m in messages if m["role"] == "assistant")
+        second = earlier.split("The files: ")[1].split(", ")[1]
+        return answer(tool_calls=[("read_file", json.dumps({"path": second}))])
+    if "journal" in asked:
+        return answer(content="The files: journal/monday.md, journal/tuesday.md")
+    return answer(content="The files: budget.txt, notes.txt, plants.csv, todo.md")
+
+
+def test_the_harness_runs_sessions_on_fresh_workspaces_against_a_server(tmp_path: Path) -> None:
+    """The same code as `make eval`, against the fake llama-server and the real tool hosts:
+    a follow-up runs in its question's session (the answer before it is in its prompt), each
+    file's session on a fresh copy of its own workspace, and the rows say where they ran."""
+    garden = ev.select([ev.load_file(ev.TASKS)], ["list-root"])
+    notes = ev.select([ev.load_file(ev.EVAL_DIR / "notes.toml")], ["n-journal-second"])
+    with FakeLlama(_script) as fake:
+        base = ev.cfg.parse({}, {"inference": {"url": fake.url}})
+        rows = ev.run_tasks([*garden, *notes], base, timeout_s=60)
+        opened = [m["content"] for m in fake.requests[-2]["messages"] if m["role"] == "user"]
+    got = [(r.task, r.file, r.workspace, r.set, r.passed, r.why) for r in rows]
+    assert got == [
+        ("list-root", "garden", "garden", "tuned", True, "ok"),
+        ("n-journal-list", "notes", "notes", "tuned", True, "ok"),
+        ("n-journal-second", "notes", "notes", "tuned", True, "ok"),
+    ], rows
+    assert opened == ["Which files are in the journal folder?", "What does the second one say?"]
+    assert "met aisha" in rows[-1].answer.lower() and rows[-1].tool_calls == 1  # notes/ file
+
+
 @pytest.mark.embedded
 # A hang guard, not a speed check: two real-model turns beside two other workers' model
 # servers on 2 cores took over 120 s once (30 s alone).
 @pytest.mark.timeout(1200)
 def test_smoke_two_tasks_on_the_embedded_model(tmp_path: Path) -> None:
     require_embedded()
-    tasks = [_task("no-tool-sum"), _task("read-notes")]
-    rows = ev.run_tasks(tasks)
+    garden = ev.load_file(ev.TASKS)
+    # a turn's timeout well above the hang guard's share: the machine may be loaded
+    rows = ev.run_tasks(ev.select([garden], ["no-tool-sum", "read-notes"]), timeout_s=500)
     out = tmp_path / "eval.json"
     ev.write_json(rows, out, {"config": "defaults"})
     data = json.loads(out.read_text())
-    assert [r["task"] for r in data["rows"]] == ["no-tool-sum", "read-notes"]
+    assert [r["task"] for r in data["rows"]] == ["read-notes", "no-tool-sum"]  # the file's order
     assert data["meta"]["tasks"] == 2
     for row in rows:
         assert row.prompt_tokens > 0, row  # the model really answered, through the harness

@@ -297,6 +297,10 @@ class EmbeddedConfig:
         "After a tool's result, answer the question from it in one sentence."
     )
     pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")
+    # The workspace map after embedded.system: at most this many files and folders of the
+    # workspace (names and sizes) taken when a session is made (actors/tools/workspace_map.py);
+    # 0: none.
+    workspace_map: int = field(default=40, metadata=limits(0, 10_000))
     # The embedded server's default sampling temperature (--temp): greedy, the small model's
     # most likely path. inference.temperature (when at least 0) overrides it per request.
     temperature: float = field(default=0.0, metadata=limits(0, 100))

@@ -29,7 +29,8 @@ from actors.session.actor import open_session
 from actors.session.fork import ForkReport, fork_session
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
-from actors.tools.toolbox import Toolbox, check_workspace
+from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
+from actors.tools.workspace_map import workspace_map
 
 __all__ = ["World", "start_world"]
 
@@ -42,6 +43,7 @@ class World:
     urls: tuple[str, ...] = ()  # the model servers' (the embedded one's when it runs)
     sessions: list[Any] = dataclasses.field(default_factory=list)
     stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
+    hidden: tuple[str, ...] = ()  # loopd's own places, which the file tools refuse
     save_state: Callable[[str], None] = lambda _: None  # the slot keeper's save_now
 
     def fork(self, src: str, new: str, at: int | None = None) -> ForkReport:
@@ -63,6 +65,9 @@ class World:
         session, embedded = self.config.session, self.config.embedded
         system = session.system or (self.embedded and embedded.system) or GENERAL_SYSTEM
         pinned = (*embedded.pinned, *session.pinned) if self.embedded else session.pinned
+        if self.embedded and uses_workspace(self.config):
+            found = workspace_map(self.config.workspace, self.hidden, embedded.workspace_map)
+            system = f"{system}\n\n{found}" if found else system
         return Baseline(
             system=system,
             tools=baseline_tools(self.runtime.registry, pinned),
@@ -137,6 +142,7 @@ def start_world(
         runtime = Runtime(config=config, inference=inference, registry=toolbox.registry,
                           rules=rules)
         world = World(runtime=runtime, model=model, embedded=embedded,
-                      urls=tuple(s.url for s in specs), save_state=inference.save_state)
+                      urls=tuple(s.url for s in specs), save_state=inference.save_state,
+                      hidden=toolbox.hidden)
         stack.callback(world.close_sessions, status)
         yield world

@@ -176,6 +176,8 @@ class Toolbox:
         self.problems: dict[str, str] = {}
         self.warnings: list[str] = []  # said at start (e.g. run_command without a sandbox)
         self.run_dir = run_dir
+        # loopd's own places (and the run directory), which the local hosts' file tools refuse
+        self.hidden: tuple[str, ...] = ()
         self._owns_run_dir = owns_run_dir
         self._closed = False
 
@@ -220,7 +222,7 @@ class Toolbox:
 
     def _start_hosts(self, config: Config, workspace: Path) -> None:
         tools = config.tools
-        hide = (*private_places(config), str(self.run_dir))
+        hide = self.hidden = (*private_places(config), str(self.run_dir))
         if tools.standard:
             for name, names in STANDARD_HOSTS:
                 endpoint = self._endpoint(name)

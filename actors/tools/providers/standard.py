@@ -31,7 +31,7 @@ from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox
 from actors.tools.providers.web import fetch_url
-from actors.tools.providers.workspace import Opened, Refused, Workspace, kind_of
+from actors.tools.providers.workspace import SKIP_DIRS, Opened, Refused, Workspace, kind_of
 
 __all__ = ["STANDARD_SPECS", "StandardTools"]
 
@@ -131,7 +131,6 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
 }
 
 _MAX_MATCHES = 200
-_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv"})
 _MAX_SEARCHED = 8 * 1024 * 1024  # a file larger than this is not searched
 
 
@@ -279,7 +278,7 @@ class StandardTools:
         deadline = time.monotonic() + timeout_s * 0.9
         found = _Found(self.max_output)
         try:
-            for file in self.workspace.files(top, _SKIP_DIRS):
+            for file in self.workspace.files(top, SKIP_DIRS):
                 if cancel.is_set() or time.monotonic() > deadline:
                     found.lines.append(
                         "[stopped: the time limit was reached; search a smaller directory]"

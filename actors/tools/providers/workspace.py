@@ -32,6 +32,8 @@ from actors.base.errors import UsageError
 
 __all__ = [
     "MAX_DEPTH",
+    "SKIP_DIRS",
+    "Entry",
     "MultiplyLinked",
     "NotRegular",
     "Opened",
@@ -41,6 +43,10 @@ __all__ = [
     "kind_of",
 ]
 
+# Directories the search and the workspace map do not enter (a tool can still list or read
+# them by name): version control's, caches, installed packages.
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv",
+                       ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"})
 _MAX_LINKS = 40  # symlinks followed in one walk, as the kernel's own limit
 MAX_DEPTH = 128  # directory levels Workspace.files goes down (a descriptor is open per level)
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -65,6 +71,14 @@ class NotRegular(Refused):
 
 class MultiplyLinked(Refused):
     """A file with other hard links, which a write would change too."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """A file (its size in bytes) or a directory (size None) of :meth:`Workspace.tree`."""
+
+    path: str  # relative to the root
+    size: int | None
 
 
 class _Symlink(Exception):
@@ -184,6 +198,34 @@ class Workspace:
             for dfd, _, _ in stack:
                 os.close(dfd)
 
+    def tree(self, limit: int, skip: frozenset[str] = SKIP_DIRS) -> tuple[list[Entry], bool]:
+        """Up to ``limit`` entries under the root, breadth first (the top level first, each
+        directory in name order), and whether more were left out. The rule is :meth:`files`'s:
+        loopd's places, symlinks, special files and ``skip``'s directories are left out, so
+        the entries are what the search reads. Each directory is opened by the tools' own
+        walk when its turn comes, one descriptor at a time."""
+        found: list[Entry] = []
+        todo: deque[str] = deque(["."])
+        while todo and len(found) <= limit:
+            try:
+                opened = self.open_dir(todo.popleft())
+            except (OSError, Refused):  # gone since, or changed into something refused
+                continue
+            try:
+                entries = _entries(opened.fd)
+            finally:
+                opened.close()
+            for name, size in entries:
+                if len(found) > limit:
+                    break
+                rel = _join(opened.rel, name)
+                if self.is_hidden(rel) or (size is None and name in skip):
+                    continue
+                found.append(Entry(rel, size))
+                if size is None:
+                    todo.append(rel)
+        return found[:limit], len(found) > limit
+
     # --- the walk ------------------------------------------------------------------------
 
     def _parts(self, path: str) -> list[str]:
@@ -272,6 +314,22 @@ def _inside(root: Path, path: str) -> tuple[str, ...]:
 
 def _join(rel: str, name: str) -> str:
     return name if rel in ("", ".") else f"{rel}/{name}"
+
+
+def _entries(dfd: int) -> list[tuple[str, int | None]]:
+    """The directories (size None) and regular files (their size) of a directory, by name;
+    symlinks and special files left out."""
+    out: list[tuple[str, int | None]] = []
+    with os.scandir(dfd) as it:
+        for e in sorted(it, key=lambda e: e.name):
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    out.append((e.name, None))
+                elif e.is_file(follow_symlinks=False):
+                    out.append((e.name, e.stat(follow_symlinks=False).st_size))
+            except FileNotFoundError:  # removed while listed
+                continue
+    return out
 
 
 def _open_dir(dfd: int, name: str, *, make: bool) -> int:

@@ -239,4 +239,42 @@ def test_loopds_own_places_in_the_workspace_are_refused(tmp_path: Path) -> None:
     finally:
         top.close()
     assert found == ["notes.txt"]  # search passes them over
+    assert [e.path for e in ws.tree(100)[0]] == [".local", "notes.txt"]  # so does the map
     ws.open_read("notes.txt").close()  # the rest works as before
+
+
+def test_tree_is_breadth_first_capped_and_keeps_the_file_tools_rule(tree: Tree) -> None:
+    """The workspace map's walk: the top level first; symlinks (in or out), FIFOs and the
+    skipped directories left out, as the search leaves them; at most ``limit`` entries."""
+    ws, root, _ = tree
+    os.mkfifo(root / "sub" / "pipe")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "m.js").write_text("m")
+    (root / "sub" / "deeper" / "long.txt").write_text("x" * 1234)
+    entries, more = ws.tree(100)
+    assert [(e.path, e.size) for e in entries] == [
+        ("a.txt", 1), ("sub", None), ("sub/b.txt", 1), ("sub/deeper", None),
+        ("sub/deeper/c.txt", 1), ("sub/deeper/long.txt", 1234)]
+    assert not more
+    entries, more = ws.tree(3)
+    assert [e.path for e in entries] == ["a.txt", "sub", "sub/b.txt"] and more
+    assert ws.tree(6)[1] is False  # exactly all of them: nothing left out
+    assert ws.tree(0) == ([], True)
+
+
+def test_tree_holds_one_descriptor_at_a_time(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(600):  # more directories than the process may hold open below
+        (root / f"d{i:03}").mkdir()
+    (root / "d599" / "last.txt").write_text("x")
+    ws = Workspace(root)
+    before = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))
+    try:
+        entries, more = ws.tree(10_000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not more and entries[-1].path == "d599/last.txt" and len(entries) == 601
+    assert len(os.listdir("/proc/self/fd")) == before
