@@ -161,7 +161,8 @@ def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Mak
     from actors.tools.providers.standard import STANDARD_SPECS
 
     r = rig([], Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))]))
-    config = r.config.replace("session", pinned=["echo"])
+    # the workspace map after the prompt is tests/session/test_world.py's
+    config = r.config.replace("session", pinned=["echo"]).replace("embedded", workspace_map=0)
     runtime = dataclasses.replace(r.runtime, config=config)
     names = lambda b: [t["function"]["name"] for t in b.tools]  # noqa: E731
     small = World(runtime=runtime, model="m", embedded=True).baseline()
