@@ -193,6 +193,17 @@ class SessionConfig:
     # or "user" messages that name the tool and ask the question again; "auto": user for
     # the embedded model, tool for a server named by url.
     tool_results: Literal["tool", "user"] = field(default="user", metadata=auto("user", "tool"))
+    # Compaction (docs/rendering.md#compaction): how the summary of the dropped turns is
+    # written: "summary" (the model writes it on the warm slot, at most summary_tokens) or
+    # "elide" (a deterministic list of what was dropped, no model call); "auto": elide for
+    # the embedded model, summary for a server named by url.
+    compaction: Literal["summary", "elide"] = field(default="elide",
+                                                     metadata=auto("elide", "summary"))
+    # Compact before a request whose prompt would pass this share of the slot's context.
+    compact_at: float = field(default=0.8, metadata=limits(0.05, 1.0))
+    # The last whole turns that fit in this share of the context stay verbatim.
+    compact_keep: float = field(default=0.25, metadata=limits(0.0, 0.9))
+    summary_tokens: int = field(default=512, metadata=limits(16, 1 << 16))  # the summary's cap
 
 
 # A host's name becomes part of its socket's and its log's file names.

@@ -22,6 +22,8 @@ __all__ = [
     "CacheLossEvent",
     "ChatEvent",
     "Choice",
+    "Compacted",
+    "Compacting",
     "Content",
     "Decision",
     "Event",
@@ -124,6 +126,31 @@ class CacheLossEvent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Compacting:
+    """The conversation is being compacted (docs/rendering.md#compaction): ``why`` auto (the
+    next request would pass session.compact_at), person (asked for) or overflow (the server
+    said the prompt exceeds its context); ``tokens_before`` the prompt's size then; ``how``
+    summary (the model writes it) or elide (no model call)."""
+
+    why: str
+    tokens_before: int
+    how: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compacted:
+    """The Compaction record is in the log: the next request sends the summary and the last
+    ``turns_kept`` turns, about ``tokens_after`` tokens (the baseline's included); ``ms``
+    the compaction took (the summary request included)."""
+
+    why: str
+    tokens_before: int
+    tokens_after: int
+    turns_kept: int
+    ms: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ApprovalRequested:
     """Call ``call`` waits for the person: whoever drives the turn answers (actors.approval.gate).
 
@@ -166,6 +193,7 @@ ChatEvent: TypeAlias = (
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
+    | Compacting | Compacted
 )
 Event: TypeAlias = ChatEvent | TurnEvent | TornTail
 Sink: TypeAlias = Callable[[Event], None]

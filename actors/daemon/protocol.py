@@ -81,8 +81,9 @@ Messages, daemon to client
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
   ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
-  ``torn_tail``, ``approval_requested`` and ``approval_decided`` (see ``actors/base/events.py``
-  for each one's fields; a new event is a new protocol version).
+  ``torn_tail``, ``approval_requested``, ``approval_decided``, ``compacting`` and
+  ``compacted`` (see ``actors/base/events.py`` for each one's fields; a new event is a new
+  protocol version, but for those listed under "Fields added later").
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
   ``Usage`` record in the log's own encoding, docs/log.md#encoding: a msgpack map with
@@ -145,6 +146,8 @@ changes only for what an older peer cannot read. Added to version 1:
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (issue 25): a
 daemon from before answers them ``error`` (an unknown kind).
+The events ``compacting`` and ``compacted`` are new in version 1 (issue 24): a client from
+before ends a turn that compacts with a WireError (an unknown event).
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice

@@ -159,7 +159,7 @@ MINIMUM = {f"{s}.{k}": (kind, rule.low) for s, k, kind, rule in keys() if rule.l
 
 
 def test_the_minimums_are_the_ones_the_code_was_written_for() -> None:
-    assert len(MINIMUM) == 39  # a limit lost in a change shows here
+    assert len(MINIMUM) == 42  # a limit lost in a change shows here
     assert MINIMUM["tools.approval_timeout_s"] == (float, 0)  # 0: wait as long as it takes
     assert MINIMUM["embedded.ctx_size"] == (int, 512)
 
@@ -303,7 +303,7 @@ AUTO_KEYS = [(s, k, rule) for s, k, _, rule in keys() if rule.auto is not None]
 def test_the_auto_keys() -> None:
     assert [f"{s}.{k}" for s, k, _ in AUTO_KEYS] == [
         "inference.bare_json_tool_calls", "inference.constrained_calls",
-        "slots.save_after_turn", "session.tool_results",
+        "slots.save_after_turn", "session.tool_results", "session.compaction",
     ]
 
 
@@ -383,3 +383,15 @@ def test_replace_resolves_auto_for_its_server_and_cannot_switch_the_server() -> 
         named.replace("inference", url="")
     assert named.replace("inference", url="http://127.0.0.1:8").inference.constrained_calls \
         is False  # another named server: nothing to resolve again
+
+
+def test_compaction_defaults_to_elide_on_the_embedded_model_and_summary_on_a_named_server(
+) -> None:
+    assert parse({}).session.compaction == "elide"
+    named = parse({"inference": {"url": "http://127.0.0.1:1"}})
+    assert named.session.compaction == "summary"
+    assert parse({"session": {"compaction": "summary"}}).session.compaction == "summary"
+    session = parse({}).session
+    assert (session.compact_at, session.compact_keep, session.summary_tokens) == (0.8, 0.25, 512)
+    with pytest.raises(ConfigError, match=r"session\.compact_at = 1\.5"):
+        parse({"session": {"compact_at": 1.5}})
