@@ -20,7 +20,7 @@ import pykka
 from actors.base import config as cfg
 from actors.base.cancel import CancelToken, wait_out
 from actors.base.errors import UsageError
-from actors.base.events import Approver, TornTail
+from actors.base.events import Approver, Compacted, TornTail
 from actors.base.rules import RuleBook, parse_rules
 from actors.cli.where import place
 from actors.log.file import read_log
@@ -48,6 +48,8 @@ class Conversation(Protocol):
 
     def rewind(self, turns: int) -> tuple[tuple[int, ...], tuple[int, ...]]: ...  # the turns
     # taken back, the turns left (actors.session.fork)
+
+    def compact(self, sink: Any) -> Compacted: ...  # now (actors.session.compactor)
 
 
 def approved(args: argparse.Namespace) -> RuleBook:
@@ -122,6 +124,13 @@ class _Remote:
         answer = self.client.rewind(self.name, turns)
         return answer.taken, answer.left
 
+    def compact(self, sink: Any) -> Compacted:
+        a = self.client.compact(self.name)
+        done = Compacted(why="person", tokens_before=a.tokens_before,
+                         tokens_after=a.tokens_after, turns_kept=a.turns_kept, ms=a.ms)
+        sink(done)
+        return done
+
 
 class _Local:
     """In this process: a world of its own (actors.session.world)."""
@@ -179,3 +188,8 @@ class _Local:
         assert self.session is not None
         report = self.session.rewind(turns).get()
         return report.taken, report.left
+
+    def compact(self, sink: Any) -> Compacted:
+        assert self.session is not None
+        done: Compacted = self.session.compact(self.app.runtime, sink).get()
+        return done

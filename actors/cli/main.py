@@ -24,7 +24,7 @@ from rich.markup import escape
 from actors.base import config as cfg
 from actors.base.errors import DaemonError, LoopdError, SessionFull, UsageError
 from actors.base.events import Approver
-from actors.cli import branch
+from actors.cli import branch, compact
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
 from actors.cli.chat import Chat, run_chat
 from actors.cli.conversation import last_usage, open_conversation
@@ -126,6 +126,14 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--turns", type=int, default=1, help="how many (default: 1)")
     rewind.add_argument("--local", action="store_true", help=local)
     rewind.set_defaults(usage=rewind)
+    compact_ = sub.add_parser(
+        "compact", parents=[common],
+        help="shorten a session's conversation now: a summary and its last turns (the log "
+        "keeps every record; session.compaction says how)",
+    )  # fmt: skip
+    compact_.add_argument("session")
+    compact_.add_argument("--local", action="store_true", help=local)
+    compact_.set_defaults(usage=compact_, approve=[])
     log = sub.add_parser("log", help="read a session's log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
     show = log_sub.add_parser("show", parents=[common], help="every record of a session")
@@ -427,6 +435,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, cfg.Config, Console], int]] =
     "status": _status,
     "stop": _stop,
     "rewind": branch.rewind,
+    "compact": compact.compact,
 }
 
 

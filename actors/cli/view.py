@@ -27,6 +27,8 @@ __all__ = [
     "JsonView",
     "LiveView",
     "ReaderGone",
+    "compacted",
+    "compacting",
     "describe",
     "quiet",
     "summary",
@@ -41,6 +43,9 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
     timings = outcome.usage.timings
     cached = int(timings.get("cache_n", 0))
     cut = " · answer cut at loop.max_tokens" if outcome.cut else ""
+    if outcome.compactions:
+        times = "" if outcome.compactions == 1 else f" {outcome.compactions} times"
+        cut += f" · conversation compacted{times} (loopd log show has it all)"
     slot = outcome.restored
     restored = (f"; restored {slot.restored:,} tokens in {slot.restore_ms:.0f} ms"
                 if slot is not None else "")
@@ -49,6 +54,24 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
         f"{outcome.tool_calls} tool call{'s' if outcome.tool_calls != 1 else ''}{cut}"
     )
+
+
+_WHY = {"auto": "the next prompt would pass session.compact_at of the context",
+        "person": "asked for", "overflow": "the server said the prompt exceeds its context"}
+
+
+def compacting(why: str, tokens: int, how: str) -> str:
+    """What the live view says when a compaction starts."""
+    writer = "the model writes a summary" if how == "summary" else "the old turns listed"
+    return (f"compacting the conversation ({_WHY.get(why, why)}): {tokens:,} tokens; "
+            f"{writer}, the last turns kept word for word (the log keeps everything)")
+
+
+def compacted(event: ev.Compacted) -> str:
+    """What the live view (and a turn's summary line) says of a compaction done."""
+    turns = f"{event.turns_kept} turn{'s' if event.turns_kept != 1 else ''}"
+    return (f"compacted: {event.tokens_before:,} -> about {event.tokens_after:,} tokens, "
+            f"{turns} kept verbatim, {event.ms / 1000:.1f} s")
 
 
 def time_left(done: int, left: int, seconds: float) -> str:
@@ -205,6 +228,13 @@ class LiveView:
                     f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
                     highlight=False,
                 )
+            case ev.Compacting(why=why, tokens_before=before, how=how):
+                self._switch("")
+                self.console.print(f"[yellow]{escape(compacting(why, before, how))}[/]",
+                                   highlight=False)
+            case ev.Compacted():
+                self._switch("")
+                self.console.print(f"[yellow]{escape(compacted(event))}[/]", highlight=False)
             case ev.TornTail(session=session, cut_bytes=cut):
                 self._switch("")
                 self.console.print(f"[yellow]{escape(torn_tail(session, cut))}[/]")

@@ -172,6 +172,11 @@ class Client:
         answer: p.Rewound = self._ask(lambda rid: p.Rewind(rid, session, turns), p.Rewound)
         return answer
 
+    def compact(self, session: str) -> p.CompactReply:
+        """Compact ``session``'s conversation now (docs/rendering.md#compaction)."""
+        answer: p.CompactReply = self._ask(lambda rid: p.Compact(rid, session), p.CompactReply)
+        return answer
+
     def status(self) -> p.StatusReply:
         answer: p.StatusReply = self._ask(p.Status, p.StatusReply)
         return answer
@@ -411,6 +416,7 @@ def _outcome(msg: p.Done) -> TurnOutcome:
     return TurnOutcome(
         content=msg.content, usage=usage, iterations=msg.iterations,
         tool_calls=msg.tool_calls, cut=msg.cut, restored=msg.restored, context=msg.context,
+        compactions=msg.compactions,
     )  # fmt: skip
 
 

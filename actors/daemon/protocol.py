@@ -67,6 +67,7 @@ kind            fields                                         answer
                 source's turn to fork at; nil: all)
 ``rewind``      ``id``, ``session``, ``turns`` int (how many   ``rewound``
                 turns to take back, 1 or more)
+``compact``     ``id``, ``session``                            ``compacted``
 ==============  =============================================  ===============================
 
 Messages, daemon to client
@@ -90,7 +91,8 @@ Messages, daemon to client
   ``kind`` and ``time`` as msgpack's timestamp extension), ``restored`` map or nil (what the
   slot keeper restored: ``server``, ``slot``, ``state``, ``restored``, ``restore_ms``,
   ``reason``), ``context`` int (the tokens the session's slot holds, to say how full the
-  conversation is; 0: not known).
+  conversation is; 0: not known), ``compactions`` int (how many times the turn compacted
+  the conversation; docs/rendering.md#compaction).
 - ``error``: ``id``, ``error`` text (the error's class: ``SessionInUse``, ``Cancelled``,
   ``TurnLimit``, ``SessionFull``, ``InferError``, ``WireError``...), ``message`` text (for
   the person), ``exit_code`` int (what ``loopd`` exits with for it).
@@ -114,6 +116,13 @@ Messages, daemon to client
   conversation still shows). A rewind is refused on a session attached to another client
   (``SessionInUse``) and while a turn runs on it; one not attached is opened for it and
   closed again.
+- ``compacted``: ``id``, ``session``, ``tokens_before`` int, ``tokens_after`` int (about),
+  ``turns_kept`` int, ``ms`` float: the conversation was compacted
+  (docs/rendering.md#compaction: a ``Compaction`` record; the summary is the model's or
+  elided, as ``session.compaction`` says). Nothing to compact (the conversation is one
+  turn) is ``error`` ``UsageError``. The same rule as ``rewind``: refused on a session
+  attached to another client (``SessionInUse``) and while a turn runs on it; one not
+  attached is opened for it and closed again.
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
@@ -142,11 +151,13 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it
   (issue 28);
 - ``opened.context`` (default 0: not known) and ``done.context`` (default 0: not known),
-  when chat came to say how full a session is (issue 28).
+  when chat came to say how full a session is (issue 28);
+- ``done.compactions`` (default 0: none), with compaction (issue 24).
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (issue 25): a
 daemon from before answers them ``error`` (an unknown kind).
-The events ``compacting`` and ``compacted`` are new in version 1 (issue 24): a client from
+``compact`` and ``compacted`` are new messages of version 1 (issue 24), like ``fork``; the
+events ``compacting`` and ``compacted`` are new in version 1 too: a client from
 before ends a turn that compacts with a WireError (an unknown event).
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
@@ -169,7 +180,8 @@ from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both proto
 from actors.wire.codec import CHECK, Codec, Natural, added, shape_of
 
 __all__ = [
-    "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Done", "Error",
+    "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Compact",
+    "CompactReply", "Done", "Error",
     "EventMessage", "Fork", "ForkReply", "Log", "Message", "Ok", "Open", "Opened", "Ping",
     "Pong", "ReadLog", "Rewind", "Rewound", "SessionList", "Sessions", "Status",
     "StatusReply", "Stop", "Turn", "decode",
@@ -336,6 +348,24 @@ class Rewound:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Compact:
+    id: Natural
+    session: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompactReply:
+    KIND: ClassVar[str] = "compacted"
+
+    id: Natural
+    session: str
+    tokens_before: Natural
+    tokens_after: Natural
+    turns_kept: Natural
+    ms: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMessage:
     KIND: ClassVar[str] = "event"
 
@@ -354,6 +384,7 @@ class Done:
     usage: bytes
     restored: SlotUse | None
     context: Natural = added(0, "how full a session is, in chat (issue 28)")
+    compactions: Natural = added(0, "compaction (issue 24)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -380,7 +411,7 @@ Message: TypeAlias = Any  # one of MESSAGES
 MESSAGES = (
     Ping, Pong, Bye, Open, Opened, Close, Ok, Turn, Cancel, Approve, Sessions, SessionList,
     ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval, Fork,
-    ForkReply, Rewind, Rewound,
+    ForkReply, Rewind, Rewound, Compact, CompactReply,
 )  # fmt: skip
 """Every message of the protocol; a new one is its dataclass above, its name here and its
 row in the document."""

@@ -154,6 +154,11 @@ class Inference:
         """Tokens of context of the slot ``session``'s requests go to (0: unknown)."""
         return self.keeper.server_of(session)[1]
 
+    def tokens(self, session: str, text: str) -> int:
+        """Tokens of ``text`` for the model of ``session``'s server (its ``/tokenize``);
+        InferError when the server cannot say."""
+        return self.keeper.server_of(session)[0].tokenize(text)
+
     def turn_ended(self, session: str) -> None:
         """``session``'s turn is over: the keeper may save its state now
         (:meth:`SlotKeeper.turn_ended`)."""

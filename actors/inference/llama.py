@@ -260,6 +260,15 @@ class LlamaClient:
         """``GET /props``: the server's slot count, per-slot ``n_ctx``, model and build."""
         return self._json("GET", "/props")
 
+    def tokenize(self, text: str) -> int:
+        """``POST /tokenize``: how many tokens ``text`` is for the server's model (no BOS).
+        InferError as for :meth:`props`; PROTOCOL when the answer holds no token list."""
+        tokens = self._json("POST", "/tokenize", {"content": text, "add_special": False}).get(
+            "tokens")
+        if not isinstance(tokens, list):
+            raise InferError(InferErrorKind.PROTOCOL, f"{self._url}/tokenize: no token list")
+        return len(tokens)
+
     def slot_action(self, slot: int, action: str, filename: str = "") -> Mapping[str, Any]:
         """``POST /slots/{slot}?action=save|restore|erase``
         (docs/llama-server.md#saving-and-restoring-a-slot).

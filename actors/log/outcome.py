@@ -19,3 +19,4 @@ class TurnOutcome:
     cut: bool  # the answer stopped at loop.max_tokens
     restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
     context: int = 0  # tokens the session's slot holds (its n_ctx); 0: not known
+    compactions: int = 0  # compactions the turn made (actors/session/compactor.py)

@@ -27,7 +27,7 @@ from actors.session.workspace import keep_workspace
 
 if TYPE_CHECKING:
     from actors.base.cancel import CancelToken
-    from actors.base.events import Approver, Sink
+    from actors.base.events import Approver, Compacted, Sink
     from actors.session.fork import RewindReport
     from actors.session.turn import Runtime, TurnOutcome
 
@@ -129,6 +129,19 @@ class SessionActor(pykka.ThreadingActor):
         report = rewind_target(self.name, log.records, turns)
         log.append(report.rewind)
         return report
+
+    def compact(self, runtime: Runtime, sink: Sink, cancel: CancelToken | None = None
+                ) -> Compacted:
+        """Compact the conversation now (``loopd compact``, ``/compact``, the daemon's
+        ``compact``): a Compaction record (actors.session.compactor); the keeper may save
+        the slot's new state after it, as after a turn."""
+        from actors.session.compactor import compact_session
+
+        try:
+            return compact_session(self._open_log(), runtime.config, runtime.inference, sink,
+                                   cancel)
+        finally:
+            runtime.inference.turn_ended(self.name)
 
     def turn(
         self, runtime: Runtime, content: str, sink: Sink, cancel: CancelToken | None = None,

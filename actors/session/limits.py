@@ -107,8 +107,9 @@ def shown_usage(records: Sequence[Record]) -> Usage | None:
     """The Usage of the last request whose prompt the next one extends: the last one the
     rendering still shows (a rewind hides those of the turns it took back; their state is
     longer than the next prompt, so the server keeps the common part). None when that
-    request was of another epoch than the next one (a rewind past a compaction: the slot
-    holds the later epoch, and only the baseline's prefix is common)."""
+    request was of another epoch than the next one (the first request after a compaction,
+    or a rewind past one: the slot holds another epoch, and only the baseline's prefix is
+    common)."""
     shown = view(records)
     live = set(shown.live)
     last = next((i for i in range(len(records) - 1, 0, -1) if isinstance(records[i], Usage)),
@@ -117,9 +118,11 @@ def shown_usage(records: Sequence[Record]) -> Usage | None:
         return None
     if last not in live and view(records[:last]).epoch != shown.epoch:
         return None
-    found = next((records[i] for i in reversed(shown.live) if isinstance(records[i], Usage)),
-                 None)
-    return found if isinstance(found, Usage) else None
+    found = next((i for i in reversed(shown.live) if isinstance(records[i], Usage)), None)
+    if found is None or found < shown.epoch:  # asked before the compaction in effect
+        return None
+    usage = records[found]
+    return usage if isinstance(usage, Usage) else None
 
 
 def loss_cause(slot: SlotUse | None) -> str:

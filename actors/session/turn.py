@@ -12,7 +12,7 @@ The limits decided here, and where:
                        (loop.max_calls_per_response)
   repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
   thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
-  context full      -> ``_ask_model`` maps the server's 400 to SessionFull
+  context full      -> ``compactor.Compactor``: compacts, else SessionFull
   tool result size  -> ``cap_result``         (loop.tool_result_cap)
 """
 
@@ -27,7 +27,7 @@ from actors.approval.gate import Gate
 from actors.approval.rulesfile import RuleStore
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
-from actors.base.errors import Cancelled, SessionError, SessionFull, TurnLimit
+from actors.base.errors import Cancelled, SessionError, TurnLimit
 from actors.base.events import (
     Approver,
     CacheLossEvent,
@@ -49,6 +49,7 @@ from actors.inference.types import (
 from actors.log.file import SessionLog
 from actors.log.outcome import TurnOutcome
 from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, User
+from actors.session import compactor
 from actors.session.limits import (
     REPEAT_NOTICE,
     TOO_MANY_CALLS,
@@ -64,13 +65,7 @@ from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
 
-class Model(Protocol):
-    def complete(
-        self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
-    ) -> Completion: ...
-
-    def context(self, session: str) -> int: ...  # the slot's n_ctx in tokens; 0: unknown
-
+class Model(compactor.Model, Protocol):  # complete, context, tokens, and
     def turn_ended(self, session: str) -> None: ...
 
 
@@ -130,6 +125,8 @@ class _Turn:
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
         self.restored: SlotUse | None = None
+        self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
+                                             cancel)
         self.question = ""  # the user's message this turn answers
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
@@ -137,6 +134,7 @@ class _Turn:
 
     def run(self, content: str) -> TurnOutcome:
         self.question = content
+        self.compactor.make_room(content)  # SessionFull here logs nothing
         self.log.append(User(content=content))
         while True:
             asked = self._ask_model()
@@ -146,6 +144,7 @@ class _Turn:
                     content=completion.content or "", usage=asked.usage,
                     iterations=self.iterations, tool_calls=self.tool_calls,
                     cut=completion.finish_reason == "length", restored=self.restored,
+                    compactions=self.compactor.made,
                 )
             self._count_iteration()
             for call in completion.tool_calls:
@@ -153,11 +152,12 @@ class _Turn:
 
     def _ask_model(self) -> _Asked:
         """One model response: asked, read as loopd takes it, checked, logged in one write."""
-        previous = shown_usage(self.log.records)
+        if self.iterations:
+            self.compactor.make_room()
         grammar = self._grammar(self.log.baseline.tools)
         sink = WordFilter(self._pass_on, word=grammar is not None,
                           bare=self.runtime.config.inference.bare_json_tool_calls)
-        completion = self._complete(self._request(grammar), sink)
+        completion = self._complete(grammar, sink)
         if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
             completion = dataclasses.replace(completion, content=strip_word(completion.content))
         completion = self._bare_json(completion)
@@ -169,7 +169,7 @@ class _Turn:
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
-        return _Asked(completion, self._record(completion, previous))
+        return _Asked(completion, self._record(completion, shown_usage(self.log.records)))
 
     def _request(self, grammar: str | None) -> ChatRequest:
         baseline = self.log.baseline
@@ -185,16 +185,18 @@ class _Turn:
             grammar=grammar,
         )
 
-    def _complete(self, request: ChatRequest, sink: WordFilter) -> Completion:
-        """The model's response; the server's failures as the turn's (cancelled, full)."""
+    def _complete(self, grammar: str | None, sink: WordFilter, again: bool = True) -> Completion:
+        """The model's response; the server's failures as the turn's (cancelled, full: the
+        conversation compacted and asked once more, else SessionFull)."""
         try:
-            completion = self.runtime.inference.complete(request, sink, self.cancel)
+            completion = self.runtime.inference.complete(self._request(grammar), sink,
+                                                          self.cancel)
         except InferError as e:
             if e.kind is InferErrorKind.CANCELLED:
                 raise Cancelled() from e
             if is_context_full(e):
-                body = e.error_body()
-                raise SessionFull(body.get("n_prompt_tokens", "?"), body.get("n_ctx", "?")) from e
+                self.compactor.overflowed(e, again)
+                return self._complete(grammar, sink, again=False)
             raise
         if self.cancel.cancelled:
             raise Cancelled()

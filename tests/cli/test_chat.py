@@ -139,9 +139,17 @@ def test_the_context_nearly_full_is_said_and_the_wall_names_the_ways_on(env: Env
     child.expect("embedded.ctx_size")
     child.expect("> ")
     leave(child)
+    # the wall came after a compaction: the message alone does not fit (the server said the
+    # prompt exceeds the context), so compaction could not help
+    assert any(r["kind"] == "compaction" for r in env.records("full"))
     # Ctrl-D and chat again: the session says it is nearly full at once, not at the next turn
-    again = env.chat("full")
-    assert "session full is filling up: 802 of 1,000 tokens" in " ".join(again.before.split())
+    first = env.chat("near")
+    first.sendline("a big question")
+    first.expect("the conversation is filling up")
+    first.expect("> ")
+    leave(first)
+    again = env.chat("near")
+    assert "session near is filling up: 802 of 1,000 tokens" in " ".join(again.before.split())
     leave(again)
 
 
@@ -227,3 +235,30 @@ def test_prompt_processing_shows_tokens_done_and_the_time_left(tmp_path: Path) -
             gate.set()
             for c in env.children:
                 c.close(force=True)
+
+
+def test_compact_shortens_the_conversation_and_it_goes_on(env: Env) -> None:
+    child = env.chat("k")
+    for line in ("first", "second", "third"):
+        child.sendline(line)
+        child.expect(f"you said: {line}")
+        child.expect("> ")
+    child.sendline("/help")
+    child.expect("/compact")
+    child.expect("> ")
+    child.sendline("/compact")
+    child.expect("compacting the conversation \\(asked for\\)")
+    child.expect("compacted: ")
+    child.expect("> ")
+    child.sendline("fourth")
+    child.expect("you said: fourth")
+    child.expect("> ")
+    leave(child)
+    sent = env.fake.requests[-1]["messages"]
+    assert sent[1]["content"].startswith("[loopd: the earlier part of this conversation")
+    assert sent[-1]["content"] == "fourth" and len(sent) < 2 + 2 * 4
+    records = env.records("k")
+    (compaction,) = [r for r in records if r["kind"] == "compaction"]
+    assert compaction["by"] == "person"
+    assert [r["content"] for r in records if r["kind"] == "user"] == [
+        "first", "second", "third", "fourth"]  # the log keeps every turn

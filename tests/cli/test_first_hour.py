@@ -281,7 +281,10 @@ def test_run_says_when_the_conversation_nears_full_and_json_gives_its_size(
     env: dict[str, Any], capsys: Any
 ) -> None:
     big = answer("ok", usage={"prompt_tokens": 800, "completion_tokens": 2, "total_tokens": 802})
-    with FakeLlama([answer("ok"), big, big], props={"n_ctx": 1000}) as fake:
+    # the third turn passes session.compact_at (0.8): the conversation is compacted first,
+    # the model writing the summary (a server named by url)
+    replies = [answer("ok"), big, answer("They said small and big."), big]
+    with FakeLlama(replies, props={"n_ctx": 1000}) as fake:
         base = ["--config", env["config"], "--url", fake.url, "--session", "s"]
         assert main(["run", "small", *base]) == 0
         assert "filling up" not in capsys.readouterr().err  # nothing to say below 75%
@@ -293,8 +296,12 @@ def test_run_says_when_the_conversation_nears_full_and_json_gives_its_size(
         assert ("Ways on: --session NEW-NAME starts a new session (session s stays as it is); "
                 "loopd rewind s takes back the last turn") in flat, err
         assert main(["run", "big again", *base, "--json"]) == 0
-    last = json.loads(capsys.readouterr().out.splitlines()[-1])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    last = lines[-1]
     assert last["event"] == "answer" and (last["tokens"], last["context"]) == (802, 1000)
+    assert "conversation compacted" in last["summary"]
+    (done,) = [x for x in lines if x["event"] == "compacted"]
+    assert done["why"] == "auto" and done["tokens_after"] < done["tokens_before"]
 
 
 def test_run_refused_for_a_full_context_names_the_ways_on(

@@ -1,5 +1,6 @@
-"""Fork and rewind through a real ``loopd serve``: the protocol, the Python client, the CLI,
-and the in-use rule (a session attached to another client is not rewound)."""
+"""Fork, rewind and compact through a real ``loopd serve``: the protocol, the Python client,
+the CLI, and the in-use rule (a session attached to another client is not rewound or
+compacted)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from actors.base.errors import SessionInUse, UsageError
 from actors.log.file import read_records
-from actors.log.records import Forked, Rewind, User
+from actors.log.records import Compaction, CompactionBy, Forked, Rewind, User
 from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
@@ -147,3 +148,24 @@ def test_undo_in_a_chat_through_the_daemon(daemon: Daemon) -> None:
     assert [r.to_turn for r in records if isinstance(r, Rewind)] == [1]
     assert [r.content for r in records if isinstance(r, User)] == [
         "t1 :: list_dir {}", "t2 :: list_dir {}", "t3 :: list_dir {}"]
+
+
+def test_compact_through_the_client_obeys_the_in_use_rule(daemon: Daemon) -> None:
+    logs = daemon.config.log_dir
+    with daemon.client() as a, daemon.client() as b:
+        for tag in ("t1", "t2", "t3"):
+            a.turn("c", f"{tag} :: list_dir {{}}").run(quiet)
+        with pytest.raises(SessionInUse, match="session c is in use by another client"):
+            b.compact("c")
+        done = a.compact("c")
+        # the first turn is summarised, the last two fit compact_keep and stay verbatim
+        assert (done.session, done.turns_kept) == ("c", 2) and done.tokens_after > 0
+        outcome = a.turn("c", "t4 :: list_dir {}").run(quiet)  # goes on from the summary
+        assert outcome.content == "done t4."
+        a.close_session("c")
+        b.open("empty")
+        with pytest.raises(UsageError, match="nothing to compact"):
+            b.compact("empty")  # no turn yet
+    records = read_records(logs / "c" / "log.bin")
+    (compaction,) = [r for r in records if isinstance(r, Compaction)]
+    assert compaction.by is CompactionBy.PERSON and compaction.summary

@@ -37,6 +37,7 @@ SAMPLES: list[Any] = [
     p.Approval(5, 2, "run_command", "{}", "ok?", "run_command: ls", 300.0),
     p.Fork(10, "a", "b", None), p.Fork(10, "a", "b", 2), p.ForkReply(10, "b", "a", 2, 5, 4646),
     p.Rewind(11, "s", 1), p.Rewound(11, "s", 1, (2, 3), (1,)),
+    p.Compact(12, "s"), p.CompactReply(12, "s", 900, 300, 2, 41.5),
 ]  # fmt: skip
 
 
@@ -137,7 +138,7 @@ OLD_MESSAGES: list[Any] = [
 
 # Fields added to version 1 after those frames were written: today's encoding has them too.
 ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""}, "opened": {"context": 0},
-               "done": {"context": 0}}
+               "done": {"context": 0, "compactions": 0}}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -162,6 +163,7 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
         (p.StatusReply(8, 1, "ipc:///x", 1.0, 0, (), "/ws", "m at u"), "model", ""),
         (p.Opened(2, "s", False, 7, 0, 8192), "context", 0),
         (p.Done(5, "answer", 0, 0, False, b"", None, 8192), "context", 0),
+        (p.Done(5, "answer", 0, 0, False, b"", None, 8192, 2), "compactions", 0),
     ],
 )
 def test_a_field_added_later_reads_as_its_default_when_an_older_peer_leaves_it_out(
@@ -177,6 +179,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert {(kind, field) for kind, field, _, _ in added} == {
         ("opened", "cut_bytes"), ("turn", "approve"), ("status_reply", "workspace"),
         ("status_reply", "model"), ("opened", "context"), ("done", "context"),
+        ("done", "compactions"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

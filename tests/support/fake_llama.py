@@ -18,6 +18,8 @@ cut after that many deltas, unless the reply says ``honor_budget=False``) and th
 not honour the budget, on a request with ``reasoning_control``, waits (up to 5 s) after
 the first delta past the budget for the client's control call, so the race is settled.
 
+``POST /tokenize`` counts a token per 4 characters of ``content``, as the prompts do.
+
 Slots like llama-server's (docs/llama-server.md#saving-and-restoring-a-slot): ``GET /props``
 (``total_slots``, per-slot ``n_ctx``, ``model_path``, ``build_info``: the ``props``
 argument), and with a ``save_dir`` ``POST /slots/{id}?action=save|restore|erase`` writing
@@ -214,6 +216,8 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._chat(conn, dict(self.headers))
             elif self.path == CONTROL_PATH:
                 fake._control(conn)
+            elif self.path == "/tokenize":  # the fake's tokens: 4 characters each
+                conn.json(200, {"tokens": list(range(len(str(body.get("content", ""))) // 4))})
             elif self.path.startswith("/slots/"):
                 fake._slot_action(conn, self.path)
             else:

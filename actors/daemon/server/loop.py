@@ -195,12 +195,13 @@ class Server:
                     approver = client.approvers.get(rid)
                 if approver is not None:  # else the turn has ended: nothing waits for it
                     approver.answer(msg)
-            case p.Turn() | p.Open() | p.Fork() | p.Rewind() if self._loop.stopping:
+            case p.Turn() | p.Open() | p.Fork() | p.Rewind() | p.Compact() if self._loop.stopping:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
                 self._start_turn(peer, client, msg)
-            case p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind():
+            case (p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind()
+                  | p.Compact()):
                 self._spawn(f"daemon-{type(msg).__name__.lower()}", lambda: self._job(peer, msg))
             case p.Stop(id=rid):
                 log.info("stop asked by client %s", short(peer))
@@ -274,6 +275,12 @@ class Server:
                 rewound = self.sessions.rewind(peer, name, turns)
                 return [p.Rewound(rid, name, rewound.rewind.to_turn, rewound.taken,
                                   rewound.left)]
+            case p.Compact(id=rid, session=name):
+                wait = self.app.config.inference.timeout_s + 30
+                done = self.sessions.alone(peer, name, lambda proxy: proxy.compact(
+                    self.app.runtime, lambda _: None).get(timeout=wait))
+                return [p.CompactReply(rid, name, done.tokens_before, done.tokens_after,
+                                       done.turns_kept, done.ms)]
         raise AssertionError(f"no job for {type(msg).__name__}")
 
     def _log_pages(self, rid: int, name: str, start: int) -> list[p.Message]:
@@ -333,6 +340,7 @@ class Server:
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
                 encode_record(outcome.usage), outcome.restored, outcome.context,
+                outcome.compactions,
             )  # fmt: skip
         except LoopdError as e:
             answer = _error(rid, e)

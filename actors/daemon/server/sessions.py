@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -140,9 +141,15 @@ class Sessions:
         self._close([(name, entry)])
 
     def rewind(self, client: bytes, name: str, turns: int) -> RewindReport:
-        """Take back ``name``'s last ``turns`` turns for ``client``: SessionInUse when another
-        client has it attached, refused while a turn runs on it; one not attached is opened
-        for the rewind and closed again."""
+        """Take back ``name``'s last ``turns`` turns for ``client`` (:meth:`alone`)."""
+        report: RewindReport = self.alone(
+            client, name, lambda proxy: proxy.rewind(turns).get(timeout=_STOP_S))
+        return report
+
+    def alone(self, client: bytes, name: str, work: Callable[[Any], Any]) -> Any:
+        """``work(proxy)`` on ``name``'s actor for ``client``, as a turn would have it:
+        SessionInUse when another client has it attached, refused while a turn runs on it;
+        one not attached is opened for the work and closed again."""
         with self._lock:
             entry = self._open.get(name)
             if entry is not None and entry.client != client:
@@ -153,13 +160,12 @@ class Sessions:
         try:
             proxy = self.begin_turn(client, name)
             try:
-                report: RewindReport = proxy.rewind(turns).get(timeout=_STOP_S)
+                return work(proxy)
             finally:
                 self.end_turn(name)
         finally:
             if opened:
                 self.detach(client, name)
-        return report
 
     def is_attached(self, client: bytes, name: str) -> bool:
         with self._lock:

@@ -166,6 +166,12 @@ class BlockedModel:
         self.gate.wait(HANG_S)
         raise InferError.cancelled("released by the test")
 
+    def context(self, session: str) -> int:
+        return 0  # not known: no compaction before the request
+
+    def tokens(self, session: str, text: str) -> int:
+        return len(text) // 4
+
     def turn_ended(self, session: str) -> None:
         pass
 

@@ -76,8 +76,9 @@ def baseline(tools: Sequence[Mapping[str, Any]] = META_TOOLS) -> Baseline:
 class Rig:
     """One session log, a fake model server, a runtime; `turn()` runs run_turn and keeps events."""
 
-    def __init__(self, tmp_path: Path, script: Any, registry: Registry, **loop: Any) -> None:
-        self.fake = FakeLlama(script).start()
+    def __init__(self, tmp_path: Path, script: Any, registry: Registry,
+                 props: dict[str, Any] | None = None, **loop: Any) -> None:
+        self.fake = FakeLlama(script, props=props).start()
         self.config = make_config(tmp_path, self.fake.url, **loop)
         self.path = tmp_path / "sessions" / "s" / "log.bin"
         self.log, _ = SessionLog.open(self.path, fsync="never", baseline=baseline(), name="s")

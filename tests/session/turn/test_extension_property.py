@@ -6,7 +6,12 @@ approval requests, and random limits are hit (tool iterations, repeats, thinking
 result size, a full context, a failing server). Through all of it:
 
 - every request the session sends starts with exactly the messages (and the tools) of the
-  request before it, so llama-server can reuse its prompt cache;
+  request before it, so llama-server can reuse its prompt cache; restated by epochs, since
+  a small random context makes the session compact (before a request past
+  session.compact_at, and after the server's "exceeds the context"): within an epoch (no
+  Compaction record appended since the request before) each request extends the one
+  before, and the first request of an epoch extends the baseline's prefix (the system
+  prompt and the tools);
 - the log only grows: its bytes after turn N start with its bytes after turn N-1.
 
 The seed is printed in pytest's header (tests/conftest.py); CI runs 200 examples.
@@ -24,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.base.errors import LoopdError
+from actors.log.records import Compaction
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
@@ -82,37 +88,53 @@ tool_answer = st.one_of(
 )
 
 
-def _extends(before: dict[str, Any], after: dict[str, Any]) -> bool:
+def _extends(before: dict[str, Any], after: dict[str, Any], *, new_epoch: bool) -> bool:
     old, new = before["messages"], after["messages"]
-    return new[: len(old)] == old and before.get("tools") == after.get("tools")
+    prefix = old[:1] if new_epoch else old  # a new epoch: the baseline's system prompt
+    return new[: len(prefix)] == prefix and before.get("tools") == after.get("tools")
 
 
 @settings(max_examples=200)
 @given(
     replies=st.lists(model_reply(), max_size=14),
     answers=st.lists(tool_answer, min_size=1, max_size=6),
-    turns=st.lists(text, min_size=1, max_size=4),
+    turns=st.lists(st.builds(lambda t, n: t + " more" * n, text, st.sampled_from([0, 20, 50, 80])),
+                   min_size=1, max_size=5),
     limits=st.fixed_dictionaries({
         "tool_iterations": st.integers(1, 3),
         "repeat_detection": st.booleans(),
         "thinking_cap": st.integers(0, 12),
         "tool_result_cap": st.integers(1, 60),
     }),
+    compacting=st.fixed_dictionaries({
+        "compaction": st.sampled_from(["summary", "elide"]),
+        "compact_at": st.sampled_from([0.5, 0.8, 1.0]),
+        "compact_keep": st.sampled_from([0.0, 0.1, 0.25]),
+        "summary_tokens": st.integers(16, 80),
+    }),
+    n_ctx=st.sampled_from([300, 400, 600, 900]),  # the baseline: about 200 of the fake's tokens
 )
-def test_every_request_extends_the_last_and_the_log_only_grows(
+def test_every_request_extends_the_last_within_an_epoch_and_the_log_only_grows(
     tmp_path_factory: Any,
     replies: list[dict[str, Any]],
     answers: list[wire.Answer],
     turns: list[str],
     limits: dict[str, Any],
+    compacting: dict[str, Any],
+    n_ctx: int,
 ) -> None:
     queue = [_reply(dict(r)) for r in replies]
     served = iter(range(10**6))
     port = ScriptedPort(lambda tool, args: answers[next(served) % len(answers)])
     tmp: Path = tmp_path_factory.mktemp("prop")
-    rig = Rig(tmp, lambda body: queue.pop(0) if queue else answer("done"),
-              Registry([port]), **limits)
-    rig.config = rig.config.replace("inference", retries=0)
+    epochs: list[int] = []  # per request: the Compaction records in the log when it came
+
+    def script(body: dict[str, Any]) -> Reply:
+        epochs.append(sum(isinstance(r, Compaction) for r in rig.log.records))
+        return queue.pop(0) if queue else answer("done")
+
+    rig = Rig(tmp, script, Registry([port]), props={"n_ctx": n_ctx}, **limits)
+    rig.config = rig.config.replace("inference", retries=0).replace("session", **compacting)
     rig.runtime = type(rig.runtime)(config=rig.config, inference=rig.inference,
                                     registry=rig.runtime.registry)
     try:
@@ -126,6 +148,9 @@ def test_every_request_extends_the_last_and_the_log_only_grows(
             assert after.startswith(before), "the log changed bytes it already had"
         sent = rig.fake.requests
         for i in range(1, len(sent)):
-            assert _extends(sent[i - 1], sent[i]), f"request {i} does not extend {i - 1}"
+            new_epoch = epochs[i] != epochs[i - 1]
+            assert _extends(sent[i - 1], sent[i], new_epoch=new_epoch), (
+                f"request {i} does not extend {'the baseline of ' if new_epoch else ''}"
+                f"request {i - 1}")
     finally:
         rig.close()

@@ -1,0 +1,259 @@
+"""Compaction as a step of the turn, and by hand (docs/rendering.md#compaction).
+
+:class:`Compactor` decides *when* and writes the record; what is kept and the elided
+summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
+
+- :meth:`Compactor.make_room`, before each request of a turn: the next prompt's size is the
+  last request's (its Usage: prompt and generated tokens, the slot holds them) plus the
+  server's ``/tokenize`` count of what is new (the first request of an epoch counts it all).
+  Past ``session.compact_at`` of the slot's context it compacts (``auto``). A new message
+  that alone does not fit the context is refused with SessionFull before it is logged.
+- :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
+  anyway: compacts (``overflow``) or raises SessionFull when nothing can be dropped.
+- :func:`compact_session`: ``loopd compact``, ``/compact``, the daemon's ``compact``.
+
+The summary (``session.compaction``): ``summary`` asks the model on the warm slot: the live
+prompt (which the slot holds) plus :data:`SUMMARY_REQUEST`, thinking off, plain text under
+constrained calls, at most ``session.summary_tokens`` (and a tenth of the context); no
+Usage record is written for it (it is not a request of the conversation). When that
+fails or says nothing, ``elide`` (no model call) writes it. The Compaction record is
+appended only once the summary is ready: a crash before it loses only the summary, and the
+next request compacts again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from actors.base.cancel import CancelToken
+from actors.base.config import Config
+from actors.base.errors import Cancelled, SessionFull, UsageError
+from actors.base.events import Compacted, Compacting, Event, Progress, Queued, Retrying, Waiting
+from actors.inference.smallmodel.decision import strip_word
+from actors.inference.smallmodel.grammar import cached_grammar
+from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
+from actors.log.file import SessionLog
+from actors.log.records import (
+    Assistant,
+    Compaction,
+    CompactionBy,
+    Record,
+    ToolResult,
+    User,
+)
+from actors.session.compaction import SUMMARY_REQUEST, Choice, choose_kept, elide, summary_words
+from actors.session.limits import shown_usage
+from actors.session.messages import SUMMARY_FRAME, Message, View, message_text, render, view
+
+__all__ = ["PER_MESSAGE", "Compactor", "Model", "compact_session"]
+
+PER_MESSAGE = 6  # tokens a chat template adds around one message (role, end), about
+_CHARS_PER_TOKEN = 3  # the estimate when the server cannot count (a high one: safe)
+_PASSED_ON = (Queued, Waiting, Progress, Retrying)  # of the summary request, to the person
+
+
+class Model(Protocol):
+    def complete(
+        self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
+    ) -> Completion: ...
+
+    def context(self, session: str) -> int: ...  # the slot's n_ctx in tokens; 0: unknown
+
+    def tokens(self, session: str, text: str) -> int: ...  # /tokenize; InferError: unknown
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Prompt:
+    """The next request as loopd sees it: records, view, messages, tokens."""
+
+    records: tuple[Record, ...]  # the log's, and the pending User record (if any) after them
+    shown: View
+    messages: list[Message]
+    tokens: int
+    pending: int  # tokens of the pending message (0: none)
+
+
+class Compactor:
+    """One session's compactions, for one turn (or one compaction by hand)."""
+
+    def __init__(self, log: SessionLog, config: Config, model: Model,
+                 emit: Callable[[Event], None], cancel: CancelToken) -> None:
+        self.log, self.config, self.model, self.emit, self.cancel = log, config, model, emit, cancel
+        self.settings = config.session
+        self._counted: dict[str, int] = {}
+        self.budget = self.settings.summary_tokens  # the summary's tokens, at most
+        self.made = 0  # compactions appended
+
+    # --- when --------------------------------------------------------------------------
+
+    def make_room(self, pending: str | None = None) -> None:
+        """Before a request: compact when it would pass ``compact_at`` of the context;
+        ``pending``, the turn's message not logged yet: SessionFull when it cannot fit."""
+        n_ctx = self.model.context(self.log.name)
+        if n_ctx <= 0:
+            return  # not known: only the server's answer can say (overflowed)
+        prompt = self._prompt(pending)
+        alone = self._baseline() + prompt.pending
+        if alone > n_ctx:
+            raise SessionFull(alone, n_ctx)
+        if prompt.tokens > self.settings.compact_at * n_ctx:
+            self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
+
+    def overflowed(self, error: InferError, compact: bool = True) -> None:
+        """The server said the prompt exceeds its context: compact (when ``compact``: once
+        per request), or SessionFull."""
+        body = error.error_body()
+        tokens, n_ctx = _count(body.get("n_prompt_tokens")), _count(body.get("n_ctx"))
+        if not compact or not self.compact(CompactionBy.OVERFLOW, tokens, None, n_ctx=n_ctx):
+            raise SessionFull(tokens or "?", n_ctx or "?") from error
+
+    # --- how ---------------------------------------------------------------------------
+
+    def compact(self, by: CompactionBy, tokens_before: int, pending: str | None = None, *,
+                n_ctx: int = 0) -> Compacted | None:
+        """Append a Compaction of the conversation; None when nothing can be dropped."""
+        prompt = self._prompt(None)
+        tokens_before = tokens_before or prompt.tokens
+        n_ctx = n_ctx or self.model.context(self.log.name) or tokens_before
+        sizes = self._sizes(prompt)
+        frame = self._count(SUMMARY_FRAME.format(summary="")) + 2 * PER_MESSAGE
+        budget = self.budget = min(self.settings.summary_tokens, n_ctx // 10)
+        fixed = self._baseline() + self._pending(pending) + frame + budget
+        room = int(self.settings.compact_at * n_ctx) - fixed
+        choice = choose_kept(prompt.records, prompt.shown, sizes, room=room,
+                             keep=min(int(self.settings.compact_keep * n_ctx), room),
+                             pending=pending is not None)
+        if choice is None:
+            return None
+        started = time.monotonic()
+        how = self.settings.compaction
+        self.emit(Compacting(why=by.value, tokens_before=tokens_before, how=how))
+        summary = self._summary(prompt, choice, how)
+        self.log.append(Compaction(summary=summary, kept=choice.kept,
+                                   tokens_before=tokens_before, by=by))
+        self.made += 1
+        kept = sum(n for i, n in sizes.items() if i >= choice.kept)
+        done = Compacted(
+            why=by.value, tokens_before=tokens_before, turns_kept=choice.turns,
+            tokens_after=self._baseline() + frame + self._count(summary) + kept,
+            ms=round((time.monotonic() - started) * 1000, 1),
+        )
+        self.emit(done)
+        return done
+
+    def _summary(self, prompt: _Prompt, choice: Choice, how: str) -> str:
+        records = prompt.records
+        dropped = [i for i in prompt.shown.live if i < choice.kept
+                   and isinstance(records[i], User | Assistant | ToolResult)]
+        if how == "summary":
+            written = self._written(prompt)
+            if written:
+                return written
+        return elide(records, dropped, prompt.shown.summary, self.budget * 4)
+
+    def _written(self, prompt: _Prompt) -> str:
+        """The model's summary, asked on the warm slot; "" when it could not write one."""
+        baseline, inference = self.log.baseline, self.config.inference
+        grammar = (cached_grammar(baseline.tools, [], calls=False, text=True)
+                   if inference.constrained_calls else None)
+        ask = {"role": "user", "content": SUMMARY_REQUEST.format(
+            words=summary_words(self.budget))}
+        sampling = {k: v for k, v in (("temperature", inference.temperature),
+                                      ("seed", inference.seed)) if v >= 0}
+        request = ChatRequest(
+            session=self.log.name, messages=(*prompt.messages, ask), tools=baseline.tools,
+            thinking=False, max_tokens=self.budget, thinking_budget=0,
+            sampling=sampling, grammar=grammar,
+        )
+        try:
+            completion = self.model.complete(request, self._pass_on, self.cancel)
+        except InferError as e:
+            if e.kind is InferErrorKind.CANCELLED:
+                raise Cancelled() from e
+            return ""  # the context is full, the server failed: elide instead
+        if self.cancel.cancelled:
+            raise Cancelled()
+        text = strip_word(completion.content) if grammar is not None else completion.content
+        return (text or "").strip()
+
+    def _pass_on(self, event: Event) -> None:
+        if isinstance(event, _PASSED_ON):
+            self.emit(event)
+
+    # --- counting ----------------------------------------------------------------------
+
+    def _prompt(self, pending: str | None) -> _Prompt:
+        """The next request's records, view, messages and size in tokens."""
+        records = self.log.records + ((User(content=pending),) if pending is not None else ())
+        shown = view(records)
+        style = self.settings.tool_results
+        messages = render(self.log.baseline, records, shown, results=style)
+        previous = shown_usage(self.log.records)
+        if previous is None:
+            tokens = self._baseline() + self._messages(messages[1:])
+        else:
+            at = max(i for i, r in enumerate(records) if r is previous)
+            then = render(self.log.baseline, records[: at + 1], view(records[: at + 1]),
+                          results=style)
+            tokens = (previous.prompt_tokens + previous.completion_tokens
+                      + self._messages(messages[len(then):]))
+        return _Prompt(records, shown, messages, tokens, self._pending(pending))
+
+    def _sizes(self, prompt: _Prompt) -> dict[int, int]:
+        """Tokens of each live record's messages (those it adds to the rendering)."""
+        sizes: dict[int, int] = {}
+        style, done = self.settings.tool_results, 1
+        for i in prompt.shown.live:
+            if not isinstance(prompt.records[i], User | Assistant | ToolResult):
+                continue
+            upto = render(self.log.baseline, prompt.records, prompt.shown.before(i + 1),
+                          results=style)
+            sizes[i] = self._messages(upto[done:])
+            done = len(upto)
+        return sizes
+
+    def _baseline(self) -> int:
+        baseline = self.log.baseline
+        return (self._count(baseline.system) + self._count(json.dumps(list(baseline.tools)))
+                + PER_MESSAGE)
+
+    def _pending(self, pending: str | None) -> int:
+        return self._count(pending) + PER_MESSAGE if pending is not None else 0
+
+    def _messages(self, messages: Sequence[Message]) -> int:
+        return sum(self._count(message_text(m)) + PER_MESSAGE for m in messages)
+
+    def _count(self, text: str) -> int:
+        if not text:
+            return 0
+        found = self._counted.get(text)
+        if found is None:
+            try:
+                found = self.model.tokens(self.log.name, text)
+            except InferError as e:
+                if e.kind is InferErrorKind.CANCELLED:
+                    raise Cancelled() from e
+                found = len(text) // _CHARS_PER_TOKEN + 1
+            self._counted[text] = found
+        return found
+
+
+def compact_session(log: SessionLog, config: Config, model: Model,
+                    emit: Callable[[Event], None], cancel: CancelToken | None = None
+                    ) -> Compacted:
+    """Compact session ``log`` now (``by`` person); UsageError when nothing can be dropped."""
+    done = Compactor(log, config, model, emit, cancel or CancelToken()).compact(
+        CompactionBy.PERSON, 0)
+    if done is None:
+        raise UsageError(f"session {log.name}: nothing to compact (the conversation is its "
+                         "last turn, or empty)")
+    return done
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+

@@ -1,0 +1,110 @@
+"""Compaction inside a turn, against the fake llama-server: before a request past
+session.compact_at, after the server's "exceeds the context", and SessionFull for what it
+cannot help (a message larger than the context, refused before it is logged)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from actors.base.errors import SessionFull
+from actors.base.events import Compacted, Compacting
+from actors.log.records import CacheLoss, Compaction, CompactionBy, Usage, User
+from actors.session.compaction import ELIDE_HEADER
+from actors.session.messages import SUMMARY_FRAME
+from tests.session.turn.conftest import Rig
+from tests.support.fake_llama import Reply, answer, context_full
+
+Make = Callable[..., Rig]
+LONG = " more" * 80  # 400 characters: 100 of the fake's tokens
+
+
+def compacting(r: Rig, **session: Any) -> Rig:
+    r.config = r.config.replace("session", **session)
+    r.runtime = type(r.runtime)(config=r.config, inference=r.inference,
+                                registry=r.runtime.registry)
+    return r
+
+
+def test_a_turn_past_compact_at_compacts_first_and_the_cache_keeps_the_baseline(
+        rig: Make) -> None:
+    r = compacting(rig(lambda body: answer("noted"), props={"n_ctx": 1000}), compaction="elide")
+    for n in range(5):
+        r.turn(f"question {n}{LONG}")
+    assert not any(isinstance(x, Compaction) for x in r.records)  # 5 turns fit 800 tokens
+    before = r.fake.requests[-1]
+    r.turn(f"question 5{LONG}")
+    (compaction,) = [x for x in r.records if isinstance(x, Compaction)]
+    assert compaction.by is CompactionBy.AUTO and compaction.tokens_before > 800
+    assert compaction.summary.startswith(ELIDE_HEADER) and "noted" in compaction.summary
+    # the Compaction comes before the turn's question, which is sent after the kept turns
+    assert isinstance(r.records[r.records.index(compaction) + 1], User)
+    start = next(e for e in r.events if isinstance(e, Compacting))
+    done = next(e for e in r.events if isinstance(e, Compacted))
+    assert (start.why, start.how, done.why) == ("auto", "elide", "auto")
+    assert done.tokens_after < done.tokens_before == compaction.tokens_before
+    first = r.fake.requests[-1]["messages"]
+    assert first[0] == before["messages"][0]  # the baseline's prefix: the system prompt
+    assert first[1]["content"] == SUMMARY_FRAME.format(summary=compaction.summary)
+    assert first[-1]["content"] == f"question 5{LONG}"
+    usage = r.records[-1]
+    assert isinstance(usage, Usage)
+    baseline_tokens = 190  # the fake's tools and system prompt, about
+    assert usage.timings["cache_n"] >= baseline_tokens  # the prefix was kept
+    assert usage.prompt_tokens < compaction.tokens_before
+    assert not any(isinstance(x, CacheLoss) for x in r.records)  # expected, not a loss
+    r.turn("and then?")  # the next request extends the first of the epoch
+    assert r.fake.requests[-1]["messages"][: len(first)] == first
+    assert not any(isinstance(x, CacheLoss) for x in r.records)
+
+
+def test_the_server_saying_the_context_is_exceeded_compacts_and_asks_again(rig: Make) -> None:
+    replies: list[Reply] = [answer("one"), answer("two"), context_full(9000, 8192),
+                            answer("three")]
+    r = compacting(rig(replies), compaction="elide")
+    r.turn("first question")
+    r.turn("second question")
+    assert r.turn("third question").content == "three"
+    (compaction,) = [x for x in r.records if isinstance(x, Compaction)]
+    assert compaction.by is CompactionBy.OVERFLOW and compaction.tokens_before == 9000
+    assert r.kinds()[-4:] == ["User", "Compaction", "Assistant", "Usage"]
+    retried = r.fake.requests[-1]["messages"]
+    assert retried[1]["content"].startswith(SUMMARY_FRAME.split("{")[0])
+    assert not any(isinstance(x, CacheLoss) for x in r.records)
+
+
+def test_a_summary_is_asked_of_the_model_on_the_warm_slot(rig: Make) -> None:
+    replies: list[Reply] = [answer("one"), answer("two"), context_full(9000, 8192),
+                            answer("They asked two things."), answer("three")]
+    r = compacting(rig(replies), compaction="summary", summary_tokens=64)
+    r.turn("first question")
+    r.turn("second question")
+    r.turn("third question")
+    (compaction,) = [x for x in r.records if isinstance(x, Compaction)]
+    assert compaction.summary == "They asked two things."
+    full, asked = r.fake.requests[2], r.fake.requests[3]
+    # the live prompt (what the slot holds) and one request more, thinking off, capped
+    assert asked["messages"][:-1] == full["messages"]
+    assert "summary" in asked["messages"][-1]["content"]
+    assert asked["max_tokens"] == 64
+    assert (asked.get("chat_template_kwargs") or {}).get("enable_thinking") is False
+    # no Usage record for the summary request: one per answer of the conversation
+    assert sum(isinstance(x, Usage) for x in r.records) == 3
+
+
+def test_a_message_larger_than_the_context_is_refused_and_logs_nothing(rig: Make) -> None:
+    r = rig([answer("fine")], props={"n_ctx": 1000})
+    before = r.path.read_bytes()
+    with pytest.raises(SessionFull):
+        r.turn("x" * 5000)  # 1,250 of the fake's tokens
+    assert r.path.read_bytes() == before and r.fake.requests == []
+    assert r.turn("a short one").content == "fine"
+
+
+def test_an_overflow_nothing_can_be_dropped_from_is_session_full(rig: Make) -> None:
+    r = rig([context_full(9000, 8192), answer("fresh")])
+    with pytest.raises(SessionFull):
+        r.turn("only question")
+    assert r.kinds() == ["User"]  # nothing to compact: the one message is the conversation
