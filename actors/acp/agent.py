@@ -13,8 +13,13 @@ notifications in the order the turn made them, and a call waiting for approval i
   turn like Ctrl-C: it ends cleanly (the log stays valid) with stop reason ``cancelled``.
 - A session's id is its loopd name: ``loopd chat --session NAME`` and ``loopd log show
   NAME`` see the same conversation, and ``session/load`` opens any of them.
-- Methods loopd does not have (``session/fork`` until forks exist, modes, config
-  options, authentication) are not defined here, so the SDK answers "method not found";
+- ``session/fork`` (unstable in ACP: ``loopd acp`` runs the SDK with its unstable methods
+  on, and ``initialize`` declares the ``fork`` session capability) is ``loopd sessions
+  fork``: the whole session, into a new session name, starting from its source's KV state
+  (docs/rendering.md#fork-and-rewind); the answer's ``_meta.loopd`` says from which turn and
+  how many tokens of state. The source is not touched, and need not be open here.
+- Methods loopd does not have (``session/resume``, ``session/close``, modes, config options,
+  authentication) are not defined here, so the SDK answers "method not found";
   ``initialize`` declares none of them.
 """
 
@@ -38,6 +43,7 @@ from acp.interfaces import Client
 from acp.schema import (
     AgentCapabilities,
     DeniedOutcome,
+    ForkSessionResponse,
     Implementation,
     InitializeResponse,
     ListSessionsResponse,
@@ -47,6 +53,7 @@ from acp.schema import (
     PromptCapabilities,
     PromptResponse,
     SessionCapabilities,
+    SessionForkCapabilities,
     SessionInfo,
     SessionListCapabilities,
 )
@@ -59,6 +66,7 @@ from actors.base.errors import LoopdError
 from actors.base.events import ApprovalRequested, Choice, Decision, Event
 from actors.log.outcome import TurnOutcome
 from actors.session.actor import check_name, list_sessions, session_path
+from actors.session.workspace import kept_workspace, other_workspace
 
 __all__ = ["LoopdAgent"]
 
@@ -158,7 +166,8 @@ class LoopdAgent:
                 prompt_capabilities=PromptCapabilities(image=False, audio=False,
                                                        embedded_context=False),
                 mcp_capabilities=McpCapabilities(http=False, sse=False),
-                session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities(),
+                                                         fork=SessionForkCapabilities()),
             ),
             auth_methods=[],
             agent_info=Implementation(name="loopd", title="loopd", version=_version()),
@@ -192,6 +201,35 @@ class LoopdAgent:
             for update in up.history(records, backend.workspace):
                 await self._client().session_update(session_id=name, update=update)
             return LoadSessionResponse(field_meta=self._mcp_note(mcp_servers))
+
+    async def fork_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
+                           **_: Any) -> ForkSessionResponse:
+        """A new session from ``session_id``'s whole conversation and its KV state: its
+        first prompt processes only itself. The source stays as it was."""
+        async with self._handling():
+            source = _name(session_id)
+            backend = await self._backend(cwd)
+            kept = await asyncio.to_thread(kept_workspace, self.config, source)
+            if kept is not None and kept != backend.workspace:
+                raise _invalid(other_workspace(source, kept, backend.workspace))
+            for _attempt in range(5):
+                name = _new_name()
+                if not await asyncio.to_thread(session_path(self.config, name).parent.exists):
+                    break
+            else:
+                raise _invalid("could not find a free session name; try again")
+            forked = await self._call(backend.fork, source, name)
+            await self._call(backend.open, name, False)
+            self.sessions[name] = _Session(name)
+            self.say(f"session {name}: forked from {source} at turn {forked.at}"
+                     + (f", from its KV state ({forked.state_tokens:,} tokens)"
+                        if forked.state_tokens else " (it had no saved KV state)"))
+            meta = up.loopd_meta(forkedFrom=source, atTurn=forked.at,
+                                 stateTokens=forked.state_tokens)
+            note = self._mcp_note(mcp_servers)
+            if note is not None:
+                meta["loopd"].update(note["loopd"])
+            return ForkSessionResponse(session_id=name, field_meta=meta)
 
     async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
                             **_: Any) -> ListSessionsResponse:

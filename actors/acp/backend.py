@@ -2,8 +2,9 @@
 a world of its own, exactly as ``loopd run`` decides (README, "Keep it running").
 
 Both backends have one blocking interface (:class:`Backend`), called from worker threads:
-open a session, read its records, run a turn with a sink, an approver and a cancel token,
-close. The agent (:mod:`actors.acp.agent`) never knows which one it has.
+open a session, read its records, fork one into a new one, run a turn with a sink, an
+approver and a cancel token, close. The agent (:mod:`actors.acp.agent`) never knows which
+one it has.
 
 The workspace is the editor's: ``session/new``'s ``cwd``. A daemon serves one workspace
 (its ``tools.workspace``, which ``status`` reports), so it is used only when that is the
@@ -29,13 +30,23 @@ from actors.daemon.client import Client, find_daemon
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Record
 
-__all__ = ["Backend", "DaemonBackend", "LocalBackend", "Opened", "start_backend"]
+__all__ = ["Backend", "DaemonBackend", "ForkedInto", "LocalBackend", "Opened", "start_backend"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Opened:
     created: bool  # the session did not exist and was made
     cut_bytes: int  # a torn last record that opening cut (a crash's), 0: none
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForkedInto:
+    """What a fork made (actors.session.fork): the turn it was taken at, the records
+    copied, the tokens of the source's KV state it starts from (0: none)."""
+
+    at: int
+    records: int
+    state_tokens: int
 
 
 class Backend(Protocol):
@@ -45,6 +56,8 @@ class Backend(Protocol):
     def open(self, name: str, create: bool) -> Opened: ...
 
     def records(self, name: str) -> Sequence[Record]: ...
+
+    def fork(self, source: str, name: str) -> ForkedInto: ...
 
     def turn(self, name: str, text: str, sink: Sink, approver: Approver,
              cancel: CancelToken) -> TurnOutcome: ...
@@ -81,6 +94,10 @@ class DaemonBackend:
 
     def records(self, name: str) -> Sequence[Record]:
         return self.client.read_log(name)
+
+    def fork(self, source: str, name: str) -> ForkedInto:
+        forked = self.client.fork(source, name)  # the daemon saves the source's state first
+        return ForkedInto(forked.at, forked.records, forked.state_tokens)
 
     def turn(self, name: str, text: str, sink: Sink, approver: Approver,
              cancel: CancelToken) -> TurnOutcome:
@@ -140,6 +157,11 @@ class LocalBackend:
     def records(self, name: str) -> Sequence[Record]:
         records: Sequence[Record] = self._proxy(name).records().get()
         return records
+
+    def fork(self, source: str, name: str) -> ForkedInto:
+        report = self.world.fork(source, name)  # this world's keeper saves the state first
+        tokens = report.state.tokens if report.state is not None else 0
+        return ForkedInto(report.forked.at, report.records, tokens)
 
     def turn(self, name: str, text: str, sink: Sink, approver: Approver,
              cancel: CancelToken) -> TurnOutcome:

@@ -48,7 +48,8 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, transport.end)
     try:
-        await run_agent(cast(Agent, agent), transport)
+        # session/fork is one of the SDK's unstable methods (the others loopd does not have)
+        await run_agent(cast(Agent, agent), transport, use_unstable_protocol=True)
     finally:
         await agent.aclose()
         await transport.close()

@@ -58,7 +58,8 @@ def test_garbage_gets_errors_and_the_session_goes_on(
     agent.send("no/such/thing", {}, notify=True)
     rid = agent.send("no/such/method", {})
     assert error_of(agent.answer(rid)[0]) == (rid, -32601)
-    assert error_of(agent.request("session/fork", {"sessionId": session, "cwd": "/"}))[1] == -32601
+    assert error_of(agent.request("session/resume", {"sessionId": session,
+                                                     "cwd": "/"}))[1] == -32601
     assert error_of(agent.request("session/set_mode", {"sessionId": session,
                                                        "modeId": "x"}))[1] == -32601
 
@@ -68,6 +69,7 @@ def test_garbage_gets_errors_and_the_session_goes_on(
         ("session/prompt", {"sessionId": session}),  # no prompt
         ("session/prompt", {"sessionId": session, "prompt": "not a list"}),
         ("session/new", {"mcpServers": []}),  # no cwd
+        ("session/fork", {"sessionId": session}),  # no cwd
         ("session/load", {"sessionId": 5, "cwd": str(env.workspace), "mcpServers": []}),
     ]:
         assert error_of(agent.request(method, params))[1] == -32602, (method, params)

@@ -61,6 +61,13 @@ def test_turns_run_in_the_daemon_that_serves_the_workspace(
             assert (root / "ws" / "a.txt").read_text() == "from the editor"
             stopped = prompt(agent, session, "t2 [stall]")
             assert stopped["result"] == {"stopReason": "cancelled"}
+            # session/fork goes through the daemon too: the fork is attached to this client
+            forked = agent.request("session/fork", {"sessionId": session,
+                                                    "cwd": str(root / "ws")})
+            fork = forked["result"]["sessionId"]
+            assert forked["result"]["_meta"]["loopd"]["forkedFrom"] == session
+            assert f"session {fork}: attached" in cli(config, "status").stdout
+            assert prompt(agent, fork, "t3")["result"] == {"stopReason": "end_turn"}
             assert agent.close() == 0
             assert f"session {session}" not in cli(config, "status").stdout  # detached
 
@@ -69,6 +76,9 @@ def test_turns_run_in_the_daemon_that_serves_the_workspace(
             other.mkdir()
             elsewhere = acp(config, tmp_path / "acp2.txt")
             elsewhere.start(other)
+            refused = elsewhere.request("session/fork", {"sessionId": session,
+                                                         "cwd": str(other)})
+            assert f"session {session} works on {root / 'ws'}" in refused["error"]["message"]
             assert elsewhere.close() == 0
             said = (tmp_path / "acp2.txt").read_text()
             assert f"the loopd daemon serves {root / 'ws'}, not {other}" in said
@@ -77,3 +87,6 @@ def test_turns_run_in_the_daemon_that_serves_the_workspace(
     assert [r.content for r in records if isinstance(r, User)] == [order, "t2 [stall]"]
     (approved,) = [r for r in records if isinstance(r, Approval)]
     assert (approved.decision.value, approved.by) == ("allow", "person")
+    forked, _ = read_log(root / "sessions" / fork / "log.bin", name=fork)
+    assert forked[: len(records)] == records  # the source's records, then its own
+    assert [r.content for r in forked if isinstance(r, User)][-1] == "t3"
