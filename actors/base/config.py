@@ -196,8 +196,9 @@ class SessionConfig:
     # Compaction (docs/rendering.md#compaction): how the summary of the dropped turns is
     # written: "summary" (the model writes it on the warm slot, at most summary_tokens) or
     # "elide" (a deterministic list of what was dropped, no model call); "auto": elide for
-    # the embedded model, summary for a server named by url.
-    compaction: Literal["summary", "elide"] = field(default="elide",
+    # the embedded model, summary for a server named by url; "off": never by itself (a full
+    # context is SessionFull, as before compaction; `loopd compact` elides).
+    compaction: Literal["summary", "elide", "off"] = field(default="elide",
                                                      metadata=auto("elide", "summary"))
     # Compact before a request whose prompt would pass this share of the slot's context.
     compact_at: float = field(default=0.8, metadata=limits(0.05, 1.0))

@@ -10,6 +10,7 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   that alone does not fit the context is refused with SessionFull before it is logged.
 - :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
   anyway: compacts (``overflow``) or raises SessionFull when nothing can be dropped.
+  ``session.compaction = "off"``: neither (SessionFull once the context is full).
 - :func:`compact_session`: ``loopd compact``, ``/compact``, the daemon's ``compact``.
 
 The summary (``session.compaction``): ``summary`` asks the model on the warm slot: the live
@@ -100,7 +101,7 @@ class Compactor:
         alone = self._baseline() + prompt.pending
         if alone > n_ctx:
             raise SessionFull(alone, n_ctx)
-        if prompt.tokens > self.settings.compact_at * n_ctx:
+        if self.settings.compaction != "off" and prompt.tokens > self.settings.compact_at * n_ctx:
             self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
 
     def overflowed(self, error: InferError, compact: bool = True) -> None:
@@ -108,7 +109,8 @@ class Compactor:
         per request), or SessionFull."""
         body = error.error_body()
         tokens, n_ctx = _count(body.get("n_prompt_tokens")), _count(body.get("n_ctx"))
-        if not compact or not self.compact(CompactionBy.OVERFLOW, tokens, None, n_ctx=n_ctx):
+        if (not compact or self.settings.compaction == "off"
+                or not self.compact(CompactionBy.OVERFLOW, tokens, None, n_ctx=n_ctx)):
             raise SessionFull(tokens or "?", n_ctx or "?") from error
 
     # --- how ---------------------------------------------------------------------------
@@ -130,7 +132,7 @@ class Compactor:
         if choice is None:
             return None
         started = time.monotonic()
-        how = self.settings.compaction
+        how = "summary" if self.settings.compaction == "summary" else "elide"  # off: by hand
         self.emit(Compacting(why=by.value, tokens_before=tokens_before, how=how))
         summary = self._summary(prompt, choice, how)
         self.log.append(Compaction(summary=summary, kept=choice.kept,

@@ -108,3 +108,26 @@ def test_an_overflow_nothing_can_be_dropped_from_is_session_full(rig: Make) -> N
     with pytest.raises(SessionFull):
         r.turn("only question")
     assert r.kinds() == ["User"]  # nothing to compact: the one message is the conversation
+
+
+def test_compaction_off_leaves_a_full_context_session_full(rig: Make) -> None:
+    """compaction = "off": neither past compact_at (where "elide" compacts at turn 6, the
+    first test) nor on the server's "exceeds the context": the turn is SessionFull and logs
+    nothing, as before compaction."""
+    full: list[bool] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        return context_full(1100, 1000) if full else answer("noted")
+
+    r = compacting(rig(script, props={"n_ctx": 1000}), compaction="off")
+    for n in range(7):  # past 800 tokens (compact_at 0.8 of 1000) from turn 6
+        r.turn(f"question {n}{LONG}")
+    assert not any(isinstance(x, Compaction) for x in r.records)
+    assert not any(isinstance(e, Compacting) for e in r.events)
+    full.append(True)
+    before = r.path.read_bytes()
+    with pytest.raises(SessionFull):
+        r.turn("question 7")
+    assert r.kinds()[-1] == "User"  # the question is logged, nothing compacted
+    assert not any(isinstance(x, Compaction) for x in r.records)
+    assert r.path.read_bytes().startswith(before)
