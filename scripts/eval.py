@@ -3,9 +3,11 @@
 The task files of ``examples/eval`` (``*.toml``; garden.toml's header says what a task
 checks) each name a workspace (a folder of ``examples/eval/workspaces``, or this repository
 copied) and a set: ``tuned`` (defaults were chosen on it), ``never-tuned`` (never used to
-choose), ``repo`` (this repository as the workspace) or ``long`` (one long chat). Each task
-is one turn; tasks that name the same ``session`` run one after another in one session (a
-follow-up question), every other task in a new session. A session starts on a fresh copy of
+choose), ``repo`` (this repository as the workspace), ``long`` (one long chat) or
+``overflow`` (chats longer than the context: scripts/eval_overflow.py runs them once per way
+on, compaction or a new session each time the context is full). Each task is one turn;
+tasks that name the same ``session`` run one after another in one session (a follow-up
+question), every other task in a new session. A session starts on a fresh copy of
 its workspace, with ``Config()`` (no ``--config``, no ``$LOOPD_CONFIG``): the embedded model,
 the standard tool hosts, the built-in system prompt and tools. Only what a harness must
 change is changed: the log directory and the workspace (temporary copies), and a fixed
@@ -23,6 +25,7 @@ writes ``bench/eval.json`` (like ``make bench``).
     python -m scripts.eval n-read-todo n-launch  # some tasks, by id (and their sessions)
     python -m scripts.eval --config FILE         # another config (to compare), same tasks
     python -m scripts.eval -v n-launch           # and each turn's calls, results and answers
+    python -m scripts.eval --set overflow --way elide --way elide@0.5   # some ways only
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ from typing import Any
 
 from actors.base import config as cfg
 from actors.base.cancel import CancelToken
-from actors.base.errors import LoopdError
+from actors.base.errors import LoopdError, SessionFull
 from actors.base.events import Choice, Decision, Event
 from actors.inference.smallmodel.bare_json import parse_bare_tool_call
-from actors.log.records import Assistant, Record, ToolResult, Usage, User
+from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage, User
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
 
@@ -59,7 +62,7 @@ OUT = ROOT / "bench" / "eval.json"
 SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
 # The sets, in the order they are reported; the first two make the overall rate.
-SETS = ("tuned", "never-tuned", "repo", "long")
+SETS = ("tuned", "never-tuned", "repo", "long", "overflow")
 OVERALL = SETS[:2]
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
 # a denial for any other, so a write task checks the file on disk. False: check the call
@@ -318,6 +321,14 @@ class Row:
     file: str = ""  # the task file's name, its workspace and set
     workspace: str = ""
     set: str = ""
+    # Set "overflow" (scripts/eval_overflow.py): the way the conversation went on past the
+    # context; the prompt tokens the server processed in the turn (llama-server's prompt_n,
+    # not what its cache held); whether it was asked again in a new session because the
+    # context was full (SessionFull); the compactions made in the turn.
+    way: str = ""
+    processed: int = 0
+    restarted: bool = False
+    compactions: int = 0
 
 
 def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config:
@@ -336,9 +347,15 @@ def run_tasks(
     timeout_s: float = TASK_TIMEOUT_S,
     seed: int = SEED,
     say: Callable[[str], None] = lambda _: None,
+    restart: bool = False,
+    way: str = "",
 ) -> list[Row]:
     """Run the tasks of ``files`` on one app (one model server, one set of tool hosts), a
-    session at a time on a fresh copy of its workspace, and score each turn."""
+    session at a time on a fresh copy of its workspace, and score each turn.
+
+    ``restart``: a turn the context cannot hold (SessionFull) is asked again in a new
+    session on the same workspace, and the rest of its session's tasks run there (what a
+    person does without compaction); its row says ``restarted``. ``way`` labels the rows."""
     from actors.inference.slots.files import remove_session_files, slot_dirs
     from actors.session.actor import session_path
     from actors.session.world import start_world
@@ -358,9 +375,16 @@ def run_tasks(
                     names.append(name)
                     session = app.session(name)
                     for task in group:
-                        row = _run_one(app, session, task, workspace, timeout_s)
+                        row, full = _run_one(app, session, task, workspace, timeout_s)
+                        if full and restart:  # a new session, as a person would start
+                            name = f"eval-{task.id}-{int(time.time())}"
+                            names.append(name)
+                            session = app.session(name)
+                            row, _ = _run_one(app, session, task, workspace, timeout_s)
+                            row = dataclasses.replace(row, restarted=True)
                         rows.append(dataclasses.replace(
-                            row, file=f.name, workspace=f.workspace or "loopd", set=f.set))
+                            row, file=f.name, workspace=f.workspace or "loopd", set=f.set,
+                            way=way))
                         say(_line(rows[-1]))
                     app.close_sessions()
     finally:
@@ -399,12 +423,17 @@ def _repo_files() -> list[str]:
                       if p.is_file() and not skip & set(p.relative_to(ROOT).parts))
 
 
-def _run_one(app: Any, session: Any, task: Task, workspace: Path, timeout_s: float) -> Row:
+def _run_one(
+    app: Any, session: Any, task: Task, workspace: Path, timeout_s: float
+) -> tuple[Row, bool]:
+    """One turn's row, and whether it failed for a full context (SessionFull)."""
     cancel = CancelToken()
     timer = threading.Timer(timeout_s, cancel.cancel)
     started = time.monotonic()
     answer: str | None = None
     error: str | None = None
+    full = False
+    before = len(session.records().get())
     timer.start()
     try:
         outcome = session.turn(app.runtime, task.prompt, _ignore, cancel,
@@ -414,19 +443,30 @@ def _run_one(app: Any, session: Any, task: Task, workspace: Path, timeout_s: flo
             error = "cut at loop.max_tokens"
     except LoopdError as e:
         error = f"timeout after {timeout_s:g} s" if cancel.cancelled else f"{type(e).__name__}: {e}"
+        full = isinstance(e, SessionFull)
     finally:
         timer.cancel()
     seconds = time.monotonic() - started
     records = session.records().get()
     turn = _this_turn(records)
     passed, why = score(task, answer, error, turn, workspace)
+    added = records[before:]  # a compaction before the turn's User record counts too
     return Row(
         task=task.id, kind=task.kind, passed=passed,
         tool_calls=len(calls_of(turn)),
         prompt_tokens=sum(r.prompt_tokens for r in turn if isinstance(r, Usage)),
         seconds=round(seconds, 1), why=why, answer=(answer or "")[:300],
         transcript=tuple(_transcript(turn)),
-    )
+        processed=sum(processed(r) for r in added if isinstance(r, Usage)),
+        compactions=sum(isinstance(r, Compaction) for r in added),
+    ), full
+
+
+def processed(usage: Usage) -> int:
+    """The prompt tokens the server processed for one response (llama-server's prompt_n:
+    the prompt less what its cache held); the whole prompt when the server did not say."""
+    n = usage.timings.get("prompt_n")
+    return int(n) if isinstance(n, int | float) else usage.prompt_tokens
 
 
 def _transcript(records: Sequence[Record]) -> list[str]:
@@ -541,7 +581,9 @@ def table(rows: Sequence[Row]) -> None:
 
 
 def write_json(rows: Sequence[Row], out: Path, meta: Mapping[str, Any]) -> None:
+    """The rows and their summary (set overflow's rows apart: ``meta["overflow"]``)."""
     out.parent.mkdir(exist_ok=True)
+    everything, rows = rows, [r for r in rows if not r.way]
     body = {
         "meta": {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -552,7 +594,7 @@ def write_json(rows: Sequence[Row], out: Path, meta: Mapping[str, Any]) -> None:
                                 for t in tallies]
                         for group, tallies in summary(rows).items()},
         },
-        "rows": [{"bench": "eval", **dataclasses.asdict(r)} for r in rows],
+        "rows": [{"bench": "eval", **dataclasses.asdict(r)} for r in everything],
     }
     out.write_text(json.dumps(body, indent=2) + "\n")
 
@@ -571,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seconds per turn (raise it on a loaded machine rather than count "
                    "timeouts as failures)")
     p.add_argument("--seed", type=int, default=SEED, help="sampling seed; -1: the default")
+    p.add_argument("--way", action="append", default=[], metavar="WAY",
+                   help="set overflow: a way on past the context (summary, elide, new-session; "
+                   "NAME@0.5 also sets session.compact_at), again for more; default: all three")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each turn's calls, results and answers")
     args = p.parse_args(argv)
@@ -581,19 +626,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             files = select(files, args.ids)
     except ValueError as e:
         p.error(str(e))
+    from scripts import eval_overflow
+
     base = cfg.load(args.config) if args.config else cfg.Config()
+    ways = args.way or list(eval_overflow.WAYS)
+    try:
+        for way in ways:
+            eval_overflow.way_config(base, way)
+    except ValueError as e:
+        p.error(str(e))
     started = time.monotonic()
-    rows = run_tasks(files, base, timeout_s=args.timeout, seed=args.seed,
-                     say=lambda s: print(s, file=sys.stderr, flush=True))
+    say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    plain = [f for f in files if f.set != "overflow"]
+    rows = run_tasks(plain, base, timeout_s=args.timeout, seed=args.seed, say=say) if plain else []
+    long = [f for f in files if f.set == "overflow"]
+    overflow = eval_overflow.run_overflow(long, base, ways, timeout_s=args.timeout,
+                                          seed=args.seed, say=say) if long else []
     if args.verbose:
-        for row in rows:
-            print("\n".join((f"{row.task}: {'pass' if row.passed else 'FAIL'}",
-                             *row.transcript)))
-    table(rows)
-    overall = summary(rows)["overall"][0]
-    print(f"overall ({overall.group}): {overall} in {time.monotonic() - started:.0f} s")
-    write_json(rows, Path(args.out), {"config": args.config or "defaults", "seed": args.seed,
-                                      "timeout_s": args.timeout})
+        for row in [*rows, *overflow]:
+            print("\n".join((f"{row.task}{f' ({row.way})' if row.way else ''}: "
+                             f"{'pass' if row.passed else 'FAIL'}", *row.transcript)))
+    if rows:
+        table(rows)
+        overall = summary(rows)["overall"][0]
+        print(f"overall ({overall.group}): {overall}")
+    if overflow:
+        eval_overflow.table(overflow)
+    print(f"in {time.monotonic() - started:.0f} s")
+    write_json([*rows, *overflow], Path(args.out), {
+        "config": args.config or "defaults", "seed": args.seed, "timeout_s": args.timeout,
+        **({"overflow": eval_overflow.summary_json(overflow)} if overflow else {}),
+    })
     print(f"written {args.out}")
     return 0
 

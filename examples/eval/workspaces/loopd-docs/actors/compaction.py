@@ -1,0 +1,167 @@
+"""Compaction's pure parts (docs/rendering.md#compaction): what stays verbatim, the elided
+summary, the texts.
+
+A compaction keeps the last whole turns that fit in ``session.compact_keep`` of the
+context, and summarises the rest. Turns are kept whole: a turn is never split between a
+tool call and its result, and the records before the kept point go into the summary, tool
+results first among what is lost (they are most of the tokens, and the model can call the
+tool again). Only when even the turn in progress does not fit the context is it cut, and
+then only between two model responses (before an Assistant record), never between a call
+and its result. :func:`choose_kept` decides from the records' sizes in tokens;
+:func:`elide` writes the summary that needs no model (``session.compaction = "elide"``);
+:data:`SUMMARY_REQUEST` is the one message added to the live prompt when the model writes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+from actors.log.records import Assistant, Record, ToolResult, User
+from actors.session.messages import View
+
+__all__ = [
+    "ELIDE_HEADER", "SUMMARY_REQUEST", "Choice", "choose_kept", "elide", "kept_turns",
+    "summary_words",
+]  # fmt: skip
+
+SUMMARY_REQUEST = (
+    "The conversation above is too long to keep. Write a summary of it for yourself, to go "
+    "on with the conversation without it: what the person asked, the facts you found in "
+    "files and tool results (file names, numbers, names, dates), what you answered, and what "
+    "is still open. Plain sentences, at most {words} words. Do not call a tool."
+)
+ELIDE_HEADER = (
+    "What happened before (the tools' results are left out: call a tool again to see one):"
+)
+_USER_CAP = 600  # characters of an old user message kept in an elided summary
+_ANSWER_CAP = 400  # characters of an old answer
+_ARGS_CAP = 160  # characters of a call's arguments
+_SHORT_RESULT = 200  # a result up to this many characters is kept whole (a size, a line)
+_LEFT_OUT = re.compile(r"\((\d+) earlier lines? left out\)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice:
+    """Where the verbatim part starts (a record index) and how many turns it holds."""
+
+    kept: int
+    turns: int
+
+
+def summary_words(tokens: int) -> int:
+    """The word limit asked for in :data:`SUMMARY_REQUEST`: about 0.6 words a token."""
+    return max(20, int(tokens * 0.6))
+
+
+def choose_kept(
+    records: Sequence[Record], shown: View, sizes: Mapping[int, int], *, keep: int, room: int,
+    pending: bool,
+) -> Choice | None:
+    """Where the verbatim part of a compaction of ``shown`` starts; None when none helps.
+
+    ``sizes``: tokens of each live record's messages; ``keep``: the verbatim part's budget
+    (``session.compact_keep`` of the context); ``room``: the most it may take and still let
+    the request fit. ``pending``: the turn's User record is not in the log yet (it is sent
+    after the verbatim part in any case). At least one live record is always dropped.
+    """
+    live = [i for i in shown.live if isinstance(records[i], User | Assistant | ToolResult)]
+    if not live:
+        return None
+    starts = [i for i in live if isinstance(records[i], User) and i > live[0]]
+    if pending:
+        starts.append(len(records))
+    blocks: list[int] = []
+    if not pending:
+        current = max((i for i in live if isinstance(records[i], User)), default=live[0])
+        blocks = [i for i in live if i > max(current, live[0])
+                  and isinstance(records[i], Assistant)]
+
+    def suffix(start: int) -> int:
+        return sum(sizes.get(i, 0) for i in live if i >= start)
+
+    fitting = [s for s in starts if suffix(s) <= keep]
+    if fitting:
+        return Choice(fitting[0], _turns(records, live, fitting[0], pending))
+    for start in ([starts[-1]] if starts else []) + blocks:
+        if suffix(start) <= room:
+            return Choice(start, _turns(records, live, start, pending))
+    return None
+
+
+def _turns(records: Sequence[Record], live: Sequence[int], kept: int, pending: bool) -> int:
+    started = sum(1 for i in live if i >= kept and isinstance(records[i], User))
+    return started + (1 if pending else 0) or 1
+
+
+def kept_turns(records: Sequence[Record], shown: View) -> int:
+    """Turns whose start is still sent verbatim in ``shown``."""
+    return sum(1 for i in shown.live if isinstance(records[i], User))
+
+
+def elide(records: Sequence[Record], dropped: Sequence[int], previous: str | None,
+          cap: int) -> str:
+    """The deterministic summary of the records at ``dropped`` (indexes), after ``previous``.
+
+    Each old user message in full up to a cap, each old answer likewise, and each old tool
+    call as one line: tool, arguments, and the result's size (a short result whole). At
+    most ``cap`` characters: the oldest lines go first, and the summary says how many.
+    """
+    results = {r.tool_call_id: r for i in dropped if isinstance(r := records[i], ToolResult)}
+    lines: list[str] = []
+    if previous:
+        lines.extend(line for line in previous.splitlines() if line and line != ELIDE_HEADER)
+    for i in dropped:
+        record = records[i]
+        if isinstance(record, User):
+            lines.append(f"- The person asked: {_cut(record.content, _USER_CAP)}")
+        elif isinstance(record, Assistant):
+            for call in record.tool_calls:
+                found = results.get(call.id)
+                lines.append(f"  - You called {call.tool} {_arguments(call.name, call.arguments)}"
+                             f": {_result(found)}")
+            if record.content and record.content.strip():
+                lines.append(f"  - You answered: {_cut(record.content, _ANSWER_CAP)}")
+    return _fit([ELIDE_HEADER, *lines], cap)
+
+
+def _arguments(name: str, arguments: str) -> str:
+    """A call's arguments as one line (call_tool's inner arguments when it names a tool)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return _cut(arguments, _ARGS_CAP)
+    if name == "call_tool" and isinstance(value, dict) and "arguments" in value:
+        value = value["arguments"]
+    return _cut(json.dumps(value, ensure_ascii=False), _ARGS_CAP)
+
+
+def _result(found: ToolResult | None) -> str:
+    if found is None:
+        return "no result"
+    text = found.content.strip()
+    if len(text) <= _SHORT_RESULT:
+        return f"it returned {' '.join(text.split())!r}"
+    return f"it returned {len(found.content):,} characters (call it again to see them)"
+
+
+def _cut(text: str, cap: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= cap else flat[: cap - 3] + "..."
+
+
+def _fit(lines: list[str], cap: int) -> str:
+    """``lines`` joined, the oldest after the header left out until it fits ``cap``."""
+    header, body = lines[0], lines[1:]
+    left_out = 0
+    if body and (earlier := _LEFT_OUT.fullmatch(body[0])):
+        body.pop(0)
+        left_out = int(earlier.group(1))
+    while body and len("\n".join([header, *body])) + 40 > cap:
+        body.pop(0)
+        left_out += 1
+    if left_out:
+        body.insert(0, f"({left_out} earlier lines left out)")
+    return "\n".join([header, *body])
