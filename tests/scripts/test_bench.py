@@ -46,7 +46,7 @@ def smoke(
 
 def test_every_bench_is_found() -> None:
     assert {"log", "tools", "mcp", "loop", "daemon", "sessions", "inference", "slots",
-            "fork"} <= set(
+            "fork", "compaction"} <= set(
         BENCHES
     )
 

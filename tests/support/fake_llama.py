@@ -564,7 +564,9 @@ def _answer_events(
     slot = slot_field if isinstance(slot_field, int) else -1
     prompt = render_prompt(body)
     total = len(prompt) // 4
-    cached = fake._cache(slot, prompt) if body.get("cache_prompt", True) else 0
+    cached = fake._cache(slot, prompt)  # the slot holds the prompt either way
+    if body.get("cache_prompt", True) is False:  # and processes it all
+        cached = 0
     cache = min(cached // 4, max(0, total - 1))
     role = {"role": "assistant", "content": None}
     if body.get("return_progress"):
