@@ -29,6 +29,7 @@ name (``from actors import Client``), never by every module below ``actors``.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -290,6 +291,58 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     target.write_text(line + "\n")
     found = violations(graph(tmp_path), packages(tmp_path))
     assert any(caught in v for v in found), found
+
+
+# --- the README's map -------------------------------------------------------------------------
+
+MAP_HEADING, MAP_END = "### Where each line runs", "\n### "
+_ROW = re.compile(r"^\| `(actors/(?:[\w/]+/)?)` \|(.*)$")
+
+
+def unmapped(root: Path) -> list[str]:
+    """Modules the README's map ("Where each line runs") leaves out: every folder of
+    ``actors`` that holds a module has a row of its own, and its row names each module
+    (its file name, in backquotes; ``__init__.py`` and ``__main__.py`` are the folder itself)."""
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    start = readme.index(MAP_HEADING)
+    end = readme.find(MAP_END, start + len(MAP_HEADING))
+    rows = {m[1]: m[2] for line in readme[start:end].splitlines() if (m := _ROW.match(line))}
+    missing = []
+    for path in sorted((root / "actors").rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        folder = path.parent.relative_to(root).as_posix() + "/"
+        if folder not in rows:
+            missing.append(f"{folder} has no row (it holds {path.name})")
+        elif f"`{path.name}`" not in rows[folder]:
+            missing.append(f"{folder}{path.name} is not named in its folder's row")
+    return missing
+
+
+def test_the_readme_map_names_every_module() -> None:
+    """A module added without a word in README's "Where each line runs" fails here: add it
+    to its folder's row (a new folder: a row of its own, with the process it runs in)."""
+    assert unmapped(ROOT) == []
+
+
+def test_a_module_missing_from_the_map_is_caught(tmp_path: Path) -> None:
+    """The check on a small copy: clean, then a module without a word, then a folder
+    without a row."""
+    (tmp_path / "actors/wire").mkdir(parents=True)
+    for name in ("actors/__init__.py", "actors/wire/__init__.py", "actors/wire/loop.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "README.md").write_text(
+        "# x\n\n### Where each line runs\n\n| folder | runs in | what it holds |\n|---|---|---|\n"
+        "| `actors/wire/` | every process | `loop.py` (the loop) |\n\n### Errors\n\n"
+        "| `actors/wire/` | later table | `codec.py` |\n"
+    )
+    assert unmapped(tmp_path) == []
+    (tmp_path / "actors/wire/codec.py").write_text("")  # named only in a table past the map
+    assert unmapped(tmp_path) == ["actors/wire/codec.py is not named in its folder's row"]
+    (tmp_path / "actors/wire/codec.py").unlink()
+    (tmp_path / "actors/wire/port").mkdir()
+    (tmp_path / "actors/wire/port/calls.py").write_text("")
+    assert unmapped(tmp_path) == ["actors/wire/port/ has no row (it holds calls.py)"]
 
 
 # --- the tests' own layout ---------------------------------------------------------------
