@@ -17,6 +17,12 @@ session side's connection to it). This is that thread's loop, written once:
   write wakes the loop for everything posted before it looks.
 - **timers**: :meth:`Loop.call_at`, :meth:`Loop.call_later`, :meth:`Loop.every`, run in the
   loop's thread; ``poll`` sleeps until the next one is due.
+- **signals**: :class:`SignalWake` wakes a loop in the main thread when a signal arrives.
+  The kernel may hand a process's signal to any of its threads; Python runs the handler in
+  the main thread only once that thread runs Python code again, and a loop with no timer
+  due sleeps in ``poll`` for ever (a SIGTERM that reached a worker thread left the daemon
+  serving). The signal's byte, written by Python's C handler to a pipe the loop polls
+  (``signal.set_wakeup_fd``), wakes it whichever thread took the signal.
 - **heartbeats**: :class:`Heartbeat` pings a peer every interval (when given a ping) and
   reports it silent after ``misses`` intervals without hearing from it (the zguide's
   "Paranoid Pirate": any message counts as a sign of life).
@@ -38,13 +44,14 @@ import itertools
 import math
 import os
 import queue
+import signal
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
 
-__all__ = ["Heartbeat", "Loop", "Timer"]
+__all__ = ["Heartbeat", "Loop", "SignalWake", "Timer"]
 
 _BATCH = 256  # messages read from one socket per wake-up before timers and posts get a turn
 _COMPACT = 64  # cancelled timers tolerated in the heap before it is rebuilt without them
@@ -106,6 +113,7 @@ class Loop:
         self._waker = _Waker()
         self._poller.register(self._waker.fd, zmq.POLLIN)
         self._handlers: dict[zmq.Socket[Any], Handler] = {}
+        self._fds: dict[int, Callable[[], None]] = {}  # plain descriptors: fd -> on readable
         self._inbox: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = (
             queue.SimpleQueue()
         )
@@ -147,6 +155,15 @@ class Loop:
         """Stop watching ``sock`` (its owner closes it)."""
         if self._handlers.pop(sock, None) is not None:
             self._poller.unregister(sock)
+
+    def add_fd(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """Call ``on_readable()`` when descriptor ``fd`` can be read (it must drain it)."""
+        self._fds[fd] = on_readable
+        self._poller.register(fd, zmq.POLLIN)
+
+    def remove_fd(self, fd: int) -> None:
+        if self._fds.pop(fd, None) is not None:
+            self._poller.unregister(fd)
 
     def call_at(self, when: float, fn: Callable[..., Any], *args: Any) -> Timer:
         """Run ``fn(*args)`` once at ``when`` (``time.monotonic()``) or soon after."""
@@ -193,6 +210,11 @@ class Loop:
         for what, _ in self._poller.poll(timeout):
             if what == self._waker.fd:
                 self._waker.drain()
+                continue
+            if isinstance(what, int):
+                on_readable = self._fds.get(what)
+                if on_readable is not None:
+                    on_readable()
                 continue
             sock = cast("zmq.Socket[Any]", what)
             handler = self._handlers.get(sock)
@@ -265,6 +287,44 @@ class Loop:
         """Let go of the waker (after :meth:`run`; the sockets are their owners' to close)."""
         if not self._waker.closed:
             self._waker.close()
+
+
+class SignalWake:
+    """While open, a signal wakes ``loop`` (run in the main thread), whichever thread the
+    kernel delivered it to: Python then runs the signal's handler before the loop polls
+    again. Build and close it in the main thread (``signal.set_wakeup_fd`` is main-only)."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self._r, self._w = os.pipe()
+        for fd in (self._r, self._w):
+            os.set_blocking(fd, False)
+        loop.add_fd(self._r, self._drain)
+        try:
+            self._previous = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        except BaseException:
+            self._release()
+            raise
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):  # BlockingIOError: drained
+            while os.read(self._r, 4096):
+                pass
+
+    def _release(self) -> None:
+        self.loop.remove_fd(self._r)
+        os.close(self._r)
+        os.close(self._w)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        self._release()
+
+    def __enter__(self) -> SignalWake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Heartbeat:

@@ -22,17 +22,25 @@ After every death:
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import os
+import platform
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
+import pytest
+
 from actors.base import config as cfg
 from actors.base.errors import LoopdError
 from actors.daemon.client import Client
+from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
 from actors.wire.procs import kill_tree
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
@@ -40,7 +48,7 @@ from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import message
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
-from tests.support.watch import HANG_S, wait_until
+from tests.support.watch import HANG_S, Background, wait_until
 from tests.tools.hostkit import short_dir
 
 SEED = int(os.environ.get("LOOPD_DAEMON_SEED", "20261203"))
@@ -213,3 +221,91 @@ def test_sigterm_and_sigkill_of_the_daemon_at_random_moments_lose_nothing(
         assert isinstance(last[0], User) and isinstance(last[-1], Usage)
     line = ", ".join(f"{k}: {v}" for k, v in sorted(stats.items()))
     print(f"\ndaemon kill test (seed {SEED}): {KILLS} lives; {line}")
+
+
+def test_sigterm_during_a_long_command_cancels_the_turn_and_the_daemon_exits(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """A command that would run for an hour (tools.timeout_s allows it) is in flight when the
+    daemon gets SIGTERM: the turn is cancelled, the command killed, and the daemon exits 0
+    (it hung before: its shutdown waited on the session actor, busy in the tool call)."""
+    slow = 't1 :: run_command {"command": "sleep 3600; echo too-late"}'
+    with FakeLlama(agent()) as fake:
+        path = daemon_config(tmp_path, run_dir, fake.url,
+                             sections={"tools": {"timeout_s": 7200}})  # fmt: skip
+        with Daemon(path) as daemon, daemon.client() as client:
+            turn = client.turn("s", slow)
+            events = iter(turn)
+            next(e for e in events if type(e).__name__ == "ToolCallStarted")
+            wait_until(lambda: any("sleep 3600" in c for c in daemon.commands()),
+                       BOUND_S, "the command to start")  # fmt: skip
+            started = daemon.children()
+            ended = Background(lambda: list(events))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(daemon.pid, signal.SIGTERM)
+            try:  # a hang guard: the daemon's own grace is well inside it
+                code = daemon.proc.wait(3 * HANG_S)
+            except subprocess.TimeoutExpired:
+                kill_tree(daemon.pid)
+                raise AssertionError(f"the daemon hung on SIGTERM: {daemon.text()}") from None
+            with pytest.raises(LoopdError):
+                ended.join(BOUND_S)
+            wait_gone(started, BOUND_S)
+    assert code == 0, daemon.text()
+    assert not (run_dir / "loopd.pid").exists()
+    records = read_records(cfg.load(path).log_dir / "s" / "log.bin")
+    assert not any(isinstance(r, ToolResult) for r in records)  # cancelled, nothing run late
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` (glibc's tgkill)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def _takes(pid: int, tid: int, signum: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` does not block ``signum`` (libzmq's threads do)."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return not int(line.split()[1], 16) >> (signum - 1) & 1
+    return False
+
+
+def _polls_for_good(pid: int) -> bool:
+    """Whether the main thread of ``pid`` sleeps in poll(2) with no timeout (x86-64's
+    syscall 7, its third argument -1): the daemon's loop with no timer due, no client."""
+    fields = Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()
+    return fields[:1] == ["7"] and int(fields[3], 16) & 0xFFFFFFFF == 0xFFFFFFFF
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not hasattr(ctypes.CDLL(None), "tgkill"),
+                    reason="reads x86-64 syscall numbers in /proc; needs glibc's tgkill")
+def test_a_sigterm_taken_by_a_worker_thread_stops_an_idle_daemon(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """The kernel hands a process's SIGTERM to any thread that does not block it (the main
+    thread when it can). Python runs the handler in the main thread only, once that thread
+    runs Python code; the daemon's loop, with no client left and so no timer due, slept in
+    poll for ever: a SIGTERM that landed on another of its threads left it serving (the CI
+    teardown that waited 60 s for a daemon whose last client had said bye). Sent here to a
+    long-lived worker thread on purpose (tgkill), it stops the daemon."""
+    with FakeLlama(agent()) as fake:
+        path = daemon_config(tmp_path, run_dir, fake.url)
+        with Daemon(path) as daemon:
+            with daemon.client() as client:
+                client.turn("s", "t1 :: list_dir {}").run(lambda e: None)
+            # The bye read, the client's heartbeat timer gone: nothing wakes the loop now.
+            wait_until(lambda: _polls_for_good(daemon.pid), BOUND_S, "the loop to sleep")
+            workers = [t.id for t in psutil.Process(daemon.pid).threads()
+                       if t.id != daemon.pid and _takes(daemon.pid, t.id, signal.SIGTERM)]
+            assert workers, "no thread of the daemon but the main one takes SIGTERM"
+            _tgkill(daemon.pid, min(workers), signal.SIGTERM)  # the oldest: it stays
+            try:  # a hang guard: the daemon stops at once
+                code = daemon.proc.wait(HANG_S)
+            except subprocess.TimeoutExpired:
+                daemon.terminate()  # the main thread takes this one: the test ends
+                raise AssertionError("the daemon did not stop on a SIGTERM taken by a "
+                                     f"worker thread: {daemon.text()}") from None
+    assert code == 0, daemon.text()
+    assert "loopd daemon stopped" in daemon.text()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.wire.loop import Heartbeat, Loop
+from actors.wire.loop import Heartbeat, Loop, SignalWake
 
 _names = itertools.count()
 GUARD_S = 30.0  # hang guard: a test that waits this long has failed
@@ -145,6 +145,35 @@ def test_a_signal_handler_stops_a_loop_in_the_main_thread(loop: Loop) -> None:
         loop.run()
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_signal_another_thread_takes_wakes_a_loop_with_a_signal_wake(loop: Loop) -> None:
+    """A signal the kernel gives a thread other than the main one trips Python's flag and
+    nothing else: the main thread, asleep in poll with no timer due, never ran the handler
+    (the daemon served on after a SIGTERM). Through its SignalWake, the loop wakes."""
+    ran: list[str] = []
+
+    def handler(*_: object) -> None:
+        ran.append("handler")
+        loop.stop()
+
+    def hang_guard() -> None:
+        ran.append("guard")
+        loop.stop()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with SignalWake(loop):
+            # The timer's own thread takes the signal, once the loop is (likely) asleep.
+            threading.Timer(0.05, lambda: signal.pthread_kill(threading.get_ident(),
+                                                              signal.SIGUSR1)).start()
+            guard = threading.Timer(GUARD_S, hang_guard)  # from another thread
+            guard.start()
+            loop.run()
+            guard.cancel()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert ran[:1] == ["handler"], "the loop ended by its hang guard, not the signal"
 
 
 def test_posting_after_close_is_harmless(loop: Loop) -> None:

@@ -80,6 +80,7 @@ class Server:
         self._lock = threading.Lock()  # _clients' turns, touched by turn threads at their end
         self._loop = Loop()
         self._loop.add(sock, self._on_frames)
+        self.loop = self._loop  # for the signal wake-up (main.py), in the loop's thread
         self._listening = None if fd_limit is None else Listening(
             self._loop, sock, endpoint, fd_limit
         )

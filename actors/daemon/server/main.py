@@ -36,6 +36,7 @@ from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
 from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
+from actors.wire.loop import SignalWake
 from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import loopd_env
 
@@ -143,7 +144,8 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
                     if stop.is_set():
                         server[0].request_stop()
                     say(f"loopd daemon pid {os.getpid()} serving on {where}")
-                    server[0].serve()
+                    with SignalWake(server[0].loop):  # a SIGTERM taken by another thread
+                        server[0].serve()
                 finally:
                     sock.close(linger=0)
                     if auth is not None:
