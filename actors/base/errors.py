@@ -97,12 +97,19 @@ class TurnLimit(LimitError):
 
 
 class SessionFull(LimitError):
-    """The prompt no longer fits the model's context."""
+    """The prompt no longer fits the model's context. ``taken_back``: the turn's message was
+    logged and is taken back (a Rewind: kept in the log, never sent again); otherwise it was
+    refused before anything was logged."""
 
-    def __init__(self, prompt_tokens: object = "?", n_ctx: object = "?") -> None:
+    def __init__(self, prompt_tokens: object = "?", n_ctx: object = "?", *,
+                 taken_back: bool = False) -> None:
+        self.prompt_tokens, self.n_ctx = prompt_tokens, n_ctx
+        self.detail = f"the prompt is {prompt_tokens} tokens and the model's context holds {n_ctx}"
+        back = (" Your message was taken back: it stays in the log and is never answered, "
+                "not even later." if taken_back else "")
         super().__init__(
-            f"The conversation is full: the prompt is {prompt_tokens} tokens and the model's "
-            f"context holds {n_ctx}. Start a new session (or give the server a larger context)."
+            f"The conversation is full: {self.detail}.{back} Start a new session (or give the "
+            "server a larger context)."
         )
 
 

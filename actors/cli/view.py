@@ -145,8 +145,9 @@ def describe(record: rec.Record) -> str:
                     "records before this one are its, as they were")
         case rec.Rewind():
             back = f"turn {record.to_turn}" if record.to_turn else "its start"
+            why = f"; refused for a full context: {record.refused}" if record.refused else ""
             return (f"the conversation goes back to {back}: the turns after it are rewound "
-                    "(kept here, no longer sent)")
+                    f"(kept here, no longer sent){why}")
     raise AssertionError(f"no description for {type(record).__name__}")
 
 

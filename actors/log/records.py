@@ -10,6 +10,7 @@ half-read.
 Fields added after logs were first written (a log without them reads as the default):
 
 - ``usage.slot`` (nil) and ``cache_loss.cause`` (""): with the slot keeper (f41d248).
+- ``rewind.refused`` (""): a turn refused for a full context is taken back (issue 28).
 """
 
 from __future__ import annotations
@@ -235,9 +236,13 @@ class Forked:
 class Rewind:
     """From here on the conversation is rendered as it was when turn ``to_turn + 1`` was
     asked: the turns after ``to_turn`` are skipped (actors/session/messages.py); they stay
-    in the log. ``to_turn`` counts User records in the log (0: back to the Baseline)."""
+    in the log. ``to_turn`` counts User records in the log (0: back to the Baseline).
+
+    ``refused``: why loopd took the turn back itself (the server refused its prompt as
+    larger than the context, in the server's numbers); "" when the person did."""
 
     to_turn: Natural
+    refused: str = added("", "a turn refused for a full context is taken back (issue 28)")
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 

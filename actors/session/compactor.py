@@ -13,6 +13,12 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   ``session.compaction = "off"``: neither (SessionFull once the context is full).
 - :func:`compact_session`: ``loopd compact``, ``/compact``, the daemon's ``compact``.
 
+A turn refused for a full context once its message is logged (the server still says it is
+full after compacting, or nothing could be dropped) is taken back (:meth:`Compactor.taking_back`):
+a Rewind to the turn before it, ``refused`` saying why. Its message and calls stay in the log
+but are never sent again, so a later request (after a larger context, say) does not answer a
+message typed while the conversation was full (issue 28).
+
 The summary (``session.compaction``): ``summary`` asks the model on the warm slot: the live
 prompt (which the slot holds) plus :data:`SUMMARY_REQUEST`, thinking off, plain text under
 constrained calls, at most ``session.summary_tokens`` (and a tenth of the context); no
@@ -24,15 +30,16 @@ next request compacts again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
-from actors.base.errors import Cancelled, SessionFull, UsageError
+from actors.base.errors import Cancelled, SessionError, SessionFull, UsageError
 from actors.base.events import Compacted, Compacting, Event, Progress, Queued, Retrying, Waiting
 from actors.inference.smallmodel.decision import strip_word
 from actors.inference.smallmodel.grammar import cached_grammar
@@ -43,6 +50,7 @@ from actors.log.records import (
     Compaction,
     CompactionBy,
     Record,
+    Rewind,
     ToolResult,
     User,
 )
@@ -112,6 +120,18 @@ class Compactor:
         if (not compact or self.settings.compaction == "off"
                 or not self.compact(CompactionBy.OVERFLOW, tokens, None, n_ctx=n_ctx)):
             raise SessionFull(tokens or "?", n_ctx or "?") from error
+
+    @contextlib.contextmanager
+    def taking_back(self) -> Iterator[None]:
+        """Around a turn whose message is logged: SessionFull out of it takes the turn back
+        (a Rewind to the turn before it, saying why) and says so."""
+        try:
+            yield
+        except SessionFull as full:
+            asked = sum(isinstance(r, User) for r in self.log.records)  # this turn's is last
+            with contextlib.suppress(SessionError):  # the failed append already said so
+                self.log.append(Rewind(to_turn=max(asked - 1, 0), refused=full.detail))
+            raise SessionFull(full.prompt_tokens, full.n_ctx, taken_back=True) from full
 
     # --- how ---------------------------------------------------------------------------
 

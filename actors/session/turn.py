@@ -12,7 +12,7 @@ The limits decided here, and where:
                        (loop.max_calls_per_response)
   repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
   thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
-  context full      -> ``compactor.Compactor``: compacts, else SessionFull
+  context full      -> ``compactor.Compactor``: compacts, else SessionFull (taken back)
   tool result size  -> ``cap_result``         (loop.tool_result_cap)
 """
 
@@ -136,19 +136,20 @@ class _Turn:
         self.question = content
         self.compactor.make_room(content)  # SessionFull here logs nothing
         self.log.append(User(content=content))
-        while True:
-            asked = self._ask_model()
-            completion = asked.completion
-            if not completion.tool_calls or completion.finish_reason == "length":
-                return TurnOutcome(
-                    content=completion.content or "", usage=asked.usage,
-                    iterations=self.iterations, tool_calls=self.tool_calls,
-                    cut=completion.finish_reason == "length", restored=self.restored,
-                    compactions=self.compactor.made,
-                )
-            self._count_iteration()
-            for call in completion.tool_calls:
-                self._run_tool(call)
+        with self.compactor.taking_back():  # SessionFull from here takes the turn back
+            while True:
+                asked = self._ask_model()
+                completion = asked.completion
+                if not completion.tool_calls or completion.finish_reason == "length":
+                    return TurnOutcome(
+                        content=completion.content or "", usage=asked.usage,
+                        iterations=self.iterations, tool_calls=self.tool_calls,
+                        cut=completion.finish_reason == "length", restored=self.restored,
+                        compactions=self.compactor.made,
+                    )
+                self._count_iteration()
+                for call in completion.tool_calls:
+                    self._run_tool(call)
 
     def _ask_model(self) -> _Asked:
         """One model response: asked, read as loopd takes it, checked, logged in one write."""

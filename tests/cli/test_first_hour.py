@@ -316,3 +316,25 @@ def test_run_refused_for_a_full_context_names_the_ways_on(
     assert "Ways on: --session NEW-NAME starts a new session" in flat, flat
     assert "loopd rewind s takes back the last turn" in flat
     assert "embedded.ctx_size" in flat
+
+
+def test_a_message_refused_for_a_full_context_is_never_answered_later(
+    env: dict[str, Any], capsys: Any
+) -> None:
+    """The refused message was logged and sent with the next one once the context was raised,
+    so the model answered a message typed while full: now the turn is taken back (a Rewind
+    saying why, shown by log show) and the person is told."""
+    base = ["--config", env["config"], "--session", "s"]
+    with FakeLlama([context_full(n_prompt_tokens=1200, n_ctx=1000)],
+                   props={"n_ctx": 1000}) as fake:
+        assert main(["run", "summarise every file", *base, "--url", fake.url]) == 3
+    flat = " ".join(capsys.readouterr().err.split())
+    assert "Your message was taken back: it stays in the log and is never answered" in flat
+    with FakeLlama([answer("hello")], props={"n_ctx": 4000}) as fake:  # a larger context
+        assert main(["run", "just say hello", *base, "--url", fake.url]) == 0
+        (sent,) = fake.requests
+    assert [m["content"] for m in sent["messages"][1:]] == ["just say hello"]
+    assert capsys.readouterr().out.strip() == "hello"
+    assert main(["log", "show", "s", "--config", env["config"]]) == 0
+    shown = capsys.readouterr().out
+    assert "refused for a full context: the prompt is 1200 tokens" in " ".join(shown.split())

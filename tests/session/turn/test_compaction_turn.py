@@ -1,9 +1,11 @@
 """Compaction inside a turn, against the fake llama-server: before a request past
 session.compact_at, after the server's "exceeds the context", and SessionFull for what it
-cannot help (a message larger than the context, refused before it is logged)."""
+cannot help (a message larger than the context, refused before it is logged; a turn refused
+once logged is taken back: its message is never answered later, out of order)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -11,14 +13,16 @@ import pytest
 
 from actors.base.errors import SessionFull
 from actors.base.events import Compacted, Compacting
-from actors.log.records import CacheLoss, Compaction, CompactionBy, Usage, User
+from actors.log.records import CacheLoss, Compaction, CompactionBy, Rewind, ToolResult, Usage, User
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
-from tests.session.turn.conftest import Rig
+from actors.tools.registry import Registry
+from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import Reply, answer, context_full
 
 Make = Callable[..., Rig]
 LONG = " more" * 80  # 400 characters: 100 of the fake's tokens
+ECHO = ("call_tool", json.dumps({"name": "echo", "arguments": {"text": "x"}}))
 
 
 def compacting(r: Rig, **session: Any) -> Rig:
@@ -107,13 +111,42 @@ def test_an_overflow_nothing_can_be_dropped_from_is_session_full(rig: Make) -> N
     r = rig([context_full(9000, 8192), answer("fresh")])
     with pytest.raises(SessionFull):
         r.turn("only question")
-    assert r.kinds() == ["User"]  # nothing to compact: the one message is the conversation
+    # nothing to compact (the one message is the conversation): the turn is taken back
+    assert r.kinds() == ["User", "Rewind"]
+    assert r.turn("a short one").content == "fresh"
+    assert [m["content"] for m in r.fake.requests[-1]["messages"][1:]] == ["a short one"]
+
+
+def test_a_turn_refused_after_its_calls_and_a_compaction_is_taken_back_whole(
+        rig: Make) -> None:
+    """Issue 28: a message typed while full was answered once the context was raised. A turn
+    full again after compacting goes back to where it was asked: its question, call, result
+    and compaction stay in the log; the next request sends turn 1 and the new message only."""
+    replies: list[Reply] = [answer("one"), answer(tool_calls=[ECHO]),
+                            context_full(9000, 8192), context_full(9000, 8192), answer("three")]
+    r = compacting(rig(replies, Registry([ScriptedPort()])), compaction="elide")
+    r.turn("first")
+    answered = [*r.fake.requests[0]["messages"], {"role": "assistant", "content": "one"}]
+    before = r.path.read_bytes()
+    with pytest.raises(SessionFull) as full:
+        r.turn("read the long file")
+    assert "taken back" in str(full.value) and "9000 tokens" in str(full.value)
+    assert r.path.read_bytes().startswith(before)  # the log only grew
+    assert r.kinds()[-3:] == ["ToolResult", "Compaction", "Rewind"]
+    (back,) = [x for x in r.records if isinstance(x, Rewind)]
+    assert back.to_turn == 1 and back.refused == "the prompt is 9000 tokens and the model's " \
+        "context holds 8192"
+    assert any(isinstance(x, ToolResult) for x in r.records)  # kept in the log
+    assert r.turn("third").content == "three"
+    sent = r.fake.requests[-1]["messages"]
+    assert sent[: len(answered)] == answered
+    assert [m["content"] for m in sent[len(answered):]] == ["third"]
 
 
 def test_compaction_off_leaves_a_full_context_session_full(rig: Make) -> None:
     """compaction = "off": neither past compact_at (where "elide" compacts at turn 6, the
-    first test) nor on the server's "exceeds the context": the turn is SessionFull and logs
-    nothing, as before compaction."""
+    first test) nor on the server's "exceeds the context": the turn is SessionFull and taken
+    back (its question stays in the log, never sent)."""
     full: list[bool] = []
 
     def script(body: dict[str, Any]) -> Reply:
@@ -128,6 +161,6 @@ def test_compaction_off_leaves_a_full_context_session_full(rig: Make) -> None:
     before = r.path.read_bytes()
     with pytest.raises(SessionFull):
         r.turn("question 7")
-    assert r.kinds()[-1] == "User"  # the question is logged, nothing compacted
+    assert r.kinds()[-2:] == ["User", "Rewind"]  # the question is logged, nothing compacted
     assert not any(isinstance(x, Compaction) for x in r.records)
     assert r.path.read_bytes().startswith(before)

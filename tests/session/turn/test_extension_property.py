@@ -12,6 +12,9 @@ result size, a full context, a failing server). Through all of it:
   Compaction record appended since the request before) each request extends the one
   before, and the first request of an epoch extends the baseline's prefix (the system
   prompt and the tools);
+- a turn refused for a full context once its message is logged is taken back (a Rewind):
+  the requests after it extend the last request before that turn (within its epoch, else
+  the baseline's prefix), never one of the refused turn's;
 - the log only grows: its bytes after turn N start with its bytes after turn N-1.
 
 The seed is printed in pytest's header (tests/conftest.py); CI runs 200 examples.
@@ -25,11 +28,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from actors.base.errors import LoopdError
-from actors.log.records import Compaction
+from actors.log.records import Rewind
+from actors.session.messages import view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
@@ -127,10 +131,11 @@ def test_every_request_extends_the_last_within_an_epoch_and_the_log_only_grows(
     served = iter(range(10**6))
     port = ScriptedPort(lambda tool, args: answers[next(served) % len(answers)])
     tmp: Path = tmp_path_factory.mktemp("prop")
-    epochs: list[int] = []  # per request: the Compaction records in the log when it came
+    asked: list[tuple[int, int]] = []  # per request: its turn, the epoch it renders
+    turn = 0
 
     def script(body: dict[str, Any]) -> Reply:
-        epochs.append(sum(isinstance(r, Compaction) for r in rig.log.records))
+        asked.append((turn, view(rig.log.records).epoch))
         return queue.pop(0) if queue else answer("done")
 
     rig = Rig(tmp, script, Registry([port]), props={"n_ctx": n_ctx}, **limits)
@@ -138,19 +143,29 @@ def test_every_request_extends_the_last_within_an_epoch_and_the_log_only_grows(
     rig.runtime = type(rig.runtime)(config=rig.config, inference=rig.inference,
                                     registry=rig.runtime.registry)
     try:
-        logs = [rig.path.read_bytes()]
-        for content in turns:
+        logs, taken = [rig.path.read_bytes()], set()
+        for turn, content in enumerate(turns):  # script() reads turn
+            rewinds = sum(isinstance(r, Rewind) for r in rig.log.records)
             # a limit or a failure: the log must stay an extension all the same
             with contextlib.suppress(LoopdError):
                 rig.turn(content)
+            if sum(isinstance(r, Rewind) for r in rig.log.records) > rewinds:
+                taken.add(turn)  # refused for a full context: taken back
+                event("a turn taken back")
             logs.append(rig.path.read_bytes())
         for before, after in itertools.pairwise(logs):
             assert after.startswith(before), "the log changed bytes it already had"
         sent = rig.fake.requests
         for i in range(1, len(sent)):
-            new_epoch = epochs[i] != epochs[i - 1]
-            assert _extends(sent[i - 1], sent[i], new_epoch=new_epoch), (
+            now = asked[i][0]
+            # the last request before this one that the conversation still shows
+            base = max((j for j in range(i) if asked[j][0] == now or asked[j][0] not in taken),
+                       default=None)
+            if base is None:
+                continue
+            new_epoch = asked[base][1] != asked[i][1]
+            assert _extends(sent[base], sent[i], new_epoch=new_epoch), (
                 f"request {i} does not extend {'the baseline of ' if new_epoch else ''}"
-                f"request {i - 1}")
+                f"request {base}")
     finally:
         rig.close()

@@ -31,7 +31,7 @@ from actors.base.events import (
 )
 from actors.inference.types import InferError
 from actors.log.file import read_records
-from actors.log.records import Assistant, CacheLoss, ToolResult, Usage
+from actors.log.records import Assistant, CacheLoss, Rewind, ToolResult, Usage
 from actors.session.actor import open_session
 from actors.session.limits import REPEAT_NOTICE
 from actors.session.messages import MISSING_RESULT
@@ -246,8 +246,12 @@ def test_limit_context_full(rig: Make) -> None:
     with pytest.raises(SessionFull) as caught:
         r.turn("a very long question")
     assert "full" in str(caught.value)
-    assert r.kinds() == ["User"]  # nothing after the User record
-    _next_turn_works(r, expect=["User", "User", "Assistant", "Usage"])
+    (back,) = [x for x in r.records if isinstance(x, Rewind)]  # the turn taken back, saying why
+    assert r.kinds() == ["User", "Rewind"] and back.to_turn == 0
+    assert back.refused == caught.value.detail and "context holds" in back.refused
+    _next_turn_works(r, expect=["User", "Rewind", "User", "Assistant", "Usage"])
+    # the refused message is never sent again: the next request asks only the new one
+    assert [m["content"] for m in r.fake.requests[-1]["messages"][1:]] == ["and now?"]
 
 
 def test_limit_tool_result_size(rig: Make) -> None:
