@@ -192,7 +192,8 @@ def conversations(
         choice = draw(st.sampled_from(kinds))
         if choice == "rewind":
             asked = sum(1 for r in out if isinstance(r, User))
-            out.append(Rewind(to_turn=draw(st.integers(0, asked + 1)), time=draw(times)))
+            out.append(Rewind(to_turn=draw(st.integers(0, asked + 1)),
+                              refused=draw(st.just("") | texts), time=draw(times)))
         elif choice == "forked":
             out.append(draw(forks))
         elif choice == "compaction":
