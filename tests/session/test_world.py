@@ -95,7 +95,7 @@ def test_a_new_session_gets_the_map_and_keeps_it_for_its_life(tmp_path: Path) ->
     prompt (the next session's map has it), and every request of the session starts with
     the one before it (the extension property), across a reopen too."""
     with FakeLlama(lambda body: answer(content="ok")) as fake:
-        world = _world(tmp_path, fake)
+        world = _world(tmp_path, fake, workspace_map=40)
         ws = world.config.workspace
         (ws / "notes.txt").write_text("hello")
         try:
@@ -112,9 +112,13 @@ def test_a_new_session_gets_the_map_and_keeps_it_for_its_life(tmp_path: Path) ->
     assert "later.txt  3" in other.system and third[0]["content"] == other.system
 
 
-def test_no_map_for_a_named_server_or_when_it_is_off(tmp_path: Path) -> None:
+def test_no_map_for_a_named_server_when_it_is_off_or_by_default(tmp_path: Path) -> None:
+    """Off by default (make eval: the embedded model answered from the map instead of
+    calling a tool on the workspaces never tuned on); on only when embedded.workspace_map
+    is set, and never for a named server."""
+    cases = [(False, {"workspace_map": 40}), (True, {"workspace_map": 0}), (True, {})]
     with FakeLlama(lambda body: answer(content="ok")) as fake:
-        for i, (embedded, section) in enumerate([(False, {}), (True, {"workspace_map": 0})]):
+        for i, (embedded, section) in enumerate(cases):
             world = _world(tmp_path / str(i), fake, embedded, **section)
             (world.config.workspace / "notes.txt").write_text("hello")
             try:
