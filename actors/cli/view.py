@@ -48,7 +48,7 @@ def summary(outcome: TurnOutcome, seconds: float) -> str:
         cut += f" · conversation compacted{times} (loopd log show has it all)"
     slot = outcome.restored
     restored = (f"; restored {slot.restored:,} tokens in {slot.restore_ms:.0f} ms"
-                if slot is not None else "")
+                + (f" ({slot.reason})" if slot.reason else "") if slot is not None else "")
     return (
         f"{outcome.usage.prompt_tokens} prompt tokens ({cached} from cache{restored}) · "
         f"{outcome.usage.completion_tokens} generated · {seconds:.1f} s · "
@@ -172,7 +172,8 @@ def _slot(use: rec.SlotUse | None) -> str:
         return ""
     where = f"; {use.server} slot {use.slot}"
     if use.state is rec.SlotState.RESTORED:
-        return f"{where}: restored {use.restored:,} tokens in {use.restore_ms:.0f} ms"
+        origin = f" ({use.reason})" if use.reason else ""  # a fork's: its source's state
+        return f"{where}: restored {use.restored:,} tokens in {use.restore_ms:.0f} ms{origin}"
     if use.state is rec.SlotState.KEPT:
         return f"{where}: state kept in the slot"
     return f"{where}: nothing restored ({use.reason or 'nothing saved'})"

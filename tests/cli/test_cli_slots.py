@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import signal
@@ -18,6 +19,7 @@ import pytest
 
 from actors.cli.main import main
 from actors.cli.view import describe, summary
+from actors.inference.slots.keeper import FORKED
 from actors.log.file import HEADER
 from actors.log.records import SlotState, SlotUse, Usage
 from actors.session.turn import TurnOutcome
@@ -146,6 +148,12 @@ def test_log_show_and_the_summary_tell_what_the_keeper_did() -> None:
     line = summary(TurnOutcome(content="x", usage=usage, iterations=0, tool_calls=0, cut=False,
                                restored=use), 0.9)
     assert "(4646 from cache; restored 4,646 tokens in 20 ms)" in line
+    # a fork's first restore says whose state it was
+    forked = dataclasses.replace(use, reason=FORKED.format(origin="src"))
+    said = "restored 4,646 tokens in 20 ms (the saved state of session src, which this one was"
+    assert said in describe(dataclasses.replace(usage, slot=forked))
+    assert said in summary(TurnOutcome(content="x", usage=usage, iterations=0, tool_calls=0,
+                                       cut=False, restored=forked), 0.9)
     none = SlotUse("http://h", 0, SlotState.NONE, reason="no saved state")
     assert describe(Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=1,
                           completion_tokens=1, finish_reason="stop", slot=none)).endswith(
