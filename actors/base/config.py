@@ -338,6 +338,8 @@ class DaemonConfig:
     max_clients: int = field(default=64, metadata=limits(1, 65536))
     # the daemon: sessions one client may have open
     max_sessions_per_client: int = field(default=32, metadata=limits(1, 65536))
+    # the daemon: how long a stop may take; past it, what it started is killed, it exits 1
+    stop_grace_s: float = field(default=60.0, metadata=seconds(1))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -151,12 +151,14 @@ class Daemon:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
+            try:  # its own deadline (daemon.stop_grace_s) ends it first
+                self.proc.wait(self.config.daemon.stop_grace_s + HANG_S)
             except subprocess.TimeoutExpired:
                 kill_tree(self.pid)
                 self.proc.wait(HANG_S)
                 raise AssertionError(f"the daemon did not stop on SIGTERM: {self.text()}") from None
+            if "did not stop within daemon.stop_grace_s" in self.text():
+                raise AssertionError(f"the daemon's stop outlasted its grace: {self.text()}")
         self._out.close()
         wait_until(lambda: not any(is_alive(p) for p in started), timeout=30,
                    what="what the daemon started to exit")  # fmt: skip

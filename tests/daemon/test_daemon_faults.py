@@ -309,3 +309,41 @@ def test_a_sigterm_taken_by_a_worker_thread_stops_an_idle_daemon(
                                      f"worker thread: {daemon.text()}") from None
     assert code == 0, daemon.text()
     assert "loopd daemon stopped" in daemon.text()
+
+
+def test_a_stop_that_outlasts_its_grace_kills_what_the_daemon_started_and_exits(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """The model server takes the KV saves and never answers (inference.read_timeout_s an
+    hour): the slot keeper's save at stop would hold the daemon that long, and did. Past
+    daemon.stop_grace_s it writes its threads' stacks to its log, kills its tool host and
+    exits 1; its pid file and socket are gone."""
+    save = tmp_path / "save"
+    save.mkdir()
+    with FakeLlama(agent(), save_dir=save) as fake:
+        path = daemon_config(tmp_path, run_dir, fake.url, stop_grace_s=2,
+                             sections={"slots": {"save_dir": str(save)},
+                                       "inference": {"read_timeout_s": 3600}})  # fmt: skip
+        try:
+            with Daemon(path) as daemon:
+                fake.slot_gate.clear()  # from now on every slot action waits for the test
+                with daemon.client() as client:
+                    client.turn("s", "t1 :: list_dir {}").run(lambda e: None)
+                started = daemon.children()
+                assert started, "the daemon runs its tool host"
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon.pid, signal.SIGTERM)
+                try:  # a hang guard, well past the grace
+                    code = daemon.proc.wait(HANG_S)
+                except subprocess.TimeoutExpired:
+                    kill_tree(daemon.pid)
+                    raise AssertionError(f"the daemon hung on its stop: {daemon.text()}") from None
+                wait_gone(started, BOUND_S)
+                assert any(a == "save" for a, _, _ in fake.slot_calls)  # what it waited on
+        finally:
+            fake.slot_gate.set()
+    text = daemon.text()
+    assert code == 1, text
+    assert "did not stop within daemon.stop_grace_s = 2 s" in text
+    assert "Thread 0x" in text and "keeper" in text  # the stacks: where it was stuck
+    assert not (run_dir / "loopd.pid").exists() and not (run_dir / "loopd.sock").exists()

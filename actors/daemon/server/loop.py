@@ -14,6 +14,7 @@ answered ``error`` (logged at a bounded rate) and the loop goes on.
 :meth:`Server.request_stop` (``stop`` from a client, or SIGTERM) ends the loop the clean
 way: every turn in flight is cancelled and its ``error`` sent, then the sessions close;
 the caller then stops the World (the slot keeper saves the KV states, the hosts stop).
+The whole stop is bounded by ``daemon.stop_grace_s`` (:mod:`actors.daemon.server.deadline`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Server:
     def __init__(
         self, app: Any, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
         max_frame_bytes: int, max_clients: int = 64, max_sessions_per_client: int = 32,
-        fd_limit: int | None = None,
+        fd_limit: int | None = None, on_stopping: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self.app = app
         self.sock = sock
@@ -75,6 +76,7 @@ class Server:
         self.max_frame = max_frame_bytes
         self.max_clients = max_clients
         self.sessions = Sessions(app, max_sessions_per_client)
+        self.on_stopping = on_stopping  # called as the stop begins (the stop's deadline)
         self.started = time.monotonic()
         self._clients: dict[bytes, _Client] = {}
         self._lock = threading.Lock()  # _clients' turns, touched by turn threads at their end
@@ -116,12 +118,15 @@ class Server:
         log.info("serving the client protocol on %s", self.endpoint)
         try:
             self._loop.run()
+            self.on_stopping()
             self._wind_down()
         finally:
-            self.sessions.close_all()
-            if self._listening is not None:
-                self._listening.close()
-            self._loop.close()
+            try:
+                self.sessions.close_all()
+            finally:  # its monitor socket open, the caller's context would never end
+                if self._listening is not None:
+                    self._listening.close()
+                self._loop.close()
 
     def _wind_down(self) -> None:
         with self._lock:

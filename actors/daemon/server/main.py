@@ -6,7 +6,9 @@ Start-up: the runtime directory (0700), then the pid file, locked for the daemon
 file never blocks a new daemon and two daemons never share one socket), then the World,
 then the socket. Stop: the loop cancels the turns in flight and closes the sessions, the
 World stops (the slot keeper saves every session's changed KV state, the hosts and the
-embedded server stop), the socket and pid file go. Nothing is left running.
+embedded server stop), the socket and pid file go. Nothing is left running: a stop that
+outlasts ``daemon.stop_grace_s`` kills what the daemon started and exits with code 1
+(:mod:`actors.daemon.server.deadline`).
 
 ``--detach`` starts the same command in a new session, its output in
 ``RUNTIME_DIR/loopd.log``, and returns once its socket answers.
@@ -33,6 +35,7 @@ from actors.base.config import Config
 from actors.base.durable import lock
 from actors.base.errors import DaemonError, UsageError
 from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
+from actors.daemon.server.deadline import StopDeadline
 from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
@@ -120,6 +123,15 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
     stop = threading.Event()
     server: list[Server] = []
 
+    def leave_no_trace() -> None:  # what the deadline's exit skips otherwise
+        if where.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                os.unlink(where.removeprefix("ipc://"))
+        with contextlib.suppress(OSError):
+            pid_file(config).unlink()
+
+    deadline = StopDeadline(config.daemon.stop_grace_s, leave_no_trace)
+
     def on_signal(signum: int, frame: Any) -> None:
         stop.set()
         if server:
@@ -139,7 +151,7 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
                         max_frame_bytes=config.daemon.max_frame_bytes,
                         max_clients=config.daemon.max_clients,
                         max_sessions_per_client=config.daemon.max_sessions_per_client,
-                        fd_limit=fd_limit,
+                        fd_limit=fd_limit, on_stopping=deadline.arm,
                     ))  # fmt: skip
                     if stop.is_set():
                         server[0].request_stop()
