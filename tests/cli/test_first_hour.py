@@ -8,11 +8,13 @@ no server at all where the point is that nothing starts.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 
 from actors.cli.main import main
@@ -174,6 +176,43 @@ def test_a_call_written_as_text_is_never_content_in_json_output(
     started = [e for e in lines if e["event"] == "tool_call_started"]
     assert len(started) == 1 and "notes.txt" in started[0]["arguments"]  # shown as a call
     assert lines[-1]["event"] == "answer" and lines[-1]["content"] == "It says to buy seeds."
+
+
+@pytest.mark.parametrize(("setting", "written"), [
+    ("bare_json_tool_calls", CALL),
+    ("constrained_calls", f"TOOL {CALL}"),
+])
+def test_a_call_written_as_text_is_never_answer_text_in_chat(
+    env: dict[str, Any], setting: str, written: str
+) -> None:
+    """What the person sees in a terminal (a pty): the call shown once, as a call (→ and the
+    tool), never its JSON or the word TOOL as answer text before it, then the answer."""
+    config = Path(env["config"])
+    config.write_text(config.read_text() + f'{setting} = "on"\n')
+    final = "ANSWER It says to buy seeds." if setting == "constrained_calls" else \
+        "It says to buy seeds."
+    with FakeLlama([answer(written, chunk=3), answer(final, chunk=3)]) as fake:
+        child = pexpect.spawn(
+            sys.executable, ["-m", "actors.cli", "chat", "--config", env["config"], "--url",
+                             fake.url, "--local", "--session", "c"],
+            cwd=str(ROOT), env={**os.environ, "NO_COLOR": "1", "TERM": "dumb",
+                                "PYTHONPATH": str(ROOT)},
+            encoding="utf-8", timeout=60, dimensions=(50, 200))
+        try:
+            child.expect_exact("> ")
+            child.sendline("What does notes.txt say?")
+            child.expect("1 tool call")
+            seen = child.before
+            child.expect_exact("> ")
+            child.sendeof()
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+    lines = [line.strip() for line in seen.splitlines() if line.strip()]
+    # the question, the call (read_file through call_tool: not pinned), its result, the answer
+    assert lines[:4] == ["What does notes.txt say?", f"→ call_tool {CALL}",
+                         "← call_tool: result, public", "It says to buy seeds."], lines
+    assert "TOOL" not in seen and "ANSWER" not in seen, seen
 
 
 # --- a session never queues behind itself ----------------------------------------------------
