@@ -27,14 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
-from actors.base.cancel import CancelToken
-from actors.base.events import Content, Event, Reasoning, ToolCallDelta
 from actors.inference.slots.files import remove_session_files, slot_dirs
-from actors.log.file import read_records
-from actors.log.records import Usage
 from actors.session.actor import session_path
 from actors.session.fork import fork_session
 from actors.session.world import World, start_world
+from scripts.benchkit import facts, timed_turn
 
 HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
 SMOKE = {"HISTORY": 5}  # `bench --smoke`
@@ -64,36 +61,6 @@ def _config(root: Path) -> cfg.Config:
     })
 
 
-def _facts(lines: int) -> str:
-    return "Notes on the warehouse; I will ask about them.\n" + "\n".join(
-        f"warehouse fact {i}: item {i} weighs {i * 13 % 97} grams and costs {i % 9} coins."
-        for i in range(1, lines + 1)
-    )
-
-
-class _FirstToken:
-    """A sink that notes when the first answer or reasoning token arrived."""
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-
-    def __call__(self, event: Event) -> None:
-        if self.at is None and isinstance(event, Content | Reasoning | ToolCallDelta):
-            self.at = time.perf_counter()
-
-
-def _turn(app: World, name: str, text: str) -> tuple[float, Usage]:
-    """One turn of session ``name``: seconds to its first token, and its last Usage."""
-    session = app.session(name)
-    sink = _FirstToken()
-    started = time.perf_counter()
-    session.turn(app.runtime, text, sink, CancelToken()).get(timeout=900)
-    session.actor_ref.stop(timeout=30)
-    app.sessions.remove(session)
-    usage = [r for r in read_records(session_path(app.config, name)) if isinstance(r, Usage)][-1]
-    return (sink.at or time.perf_counter()) - started, usage
-
-
 def _rewind(app: World, name: str) -> None:
     session = app.session(name)
     session.rewind(1).get(timeout=60)
@@ -103,8 +70,8 @@ def _rewind(app: World, name: str) -> None:
 
 def _measure(config: cfg.Config) -> list[dict[str, Any]]:
     with start_world(config) as app:
-        _turn(app, "src", _facts(HISTORY))
-        _, built = _turn(app, "src", "What does item 3 weigh?")
+        timed_turn(app, app.runtime, "src", facts("warehouse", HISTORY))
+        _, built = timed_turn(app, app.runtime, "src", "What does item 3 weigh?")
     started = time.perf_counter()
     report = fork_session(config, "src", "fork")
     fork_s = time.perf_counter() - started
@@ -112,12 +79,12 @@ def _measure(config: cfg.Config) -> list[dict[str, Any]]:
     remove_session_files(slot_dirs(config), session_path(config, "copy"))  # no KV state
     question = "What does item 7 cost?"
     with start_world(config) as app:  # a new command: a new server process
-        fast, forked = _turn(app, "fork", question)
+        fast, forked = timed_turn(app, app.runtime, "fork", question)
     with start_world(config) as app:
-        slow, copied = _turn(app, "copy", question)
+        slow, copied = timed_turn(app, app.runtime, "copy", question)
     with start_world(config) as app:
         _rewind(app, "src")
-        undo_s, undone = _turn(app, "src", "What does item 5 weigh?")
+        undo_s, undone = timed_turn(app, app.runtime, "src", "What does item 5 weigh?")
     history = built.prompt_tokens + built.completion_tokens
     state = report.state.tokens if report.state is not None else 0
     fork_n, copy_n = (int(u.timings.get("prompt_n", 0)) for u in (forked, copied))

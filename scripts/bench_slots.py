@@ -21,14 +21,12 @@ import itertools
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
 from actors.base.cancel import CancelToken
-from actors.base.events import Content, Event, Reasoning, ToolCallDelta
 from actors.inference.llama import LlamaClient
 from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.inference.types import ChatRequest, Completion
@@ -36,6 +34,7 @@ from actors.log.records import Record, Usage
 from actors.session.actor import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World, start_world
+from scripts.benchkit import facts, timed_turn
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
@@ -70,46 +69,15 @@ def _name(i: int) -> str:
     return f"rr{i}"
 
 
-def _facts(topic: str, lines: int) -> str:
-    return f"Notes on {topic}; I will ask about them.\n" + "\n".join(
-        f"{topic} fact {i}: item {i} weighs {i * 13 % 97} grams and costs {i % 9} coins."
-        for i in range(1, lines + 1)
-    )
-
-
-class _FirstToken:
-    """A sink that notes when the first answer or reasoning token arrived."""
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-
-    def __call__(self, event: Event) -> None:
-        if self.at is None and isinstance(event, Content | Reasoning | ToolCallDelta):
-            self.at = time.perf_counter()
-
-
-def _turn(app: World, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
-    """One turn of session ``name``: seconds to its first token, and its last Usage."""
-    session = app.session(name)
-    sink = _FirstToken()
-    started = time.perf_counter()
-    session.turn(runtime, text, sink, CancelToken()).get(timeout=900)
-    records: tuple[Record, ...] = session.records().get(timeout=60)
-    session.actor_ref.stop(timeout=30)
-    app.sessions.remove(session)
-    usage = [r for r in records if isinstance(r, Usage)][-1]
-    return (sink.at or time.perf_counter()) - started, usage
-
-
 def _resume(config: cfg.Config) -> list[dict[str, Any]]:
     with start_world(config) as app:
-        _, built = _turn(app, app.runtime, "resume", _facts("warehouse", HISTORY))
+        _, built = timed_turn(app, app.runtime, "resume", facts("warehouse", HISTORY))
     times: dict[str, tuple[float, Usage]] = {}
     for variant in ("restored", "not restored"):
         if variant == "not restored":
             remove_session_files(slot_dirs(config), session_path(config, "resume"))
         with start_world(config) as app:  # a new command: a new server process
-            times[variant] = _turn(app, app.runtime, "resume", "What does item 7 weigh?")
+            times[variant] = timed_turn(app, app.runtime, "resume", "What does item 7 weigh?")
     (fast, kept), (slow, cold) = times["restored"], times["not restored"]
     restored = kept.slot.restored if kept.slot else 0
     size = next((m.bytes / max(m.tokens, 1) for s in slot_dirs(config) for k, m in s.all()
@@ -149,10 +117,10 @@ class _SlotZero:
 def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""
     for i in range(SESSIONS):
-        _turn(app, runtime, f"{_name(i)}{tag}", _facts(f"shelf {i}{tag}", 12))
+        timed_turn(app, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", 12))
     for n in range(ROUNDS):
         for i in range(SESSIONS):
-            yield _turn(app, runtime, f"{_name(i)}{tag}", f"Round {n}: what does item {n + 2} "
+            yield timed_turn(app, runtime, f"{_name(i)}{tag}", f"Round {n}: what does item {n + 2} "
                                                           "weigh?")[1]
 
 

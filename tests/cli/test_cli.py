@@ -20,6 +20,7 @@ import pytest
 
 from actors.cli.main import main
 from actors.log.file import SessionLog
+from tests.cli.clikit import cli_env
 from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer, hang, http_error
 from tests.support.recordings import FIXTURES
@@ -29,16 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, Any]:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("Buy seeds.\n")
-    config = tmp_path / "loopd.toml"
-    config.write_text(
-        f'[log]\ndir = "{tmp_path / "sessions"}"\nfsync = "never"\n'
-        f'[tools]\nworkspace = "{workspace}"\ntimeout_s = 10\nstart_timeout_s = 120\n'
-        "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 20\n"
-    )
-    return {"config": str(config), "dir": tmp_path / "sessions", "workspace": workspace}
+    return cli_env(tmp_path)
 
 
 def run(env: dict[str, Any], url: str, *args: str) -> int:

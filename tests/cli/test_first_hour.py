@@ -18,6 +18,7 @@ import pexpect
 import pytest
 
 from actors.cli.main import main
+from tests.cli.clikit import cli_env
 from tests.support.fake_llama import FakeLlama, answer, context_full
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,18 +27,7 @@ NOBODY = "http://127.0.0.1:9"  # nothing listens there: any contact with it is s
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, Any]:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "notes.txt").write_text("Buy seeds.\n")
-    config = tmp_path / "loopd.toml"
-    config.write_text(
-        f'[log]\ndir = "{tmp_path / "sessions"}"\nfsync = "never"\n'
-        f'[tools]\nworkspace = "{workspace}"\ntimeout_s = 10\nstart_timeout_s = 120\n'
-        f'[daemon]\nruntime_dir = "{tmp_path / "run"}"\n'
-        "[inference]\nretries = 1\nbackoff_s = 0.01\ntimeout_s = 20\n"
-    )
-    return {"config": str(config), "dir": tmp_path / "sessions", "workspace": workspace,
-            "tmp": tmp_path}
+    return cli_env(tmp_path)
 
 
 def loopd(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

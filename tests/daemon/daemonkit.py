@@ -15,11 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import pexpect
 import psutil
 
 from actors.base import config as cfg
@@ -27,7 +28,7 @@ from actors.daemon.client import Client, find_daemon
 from actors.wire.procs import is_alive, kill_tree
 from tests.support.watch import HANG_S, wait_until
 
-__all__ = ["ROOT", "Daemon", "cli", "daemon_config", "env"]
+__all__ = ["ROOT", "Daemon", "chat", "cli", "daemon_config", "env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("read_file", "list_dir", "write_file", "run_command")
@@ -37,6 +38,24 @@ def env() -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), e.get("PYTHONPATH", "")) if p)
     return e
+
+
+@contextlib.contextmanager
+def chat(config_path: Path, session: str) -> Iterator[pexpect.spawn]:
+    """``loopd chat`` on a terminal of its own (pexpect, 50 x 200, no colour) with the
+    daemon's config; killed at the end of the block if it is still running."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "actors.cli", "chat", "--config", str(config_path),
+                         "--session", session],
+        cwd=str(ROOT), env={**env(), "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200"},
+        encoding="utf-8", timeout=60, dimensions=(50, 200),
+    )  # fmt: skip
+    try:
+        yield child
+    finally:
+        if child.isalive():
+            child.kill(9)
+            child.close(force=True)
 
 
 def daemon_config(

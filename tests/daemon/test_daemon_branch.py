@@ -4,8 +4,6 @@ compacted)."""
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from actors.base.errors import SessionInUse, UsageError
 from actors.log.file import read_records
 from actors.log.records import Compaction, CompactionBy, Forked, Rewind, User
-from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config
+from tests.daemon.daemonkit import Daemon, chat, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
@@ -114,13 +112,7 @@ def test_fork_and_rewind_through_the_cli(daemon: Daemon) -> None:
 
 
 def test_undo_in_a_chat_through_the_daemon(daemon: Daemon) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb"}
-    child = pexpect.spawn(
-        sys.executable, ["-m", "actors.cli", "chat", "--config", str(daemon.config_path),
-                         "--session", "c"],
-        cwd=str(ROOT), env=env, encoding="utf-8", timeout=60, dimensions=(50, 200),
-    )  # fmt: skip
-    try:
+    with chat(daemon.config_path, "c") as child:
         child.expect("Ctrl-D leaves")
         child.expect("> ")
         for n in (1, 2):
@@ -140,10 +132,6 @@ def test_undo_in_a_chat_through_the_daemon(daemon: Daemon) -> None:
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
-    finally:
-        if child.isalive():
-            child.kill(9)
-            child.close(force=True)
     records = read_records(daemon.config.log_dir / "c" / "log.bin")
     assert [r.to_turn for r in records if isinstance(r, Rewind)] == [1]
     assert [r.content for r in records if isinstance(r, User)] == [

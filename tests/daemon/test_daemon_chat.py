@@ -4,14 +4,12 @@ prompt as in-process, Ctrl-C cancelling a turn (its command killed), Ctrl-D leav
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pexpect
 
 from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
-from tests.daemon.daemonkit import ROOT, Daemon
+from tests.daemon.daemonkit import Daemon, chat
 from tests.support.watch import wait_until
 
 
@@ -20,14 +18,7 @@ def _sleeping(daemon: Daemon) -> bool:
 
 
 def test_chat_through_the_daemon_asks_cancels_and_leaves(asking_daemon: Daemon) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "TERM": "dumb",
-           "COLUMNS": "200"}  # fmt: skip
-    child = pexpect.spawn(
-        sys.executable, ["-m", "actors.cli", "chat", "--config", str(asking_daemon.config_path),
-                         "--session", "c"],
-        cwd=str(ROOT), env=env, encoding="utf-8", timeout=60, dimensions=(50, 200),
-    )  # fmt: skip
-    try:
+    with chat(asking_daemon.config_path, "c") as child:
         child.expect("Ctrl-D leaves")
         child.expect("> ")
         write = json.dumps({"path": "chat.txt", "content": "from chat"})
@@ -48,10 +39,6 @@ def test_chat_through_the_daemon_asks_cancels_and_leaves(asking_daemon: Daemon) 
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
-    finally:
-        if child.isalive():
-            child.kill(9)
-            child.close(force=True)
     with asking_daemon.client() as client:
         records = client.read_log("c")
     approvals = [r for r in records if isinstance(r, Approval)]

@@ -4,11 +4,6 @@ conversation still needs it)."""
 
 from __future__ import annotations
 
-import os
-import select
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,28 +12,11 @@ from actors.log.file import SessionLog, read_records
 from actors.log.records import Assistant, Compaction, CompactionBy, User
 from actors.tools.registry import Registry
 from tests.faults.compact_child import POINTS, SUMMARY
+from tests.faults.killpoint import kill_at
 from tests.session.turn.conftest import Rig, ScriptedPort, baseline
 from tests.support.fake_llama import answer
-from tests.support.watch import HANG_S
 
-ROOT = Path(__file__).resolve().parents[2]
 LONG = " more" * 80  # 100 of the fake's tokens
-
-
-def kill_at(root: Path, point: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.faults.compact_child", str(root),
-                             point], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], HANG_S)
-        assert ready, f"the compaction never reached {point}"
-        assert proc.stdout.readline().strip() == point
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=HANG_S) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -51,7 +29,7 @@ def test_a_compaction_killed_loses_nothing_and_the_next_turn_works(
             log.append(User(content=f"question {n}{LONG}"),
                        Assistant(content=f"answer {n}", reasoning=None))
     before = path.read_bytes()
-    kill_at(tmp_path, point)
+    kill_at("tests.faults.compact_child", tmp_path, point)
     after = path.read_bytes()
     assert after.startswith(before)  # nothing lost
     compactions = [r for r in read_records(path) if isinstance(r, Compaction)]

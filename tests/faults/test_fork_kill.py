@@ -5,11 +5,6 @@ hidden directory and the KV state it had copied for a NEW that was never made)."
 from __future__ import annotations
 
 import dataclasses
-import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +17,7 @@ from actors.log.file import SessionLog, read_records
 from actors.log.records import Assistant, Baseline, Forked, Record, User, now
 from actors.session.fork import fork_session
 from tests.faults.fork_child import POINTS, config_at
-from tests.support.watch import HANG_S
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.faults.killpoint import kill_at
 
 
 def source(config: Config) -> Path:
@@ -46,23 +39,6 @@ def source(config: Config) -> Path:
     return path
 
 
-def kill_at(root: Path, point: str) -> None:
-    """Run the fork in a child until it says it reached ``point``, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.faults.fork_child", str(root), point],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], HANG_S)
-        assert ready, f"the fork never reached {point}"
-        assert proc.stdout.readline().strip() == point
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=HANG_S) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def states(config: Config) -> dict[str, SlotFile]:
     """The saved states in the save directory, by the session they are for."""
     return {meta.session: meta for _, meta in
@@ -82,7 +58,7 @@ def test_a_fork_killed_anywhere_leaves_new_absent_or_whole(tmp_path: Path, point
     config = config_at(tmp_path)
     path = source(config)
     before, src = path.read_bytes(), list(read_records(path))
-    kill_at(tmp_path, point)
+    kill_at("tests.faults.fork_child", tmp_path, point)
     assert path.read_bytes() == before
     new = config.log_dir / "new"
     assert new.exists() == (point == "after-rename"), "only a renamed NEW is there, and whole"
@@ -103,7 +79,7 @@ def test_a_fork_killed_anywhere_leaves_new_absent_or_whole(tmp_path: Path, point
 def test_the_state_a_killed_fork_copied_is_swept_with_its_directory(tmp_path: Path) -> None:
     config = config_at(tmp_path)
     source(config)
-    kill_at(tmp_path, "state")
+    kill_at("tests.faults.fork_child", tmp_path, "state")
     assert sorted(states(config)) == ["new", "src"]  # copied for a NEW that is not there
     fork_session(config, "src", "other")
     # a session made later under the name starts from no state rather than src's

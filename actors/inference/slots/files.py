@@ -37,7 +37,7 @@ import re
 import stat
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from actors.base.config import Config
@@ -186,33 +186,39 @@ def parse_meta(data: object, key: str) -> SlotFile | str:
     return SlotFile(**fields)  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def _regular(path: Path) -> Iterator[int | None]:
+    """A descriptor of the regular file at ``path`` opened for reading, no symlink followed;
+    None when it is not there, not a regular file, or cannot be opened."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield None
+        return
+    try:
+        yield fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
 def _read_regular(path: Path, limit: int) -> bytes | None:
     """At most ``limit`` + 1 bytes of the regular file at ``path``, no symlink followed;
     None when it is not there, not a regular file, or unreadable."""
     try:
-        fd = os.open(path, _READ)
+        with _regular(path) as fd:
+            return None if fd is None else os.read(fd, limit + 1)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _make_private(path: Path) -> None:
     """Mode 0600 for a state file (the server wrote it with its own umask); one of another
     user's server, or no longer a regular file, is left as it is."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, _READ)
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+    with contextlib.suppress(OSError), _regular(path) as fd:
+        if fd is not None:
+            os.fchmod(fd, 0o600)
 
 
 class SlotStore:
@@ -390,12 +396,8 @@ def _link_or_copy(source: Path, target: Path, limit: int) -> bool:
         return False
     except OSError:
         pass  # another file system, or links refused: copy it
-    try:
-        fd = os.open(source, _READ)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    with _regular(source) as fd:
+        if fd is None:
             return False
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       0o600)
@@ -406,8 +408,6 @@ def _link_or_copy(source: Path, target: Path, limit: int) -> bool:
                 left -= len(chunk)
         finally:
             os.close(out)
-    finally:
-        os.close(fd)
     return True
 
 
