@@ -5,7 +5,8 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
 
 - :meth:`Compactor.make_room`, before each request of a turn: the next prompt's size is the
   last request's (its Usage: prompt and generated tokens, the slot holds them) plus the
-  server's ``/tokenize`` count of what is new (the first request of an epoch counts it all).
+  server's ``/tokenize`` count of what is new (the first request of an epoch counts it all);
+  a request that fits by an upper bound of those counts (UTF-8 bytes) asks the server nothing.
   Past ``session.compact_at`` of the slot's context it compacts (``auto``). A new message
   that alone does not fit the context is refused with SessionFull before it is logged.
 - :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
@@ -94,6 +95,7 @@ class Compactor:
         self.log, self.config, self.model, self.emit, self.cancel = log, config, model, emit, cancel
         self.settings = config.session
         self._counted: dict[str, int] = {}
+        self._exact = True  # False: :meth:`_count` gives an upper bound, asking nobody
         self.budget = self.settings.summary_tokens  # the summary's tokens, at most
         self.made = 0  # compactions appended
 
@@ -105,12 +107,28 @@ class Compactor:
         n_ctx = self.model.context(self.log.name)
         if n_ctx <= 0:
             return  # not known: only the server's answer can say (overflowed)
+        if self._fits(pending, n_ctx, exact=False):
+            return  # far from both limits: the server was asked nothing
         prompt = self._prompt(pending)
         alone = self._baseline() + prompt.pending
         if alone > n_ctx:
             raise SessionFull(alone, n_ctx)
         if self.settings.compaction != "off" and prompt.tokens > self.settings.compact_at * n_ctx:
             self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
+
+    def _fits(self, pending: str | None, n_ctx: int, *, exact: bool) -> bool:
+        """Whether the next request passes neither limit of :meth:`make_room`. Not ``exact``:
+        by an upper bound of every count that asks the server nothing (:meth:`_count`), so a
+        request that fits by it fits by the server's counts too, and each request of a turn
+        far from the limits costs no ``/tokenize`` round trips."""
+        self._exact = exact
+        try:
+            prompt = self._prompt(pending)
+            alone = self._baseline() + prompt.pending
+        finally:
+            self._exact = True
+        return alone <= n_ctx and (self.settings.compaction == "off"
+                                   or prompt.tokens <= self.settings.compact_at * n_ctx)
 
     def overflowed(self, error: InferError, compact: bool = True) -> None:
         """The server said the prompt exceeds its context: compact (when ``compact``: once
@@ -250,8 +268,13 @@ class Compactor:
         return sum(self._count(message_text(m)) + PER_MESSAGE for m in messages)
 
     def _count(self, text: str) -> int:
+        """Tokens of ``text``: the server's count (its ``/tokenize``, an estimate when it
+        cannot say); not exact, at most its UTF-8 bytes and one (a token holds a byte or
+        more; one for the space a tokenizer may put before a text)."""
         if not text:
             return 0
+        if not self._exact:
+            return len(text.encode()) + 1
         found = self._counted.get(text)
         if found is None:
             try:

@@ -13,6 +13,7 @@ import pytest
 
 from actors.base.errors import SessionFull
 from actors.base.events import Compacted, Compacting
+from actors.inference.actor import Inference
 from actors.log.records import CacheLoss, Compaction, CompactionBy, Rewind, ToolResult, Usage, User
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
@@ -62,6 +63,30 @@ def test_a_turn_past_compact_at_compacts_first_and_the_cache_keeps_the_baseline(
     r.turn("and then?")  # the next request extends the first of the epoch
     assert r.fake.requests[-1]["messages"][: len(first)] == first
     assert not any(isinstance(x, CacheLoss) for x in r.records)
+
+
+def test_a_turn_far_from_the_limits_asks_the_server_for_no_count(
+        rig: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each /tokenize is a round trip to the server: a request that fits by an upper bound
+    of the counts (its bytes) asks for none; one near compact_at is counted exactly (the
+    test above: five turns of 400 characters fit 800 of the fake's tokens, not of bytes)."""
+    asked: list[str] = []
+    real = Inference.tokens
+
+    def tokens(self: Inference, session: str, text: str) -> int:
+        asked.append(text)
+        return real(self, session, text)
+
+    monkeypatch.setattr(Inference, "tokens", tokens)
+    r = compacting(rig(lambda body: answer("noted")), compaction="elide")  # 8,192 tokens
+    r.turn("first question")
+    r.turn("second question")
+    assert asked == []
+    r = compacting(rig(lambda body: answer("noted"), props={"n_ctx": 1000}), compaction="elide")
+    for n in range(3):
+        r.turn(f"question {n}{LONG}")
+    assert asked, "near the limit the server counts"
+    assert not any(isinstance(x, Compaction) for x in r.records)
 
 
 def test_the_server_saying_the_context_is_exceeded_compacts_and_asks_again(rig: Make) -> None:
