@@ -22,6 +22,7 @@ import pytest
 
 from actors.cli.chat import parse
 from tests.support.fake_llama import Conn, FakeLlama, Reply, answer, context_full
+from tests.support.terminal import leave
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CTX = 1000
@@ -83,13 +84,6 @@ def env(tmp_path: Path) -> Iterator[Env]:
                 if child.isalive():
                     child.kill(signal.SIGKILL)
                 child.close(force=True)
-
-
-def leave(child: pexpect.spawn) -> None:
-    child.sendeof()
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
 
 
 def test_help_and_unknown_commands_never_reach_the_model(env: Env) -> None:

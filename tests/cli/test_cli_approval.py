@@ -25,6 +25,7 @@ import pytest
 from actors.session.messages import MISSING_RESULT
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
+from tests.support.terminal import leave
 from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,13 +148,6 @@ def answered(child: pexpect.spawn, tag: str) -> str:
     shown = child.before
     child.expect("> ")
     return shown
-
-
-def leave(child: pexpect.spawn) -> None:
-    child.sendeof()
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
 
 
 # --- each decision, in loopd chat ----------------------------------------------------------

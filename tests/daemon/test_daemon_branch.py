@@ -8,7 +8,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import pexpect
 import pytest
 
 from actors.base.errors import SessionInUse, UsageError
@@ -17,6 +16,7 @@ from actors.log.records import Compaction, CompactionBy, Forked, Rewind, User
 from tests.daemon.daemonkit import Daemon, chat, cli, daemon_config
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
+from tests.support.terminal import leave
 from tests.support.watch import HANG_S
 from tests.tools.hostkit import short_dir
 
@@ -128,10 +128,7 @@ def test_undo_in_a_chat_through_the_daemon(daemon: Daemon) -> None:
         child.sendline("t3 :: list_dir {}")
         child.expect(r"done t3\.")
         child.expect("> ")
-        child.sendeof()
-        child.expect(pexpect.EOF)
-        child.close()
-        assert child.exitstatus == 0
+        leave(child)
     records = read_records(daemon.config.log_dir / "c" / "log.bin")
     assert [r.to_turn for r in records if isinstance(r, Rewind)] == [1]
     assert [r.content for r in records if isinstance(r, User)] == [

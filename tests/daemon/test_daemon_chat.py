@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pexpect
-
 from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
 from tests.daemon.daemonkit import Daemon, chat
+from tests.support.terminal import leave
 from tests.support.watch import wait_until
 
 
@@ -35,10 +34,7 @@ def test_chat_through_the_daemon_asks_cancels_and_leaves(asking_daemon: Daemon) 
         child.expect("Cancelled")
         child.expect("> ")
         wait_until(lambda: not _sleeping(asking_daemon), 20, "the cancelled command to be killed")
-        child.sendeof()
-        child.expect(pexpect.EOF)
-        child.close()
-        assert child.exitstatus == 0
+        leave(child)
     with asking_daemon.client() as client:
         records = client.read_log("c")
     approvals = [r for r in records if isinstance(r, Approval)]
