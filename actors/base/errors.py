@@ -96,20 +96,25 @@ class TurnLimit(LimitError):
         self.limit = limit
 
 
+_FATES = {  # SessionFull: what became of the turn's message
+    "taken back": " Your message was taken back: it stays in the log and is never answered, "
+                  "not even later.",
+    "not sent": " Your message was not sent (nor kept): alone it does not fit.",
+}
+
+
 class SessionFull(LimitError):
-    """The prompt no longer fits the model's context. ``taken_back``: the turn's message was
-    logged and is taken back (a Rewind: kept in the log, never sent again); otherwise it was
-    refused before anything was logged."""
+    """The prompt no longer fits the model's context. ``message``, what became of the turn's
+    message: "taken back" (it was logged; a Rewind keeps it in the log, never sent again) or
+    "not sent" (refused before anything was logged); "" when not known."""
 
     def __init__(self, prompt_tokens: object = "?", n_ctx: object = "?", *,
-                 taken_back: bool = False) -> None:
+                 message: str = "") -> None:
         self.prompt_tokens, self.n_ctx = prompt_tokens, n_ctx
         self.detail = f"the prompt is {prompt_tokens} tokens and the model's context holds {n_ctx}"
-        back = (" Your message was taken back: it stays in the log and is never answered, "
-                "not even later." if taken_back else "")
         super().__init__(
-            f"The conversation is full: {self.detail}.{back} Start a new session (or give the "
-            "server a larger context)."
+            f"The conversation is full: {self.detail}.{_FATES.get(message, '')} Start a new "
+            "session (or give the server a larger context)."
         )
 
 

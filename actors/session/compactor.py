@@ -112,7 +112,7 @@ class Compactor:
         prompt = self._prompt(pending)
         alone = self._baseline() + prompt.pending
         if alone > n_ctx:
-            raise SessionFull(alone, n_ctx)
+            raise SessionFull(alone, n_ctx, message="not sent")
         if self.settings.compaction != "off" and prompt.tokens > self.settings.compact_at * n_ctx:
             self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
 
@@ -149,7 +149,7 @@ class Compactor:
             asked = sum(isinstance(r, User) for r in self.log.records)  # this turn's is last
             with contextlib.suppress(SessionError):  # the failed append already said so
                 self.log.append(Rewind(to_turn=max(asked - 1, 0), refused=full.detail))
-            raise SessionFull(full.prompt_tokens, full.n_ctx, taken_back=True) from full
+            raise SessionFull(full.prompt_tokens, full.n_ctx, message="taken back") from full
 
     # --- how ---------------------------------------------------------------------------
 

@@ -126,8 +126,9 @@ def test_a_summary_is_asked_of_the_model_on_the_warm_slot(rig: Make) -> None:
 def test_a_message_larger_than_the_context_is_refused_and_logs_nothing(rig: Make) -> None:
     r = rig([answer("fine")], props={"n_ctx": 1000})
     before = r.path.read_bytes()
-    with pytest.raises(SessionFull):
+    with pytest.raises(SessionFull) as full:
         r.turn("x" * 5000)  # 1,250 of the fake's tokens
+    assert "Your message was not sent (nor kept)" in str(full.value)
     assert r.path.read_bytes() == before and r.fake.requests == []
     assert r.turn("a short one").content == "fine"
 
