@@ -1,7 +1,8 @@
 // The official ACP TypeScript SDK's client (@agentclientprotocol/sdk, pinned in
 // package-lock.json) drives `loopd acp` through a whole session: a tool call, each approval
 // answer, a cancel mid-turn, every stop reason, then a second `loopd acp` process that
-// loads the session and receives its history. Run by tests/acp/test_node_client.py:
+// loads the session, receives its history and forks it (session/fork, from the SDK's
+// unstable entry point), and prompts the fork. Run by tests/acp/test_node_client.py:
 //
 //   node flow.mjs   with LOOPD_ACP = {"argv": [...], "cwd": ..., "workspace": ..., "stderr": ...}
 //
@@ -15,6 +16,7 @@ import path from "node:path";
 import { Readable, Writable } from "node:stream";
 
 import * as acp from "@agentclientprotocol/sdk";
+import * as unstable from "@agentclientprotocol/sdk/unstable";
 
 const setup = JSON.parse(process.env.LOOPD_ACP);
 const guard = setTimeout(() => {
@@ -79,6 +81,7 @@ async function initialize(ctx) {
   assert.equal(init.agentCapabilities.loadSession, true);
   assert.equal(init.agentInfo.name, "loopd");
   assert.equal(init.agentCapabilities.promptCapabilities.image, false);
+  assert.ok(init.agentCapabilities.sessionCapabilities.fork, "no fork capability");
   return init;
 }
 
@@ -188,6 +191,24 @@ const history = await withAgent(async (ctx, editor) => {
   });
   assert.equal(done.stopReason, "end_turn");
   assert.equal(textOf(editor.updates.slice(replayed.length)), "done t12.");
+
+  // session/fork (unstable in ACP): a new session with the whole conversation; the fork
+  // goes on on its own, and the source is not touched
+  const forked = await ctx.request(unstable.methods.agent.session.fork, {
+    sessionId,
+    cwd: setup.workspace,
+    mcpServers: [],
+  });
+  assert.notEqual(forked.sessionId, sessionId);
+  assert.equal(forked._meta.loopd.forkedFrom, sessionId);
+  assert.equal(forked._meta.loopd.atTurn, 12);
+  const mark = editor.updates.length;
+  const next = await ctx.request(acp.methods.agent.session.prompt, {
+    sessionId: forked.sessionId,
+    prompt: [{ type: "text", text: "t13" }],
+  });
+  assert.equal(next.stopReason, "end_turn");
+  assert.equal(textOf(editor.updates.slice(mark)), "done t13.");
   return replayed;
 });
 
