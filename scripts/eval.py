@@ -19,7 +19,7 @@ for a write, the file. It prints a table per task, then the pass rate per task f
 set, per kind of task and overall (the tuned and never-tuned sets; repo and long apart), and
 writes ``bench/eval.json`` (like ``make bench``).
 
-    python -m scripts.eval                       # every task file
+    python -m scripts.eval                       # every task file but set overflow's
     python -m scripts.eval --set never-tuned     # the files of some sets
     python -m scripts.eval --tasks examples/eval/notes.toml   # some files
     python -m scripts.eval n-read-todo n-launch  # some tasks, by id (and their sessions)
@@ -64,6 +64,7 @@ TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("tim
 # The sets, in the order they are reported; the first two make the overall rate.
 SETS = ("tuned", "never-tuned", "repo", "long", "overflow")
 OVERALL = SETS[:2]
+OPT_IN = ("overflow",)  # run only when asked for: each file once per way, hours in all
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
 # a denial for any other, so a write task checks the file on disk. False: check the call
 # the model made (path and content) instead.
@@ -165,6 +166,17 @@ def sessions(tasks: Sequence[Task]) -> list[list[Task]]:
             named[task.session] = [task]
             out.append(named[task.session])
     return out
+
+
+def chosen(files: Sequence[TaskFile], sets: Sequence[str], ids: Sequence[str], *,
+           named: bool = False) -> list[TaskFile]:
+    """The files (and tasks) a run does: those of ``sets`` (all when none), then only the
+    tasks ``ids``. The sets of OPT_IN (hours on the embedded model) only when named by
+    ``--set``, by a task's id or by its file (``named``)."""
+    wanted = set(sets) if sets else {f.set for f in files if named or ids
+                                     or f.set not in OPT_IN}
+    files = [f for f in files if f.set in wanted]
+    return select(files, ids) if ids else files
 
 
 def select(files: Sequence[TaskFile], ids: Iterable[str]) -> list[TaskFile]:
@@ -621,9 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         files = [load_file(Path(t)) for t in args.tasks] if args.tasks else task_files()
-        files = [f for f in files if not args.set or f.set in args.set]
-        if args.ids:
-            files = select(files, args.ids)
+        files = chosen(files, args.set, args.ids, named=bool(args.tasks))
     except ValueError as e:
         p.error(str(e))
     from scripts import eval_overflow

@@ -161,3 +161,13 @@ def test_with_compaction_the_conversation_survives_in_one_session() -> None:
     assert (tally.turns, tally.passed, tally.survived, tally.sessions) == (10, 10, 10, 1), rows
     assert tally.compactions >= 2 and not any(r.restarted for r in rows)
     assert tally.processed == sum(r.processed for r in rows) > 0
+
+
+def test_the_overflow_set_runs_only_when_asked_for() -> None:
+    files = ev.task_files()
+    sets = {f.set for f in ev.chosen(files, [], [])}
+    assert "overflow" not in sets and {"tuned", "never-tuned"} <= sets
+    assert {f.set for f in ev.chosen(files, ["overflow"], [])} == {"overflow"}
+    (one,) = ev.chosen(files, [], ["od-03"])
+    assert [t.id for t in one.tasks] == ["od-01", "od-02", "od-03"]
+    assert ev.chosen(_overflow_files()[:1], [], [], named=True) == _overflow_files()[:1]
