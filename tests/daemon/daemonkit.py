@@ -122,7 +122,13 @@ class Daemon:
         )  # fmt: skip
         self.pid = self.proc.pid
         if wait:
-            wait_until(self.answers, timeout=60, what=f"the daemon to answer ({self.text()})")
+            try:
+                wait_until(self.answers, timeout=60, what="the daemon to answer")
+            except BaseException as e:  # no `with` block will stop it: stop it here
+                kill_tree(self.pid)
+                self.proc.wait(HANG_S)
+                self._out.close()
+                raise AssertionError(f"{e}: {self.text()}") from None
 
     def answers(self) -> bool:
         if self.proc.poll() is not None:
