@@ -18,7 +18,7 @@ import pytest
 
 from scripts import eval as ev
 from scripts import eval_overflow as ov
-from tests.support.fake_llama import FakeLlama, Reply, answer, context_full
+from tests.support.fake_llama import FakeLlama, Reply, answer, context_full, render_prompt
 
 CONTEXT = 8192  # the embedded model's tokens a slot
 CHARS_PER_TOKEN = 4  # English prose and code, roughly (the model's tokenizer says ~3.5-4)
@@ -171,3 +171,44 @@ def test_the_overflow_set_runs_only_when_asked_for() -> None:
     (one,) = ev.chosen(files, [], ["od-03"])
     assert [t.id for t in one.tasks] == ["od-01", "od-02", "od-03"]
     assert ev.chosen(_overflow_files()[:1], [], [], named=True) == _overflow_files()[:1]
+
+
+_PATH = re.compile(r"(?:[\w-]+/)*[\w-]+\.(?:md|py|toml)|Makefile")
+
+
+def _reader(n_ctx: int) -> object:
+    """A fake model that reads the file a question names and answers in one sentence, and
+    answers "exceeds the context" as llama-server does (the fake's 4 characters a token)."""
+
+    def script(body: dict[str, object]) -> Reply:
+        tokens = len(render_prompt(body)) // 4
+        if tokens > n_ctx:
+            return context_full(tokens, n_ctx)
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        text = str(messages[-1].get("content") or "")
+        found = _PATH.search(text)
+        if messages[-1]["role"] == "user" and not text.startswith("Question:") and found:
+            return answer(tool_calls=[("read_file", json.dumps({"path": found.group(0)}))])
+        return answer(content="From what I read, the answer is in that file.")
+
+    return script
+
+
+def test_each_conversation_overflows_the_context_at_least_twice() -> None:
+    """On the embedded model's context with its baseline, each conversation's reads fill the
+    context at least twice: compaction (elide) compacts at least twice and every turn
+    survives; without it, at least two new sessions are needed."""
+    files = _overflow_files()
+    embedded = ev.cfg.Config().embedded
+    with FakeLlama(_reader(CONTEXT), props={"n_ctx": CONTEXT}) as fake:
+        base = ev.cfg.parse({}, {"inference": {"url": fake.url}, "session": {
+            "system": embedded.system, "pinned": list(embedded.pinned), "tool_results": "user"}})
+        rows = ov.run_overflow(files, base, ["elide", "new-session"], timeout_s=60)
+    found = {(t.file, t.way): t for t in ov.tallies(rows)}
+    assert len(found) == 2 * len(files)
+    for f in files:
+        elide, fresh = found[f.name, "elide"], found[f.name, "new-session"]
+        assert elide.compactions >= 2 and elide.survived == elide.turns, elide
+        assert elide.sessions == 1 and fresh.compactions == 0, (elide, fresh)
+        assert fresh.sessions >= 3 and fresh.survived < fresh.turns, fresh
