@@ -7,6 +7,8 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   last request's (its Usage: prompt and generated tokens, the slot holds them) plus the
   server's ``/tokenize`` count of what is new (the first request of an epoch counts it all);
   a request that fits by an upper bound of those counts (UTF-8 bytes) asks the server nothing.
+  The messages it renders are the ones the request sends (:meth:`Compactor.messages_for`):
+  a request renders its conversation once, as before compaction.
   Past ``session.compact_at`` of the slot's context it compacts (``auto``). A new message
   that alone does not fit the context is refused with SessionFull before it is logged.
 - :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
@@ -96,6 +98,7 @@ class Compactor:
         self.settings = config.session
         self._counted: dict[str, int] = {}
         self._exact = True  # False: :meth:`_count` gives an upper bound, asking nobody
+        self.rendered: tuple[tuple[Record, ...], list[Message]] | None = None
         self.budget = self.settings.summary_tokens  # the summary's tokens, at most
         self.made = 0  # compactions appended
 
@@ -231,17 +234,39 @@ class Compactor:
         records = self.log.records + ((User(content=pending),) if pending is not None else ())
         shown = view(records)
         style = self.settings.tool_results
-        messages = render(self.log.baseline, records, shown, results=style)
+        ends: list[int] = []
+        messages = render(self.log.baseline, records, shown, results=style, ends=ends)
+        self.rendered = (records, messages)
         previous = shown_usage(self.log.records)
         if previous is None:
             tokens = self._baseline() + self._messages(messages[1:])
         else:
             at = max(i for i, r in enumerate(records) if r is previous)
-            then = render(self.log.baseline, records[: at + 1], view(records[: at + 1]),
-                          results=style)
+            if any(isinstance(r, Compaction | Rewind) for r in records[at + 1 :]):
+                then = len(render(self.log.baseline, records[: at + 1],
+                                  view(records[: at + 1]), results=style))
+            else:  # the view of records[: at + 1] is the prefix of this one: so are its messages
+                then = ends[at]
             tokens = (previous.prompt_tokens + previous.completion_tokens
-                      + self._messages(messages[len(then):]))
+                      + self._messages(messages[then:]))
         return _Prompt(records, shown, messages, tokens, self._pending(pending))
+
+    def messages_for(self, records: Sequence[Record]) -> list[Message] | None:
+        """The messages last rendered here when they were of these very ``records`` (a
+        pending message since logged counts as the same), else None: the turn's request
+        then renders them itself."""
+        if self.rendered is None:
+            return None
+        mine, messages = self.rendered
+        if len(mine) != len(records) or any(
+            a is not b for a, b in zip(mine[:-1], records[:-1], strict=True)
+        ):
+            return None
+        last, now = mine[-1], records[-1]
+        if last is now or (isinstance(last, User) and isinstance(now, User)
+                           and last.content == now.content):
+            return messages
+        return None
 
     def _sizes(self, prompt: _Prompt) -> dict[int, int]:
         """Tokens of each live record's messages (those it adds to the rendering)."""

@@ -147,9 +147,12 @@ def messages(
 
 
 def render(
-    baseline: Baseline, records: Sequence[Record], shown: View, *, results: ResultStyle = "tool"
+    baseline: Baseline, records: Sequence[Record], shown: View, *, results: ResultStyle = "tool",
+    ends: list[int] | None = None,
 ) -> list[Message]:
-    """The messages of ``shown`` (a view of ``records``)."""
+    """The messages of ``shown`` (a view of ``records``). ``ends``, when given, gets for
+    each record the number of messages rendered once it was read (``ends[i]``: the messages
+    of ``records[: i + 1]`` under this view)."""
     out: list[Message] = [{"role": "system", "content": baseline.system}]
     framed = shown.summary is not None
     if framed:
@@ -161,6 +164,8 @@ def render(
         if i not in live:
             if isinstance(record, User):
                 question = record.content
+            if ends is not None:
+                ends.append(len(out))
             continue
         added: list[Message] = []
         if isinstance(record, User | Assistant):
@@ -187,6 +192,8 @@ def render(
             if added[0]["role"] == "user":
                 out.append({"role": "assistant", "content": SUMMARY_ACK})
         out.extend(added)
+        if ends is not None:
+            ends.append(len(out))
     return out
 
 

@@ -174,10 +174,13 @@ class _Turn:
 
     def _request(self, grammar: str | None) -> ChatRequest:
         baseline = self.log.baseline
+        shown = self.compactor.messages_for(self.log.records)  # make_room rendered them
+        if shown is None:
+            shown = messages(baseline, self.log.records,
+                             results=self.runtime.config.session.tool_results)
         return ChatRequest(
             session=self.log.name,
-            messages=tuple(messages(baseline, self.log.records,
-                                    results=self.runtime.config.session.tool_results)),
+            messages=tuple(shown),
             tools=baseline.tools,
             thinking=self.thinking_left > 0,
             max_tokens=self.loop.max_tokens,

@@ -36,6 +36,7 @@ from actors.session.messages import (
     ResultStyle,
     View,
     messages,
+    render,
     turn_of,
     view,
 )
@@ -451,3 +452,26 @@ def test_a_rewind_renders_what_was_rendered_when_the_next_turn_was_asked(
         elif not isinstance(last, Compaction):
             assert current[: len(previous)] == previous, f"record {i - 1} rewrote the rendering"
         previous = current
+
+
+@settings(max_examples=200)
+@given(conversations(compacting=True, rewinding=True), st.sampled_from(["tool", "user"]))
+def test_ends_count_the_messages_of_each_prefix_up_to_a_compaction_or_rewind(
+    conv: tuple[Baseline, list[Record]], style: ResultStyle
+) -> None:
+    """``render(..., ends=)`` says how many messages each record's prefix renders to: under
+    the whole log's view, and so under the prefix's own view up to the first Compaction or
+    Rewind (what compaction's count of a request's new messages relies on: one rendering a
+    request, not two). The seed is in pytest's header."""
+    baseline, recs = conv
+    full: list[Record] = [baseline, *recs]
+    ends: list[int] = []
+    shown = view(full)
+    out = render(baseline, full, shown, results=style, ends=ends)
+    assert len(ends) == len(full) and ends[-1] == len(out)
+    for i in range(len(full)):
+        assert ends[i] == len(render(baseline, full[: i + 1], shown, results=style))
+    for i in range(len(full)):
+        if any(isinstance(r, Compaction | Rewind) for r in full[i + 1 :]):
+            break
+        assert ends[i] == len(messages(baseline, full[: i + 1], results=style))

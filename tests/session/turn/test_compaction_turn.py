@@ -15,6 +15,8 @@ from actors.base.errors import SessionFull
 from actors.base.events import Compacted, Compacting
 from actors.inference.actor import Inference
 from actors.log.records import CacheLoss, Compaction, CompactionBy, Rewind, ToolResult, Usage, User
+from actors.session import compactor as compactor_module
+from actors.session import messages as messages_module
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
 from actors.tools.registry import Registry
@@ -87,6 +89,27 @@ def test_a_turn_far_from_the_limits_asks_the_server_for_no_count(
         r.turn(f"question {n}{LONG}")
     assert asked, "near the limit the server counts"
     assert not any(isinstance(x, Compaction) for x in r.records)
+
+
+def test_each_request_renders_the_conversation_once(
+        rig: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rendering is the turn's cost that grows with the log: the messages make_room renders
+    to count a request are the ones sent (one rendering a request, as before compaction)."""
+    renders: list[int] = []
+    real = messages_module.render
+
+    def render(*args: Any, **kw: Any) -> Any:
+        renders.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(messages_module, "render", render)
+    monkeypatch.setattr(compactor_module, "render", render)
+    replies: list[Reply] = [answer(tool_calls=[ECHO]), answer("done")]
+    r = compacting(rig(replies, Registry([ScriptedPort()])), compaction="elide")
+    r.turn("first question")
+    assert len(r.fake.requests) == 2
+    assert len(renders) == 2
+    assert r.fake.requests[-1]["messages"][-1]["role"] == "tool"
 
 
 def test_the_server_saying_the_context_is_exceeded_compacts_and_asks_again(rig: Make) -> None:
