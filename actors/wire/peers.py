@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import resource
-import secrets
 
 __all__ = ["new_routing_id", "raise_fd_limit", "seed_router_ids", "short"]
 
@@ -37,12 +37,12 @@ def seed_router_ids() -> None:
 
     Call it before making the ROUTER: its counter starts at the first ``rand()`` it draws."""
     with contextlib.suppress(OSError, AttributeError):  # no C library to reach: libzmq's own
-        ctypes.CDLL(None).srand(ctypes.c_uint(secrets.randbits(32)))
+        ctypes.CDLL(None).srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
 
 
 def new_routing_id() -> bytes:
     """A routing id for a DEALER of loopd's: 16 random bytes, the first never zero."""
-    raw = secrets.token_bytes(_ID_BYTES)
+    raw = os.urandom(_ID_BYTES)  # what secrets gives, without loading OpenSSL's hashlib
     return bytes([raw[0] or 1]) + raw[1:]
 
 
