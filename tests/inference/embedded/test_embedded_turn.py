@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 FIRST = "What does notes.txt say?"  # the Makefile's `run` message
 SECOND = "When does the club meet?"
-TURN_TIMEOUT_S = 120
+# A hang guard: on a loaded 2-core machine with other models running a turn took > 120 s.
+TURN_TIMEOUT_S = 900
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def _turn(app: World, session: Any, message: str) -> None:
 
 
 @pytest.mark.embedded
-@pytest.mark.timeout(300)  # a fresh machine also assembles the model (~0.5 GB) first
+@pytest.mark.timeout(1800)  # hang guards: a fresh machine also assembles the model (~0.5 GB) first
 def test_two_turns_on_the_embedded_model(app: World) -> None:
     session = app.session("embedded")
     _turn(app, session, FIRST)
