@@ -25,9 +25,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-
+from actors.base.errors import UsageError
 from actors.tools.port import ToolPort
 from actors.tools.protocol.argcheck import ArgumentCheck
 from actors.tools.protocol.spec import ToolSpec
@@ -158,7 +156,7 @@ class Registry:
             return entry[1]
         try:
             check: ArgumentCheck | None = ArgumentCheck(spec.parameters)
-        except jsonschema.exceptions.SchemaError:
+        except UsageError:
             log.warning("tool %s has an invalid schema; its host checks its arguments", spec.name)
             check = None
         if len(self._checks) > 1000:

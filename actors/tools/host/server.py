@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
 import psutil
 import zmq
 
@@ -114,9 +112,9 @@ class Host:
                 )
                 try:
                     check = ArgumentCheck(spec.parameters)
-                except jsonschema.exceptions.SchemaError as e:
+                except UsageError as e:
                     raise UsageError(
-                        f"tool {spec.name}: its argument schema is invalid: {e.message}"
+                        f"tool {spec.name}: its argument schema is invalid: {e}"
                     ) from None
                 self.tools[spec.name] = _Tool(spec, provider, check)
         self.providers = providers
