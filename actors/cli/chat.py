@@ -13,8 +13,10 @@ so at once instead of failing on the next message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import sys
 import time
 from collections.abc import Callable
 
@@ -28,7 +30,7 @@ from actors.cli.view import LiveView, summary
 from actors.log.outcome import TurnOutcome
 from actors.session.actor import list_sessions
 
-__all__ = ["COMMANDS", "Chat", "Command", "command", "parse", "run_chat"]
+__all__ = ["COMMANDS", "Chat", "Command", "command", "line_reader", "parse", "run_chat"]
 
 _WORD = re.compile(r"/([a-z][a-z-]*)(?:\s+(.*))?", re.DOTALL)
 
@@ -150,6 +152,16 @@ def _new(chat: Chat, argument: str) -> None:
     chat.conversation.switch(name)
     chat.say(f"session {name}: a new conversation (session {left} is kept: loopd chat "
              f"--session {left} goes back to it)")
+
+
+def line_reader(prompt: str = "> ") -> Callable[[], str]:
+    """The chat prompt's ``input()``: on a terminal through GNU readline when Python has it,
+    so a line may be of any length (the terminal's own line discipline cuts one at 4,095
+    bytes without a word: a pasted text lost its end) and can be edited."""
+    if sys.stdin.isatty():
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (imported, input() reads through it)
+    return lambda: input(prompt)
 
 
 def run_chat(chat: Chat, read: Callable[[], str], interrupted: Callable[[BaseException], bool]

@@ -26,7 +26,7 @@ from actors.base.errors import DaemonError, LoopdError, SessionFull, UsageError
 from actors.base.events import Approver
 from actors.cli import branch, compact
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
-from actors.cli.chat import Chat, run_chat
+from actors.cli.chat import Chat, line_reader, run_chat
 from actors.cli.conversation import last_usage, open_conversation
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import (
@@ -325,7 +325,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     with open_conversation(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
                            approver) as conversation:
         # Ctrl-C at the prompt clears the line; SIGTERM (Terminated) ends the chat
-        run_chat(Chat(conversation, out), lambda: input("> "),
+        run_chat(Chat(conversation, out), line_reader(),
                  lambda e: not isinstance(e, Terminated))
     return OK
 

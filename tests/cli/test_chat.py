@@ -147,6 +147,24 @@ def test_the_context_nearly_full_is_said_and_the_wall_names_the_ways_on(env: Env
     leave(again)
 
 
+def test_a_long_pasted_line_reaches_the_model_whole(tmp_path: Path) -> None:
+    """A terminal cuts a line read without readline at 4,095 bytes, silently: a pasted text
+    lost its end (seen in the issue-28 transcript). The chat reads through readline."""
+    pasted = " ".join(f"line {i} of a long paste." for i in range(600))  # 15,489 characters
+    with FakeLlama(lambda body: answer("noted"), props={"n_ctx": 16_000}) as fake:
+        env = Env(tmp_path, fake)
+        child = env.chat("paste")
+        try:
+            child.sendline(pasted)
+            child.expect("noted")
+            child.expect_exact("> ")
+            leave(child)
+        finally:
+            child.close(force=True)
+        (sent,) = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "user"]
+    assert len(sent) == len(pasted) and sent == pasted
+
+
 def test_undo_takes_back_the_last_turn_and_keeps_it_in_the_log(env: Env) -> None:
     child = env.chat("u")
     for line in ("first", "second"):
