@@ -22,8 +22,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
 from actors.base.durable import locked, replace_file
 from actors.base.errors import RulesError
 from actors.base.rules import Rule, RuleBook, parse_rule
@@ -98,6 +96,8 @@ def _line_of(text: str, needle: Any) -> int | str:
 def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
     """Add ``rule`` to the file's ``allow`` list (``deny``: its ``deny`` list), creating the
     file; RulesError if it cannot."""
+    import tomlkit  # only an "always" or "never" answer writes: every session reads (tomllib)
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with locked(path.with_name(path.name + ".lock")):
