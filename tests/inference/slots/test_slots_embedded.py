@@ -1,6 +1,6 @@
 """A session comes back in a new command and its KV state is restored: the real model.
 
-Two real ``loopd run`` processes on the embedded llama-server, one after the other, on one
+Real ``loopd run`` processes on the embedded llama-server, one after the other, on one
 session with more than 2,000 tokens of history (one long user message: the cheapest way to
 get there, ~35 s of prompt processing on 2 cores). The first command saves the session's
 slot when its turn is answered; the second starts a new server, restores the file, and its
@@ -104,9 +104,11 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
         first, larger, smaller = [r for r in records if isinstance(r, Usage)]
         for after, before in ((larger, first), (smaller, larger)):
             assert after.slot is not None and after.slot.state is SlotState.RESTORED, after.slot
+            assert after.timings["cache_n"] >= before.prompt_tokens  # the history, not redone
             new_tokens = after.prompt_tokens - before.prompt_tokens
             assert after.timings["prompt_n"] <= new_tokens + FEW, (after.timings, new_tokens)
         assert not [r for r in records if isinstance(r, CacheLoss)]
         assert "prompt cache lost" not in flat(runs[1].stderr + runs[2].stderr)
     finally:
         assert loopd(config(1024), "sessions", "rm", "ctx").returncode == 0
+
