@@ -68,8 +68,17 @@ def test_a_tool_host_does_not_load_the_daemon_client() -> None:
     loaded = loaded_after("import actors.tools.host.main")
     assert "actors.tools.host.server" in loaded
     assert "actors.daemon.client" not in loaded and "pykka" not in loaded
+    assert "jsonschema" not in loaded  # its standard tools' schemas need no jsonschema
     # OpenSSL's hashlib (secrets loads it): 4 MiB more in every host; its ids use os.urandom
     assert "_hashlib" not in loaded
+
+
+def test_a_session_process_loads_no_cli_of_httpx_no_jsonschema_no_tomlkit() -> None:
+    """Start-up CPU of every loopd run, chat and daemon (each ~0.1 s or more): httpx's own
+    command-line tool, jsonschema before arguments need it, tomlkit before a rule is saved."""
+    loaded = loaded_after("import actors.session.world, actors.cli.main, httpx\nhttpx.Client")
+    assert "httpx" in loaded
+    assert not loaded & {"click", "pygments", "jsonschema", "tomlkit"}, loaded
 
 
 def test_the_client_from_the_face_loads_no_pykka() -> None:
