@@ -112,3 +112,49 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
     finally:
         assert loopd(config(1024), "sessions", "rm", "ctx").returncode == 0
 
+
+@pytest.mark.embedded
+@pytest.mark.timeout(900)
+def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why(
+    tmp_path: Path,
+) -> None:
+    """The state is saved after a long turn, that turn is rewound (the conversation is short
+    again), and the server comes back with a context smaller than the state: loopd does not
+    send it (llama-server takes a state only into a context that holds it), the request is
+    processed from its start, and the CacheLoss says why, in the log and to the person."""
+    require_embedded()
+
+    def config(ctx_size: int) -> Path:
+        path = tmp_path / f"loopd-{ctx_size}.toml"
+        path.write_text(
+            f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+            '[session]\nsystem = "Answer in a few words."\n'
+            f'[tools]\nstandard = false\nworkspace = "{tmp_path}"\n'
+            "[loop]\nmax_tokens = 8\n"
+            "[inference]\ntemperature = 0\nseed = 1\n"
+            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nworkspace_map = 0\n"
+            f'[daemon]\nruntime_dir = "{tmp_path / "run"}"\n',
+            encoding="utf-8",
+        )
+        return path
+
+    facts = "\n".join(long_message().splitlines()[:31])  # about 650 tokens: more than 512
+    runs = [loopd(config(2048), "run", "--session", "small", "Hi."),
+            loopd(config(2048), "run", "--session", "small", facts),
+            loopd(config(2048), "rewind", "small"),
+            loopd(config(512), "run", "--session", "small", "What did I say first?")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    try:
+        records = read_records(tmp_path / "sessions" / "small" / "log.bin")
+        first, long_one, last = [r for r in records if isinstance(r, Usage)]
+        saved = long_one.prompt_tokens + long_one.completion_tokens
+        assert saved > 512 > last.prompt_tokens  # the state does not fit; the prompt does
+        assert last.slot is not None and last.slot.state is SlotState.NONE, last.slot
+        cause = "does not fit the server's context (512 tokens a slot)"
+        assert cause in last.slot.reason
+        (loss,) = [r for r in records if isinstance(r, CacheLoss)]
+        assert loss.got == 0 and loss.expected >= first.prompt_tokens and cause in loss.cause
+        assert cause in flat(runs[3].stderr), runs[3].stderr
+    finally:
+        assert loopd(config(2048), "sessions", "rm", "small").returncode == 0
