@@ -261,12 +261,17 @@ def _tgkill(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to thread ``tid`` of process ``pid`` (glibc's tgkill)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.tgkill(pid, tid, signum) != 0:
-        raise OSError(ctypes.get_errno(), "tgkill")
+        raise OSError(ctypes.get_errno(), "tgkill")  # ESRCH: a ProcessLookupError
 
 
 def _takes(pid: int, tid: int, signum: int) -> bool:
-    """Whether thread ``tid`` of ``pid`` does not block ``signum`` (libzmq's threads do)."""
-    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+    """Whether thread ``tid`` of ``pid`` does not block ``signum`` (libzmq's threads do);
+    False for one that has ended since it was listed."""
+    try:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
         if line.startswith("SigBlk:"):
             return not int(line.split()[1], 16) >> (signum - 1) & 1
     return False
@@ -300,7 +305,12 @@ def test_a_sigterm_taken_by_a_worker_thread_stops_an_idle_daemon(
             workers = [t.id for t in psutil.Process(daemon.pid).threads()
                        if t.id != daemon.pid and _takes(daemon.pid, t.id, signal.SIGTERM)]
             assert workers, "no thread of the daemon but the main one takes SIGTERM"
-            _tgkill(daemon.pid, min(workers), signal.SIGTERM)  # the oldest: it stays
+            for tid in sorted(workers):  # the oldest first: it stays (one may have ended)
+                with contextlib.suppress(ProcessLookupError):
+                    _tgkill(daemon.pid, tid, signal.SIGTERM)
+                    break
+            else:
+                raise AssertionError("every worker thread ended before the signal")
             try:  # a hang guard: the daemon stops at once
                 code = daemon.proc.wait(HANG_S)
             except subprocess.TimeoutExpired:
