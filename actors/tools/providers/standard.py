@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -361,9 +362,13 @@ def _printable(name: str) -> str:
 
 
 def _compile(pattern: str) -> re2._Regexp[str] | Failed:
-    """The pattern compiled by RE2 (linear time, so no pattern can stall the host)."""
+    """The pattern compiled by RE2 (linear time, so no pattern can stall the host); smart
+    case, as ripgrep's ``--smart-case``: a pattern with no capital letter of its own (an
+    escape such as ``\\S`` or ``\\p{Lu}`` is not one) matches either case, so "grace lee"
+    finds "Grace Lee" (the small model writes its search words in lower case)."""
     options = re2.Options()
     options.log_errors = False
+    options.case_sensitive = _has_capital(pattern)
     try:
         return re2.compile(pattern, options)
     except re2.error as e:
@@ -372,6 +377,14 @@ def _compile(pattern: str) -> re2._Regexp[str] | Failed:
             message=f"search_files: the pattern is not a valid regular expression: {why} "
             "(RE2 syntax: like Python's, but without backreferences or lookaround)"
         )
+
+
+_ESCAPES = re.compile(r"\\(?:[pP]\{[^}]*\}|.)", re.DOTALL)
+
+
+def _has_capital(pattern: str) -> bool:
+    """Whether the pattern has a capital letter outside its escapes."""
+    return any(c.isupper() for c in _ESCAPES.sub("", pattern))
 
 
 class _Found:

@@ -288,3 +288,25 @@ def test_tools_that_change_things_need_approval_unless_allowed_or_approved() -> 
                 assert not (d.parent / "out.txt").exists()
             finally:
                 port.stop()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "found"),
+    [
+        ("grace lee", "people.csv:2: Grace Lee,support"),  # no capital: either case
+        ("^grace", "people.csv:2: Grace Lee,support"),
+        (r"\bgrace\b\S*", "people.csv:2: Grace Lee,support"),  # \b, \S: escapes, not capitals
+        ("Grace", "people.csv:2: Grace Lee,support"),
+        ("GRACE", "no matches"),  # a capital: exactly as written
+        ("grace LEE", "no matches"),
+    ],
+)
+def test_search_is_smart_case(world: World, pattern: str, found: str) -> None:
+    """As ripgrep's --smart-case: a pattern without a capital letter of its own matches
+    either case (the small model searched "grace lee" for "Grace Lee" and found nothing)."""
+    port, _, workspace, _ = world
+    (workspace / "people").mkdir(exist_ok=True)
+    (workspace / "people" / "people.csv").write_text("name,team\nGrace Lee,support\n")
+    assert _content(_call(port, "search_files", pattern=pattern, path="people")) == (
+        found.replace("people.csv", "people/people.csv")
+    )
