@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from actors.log.file import SessionLog, read_records
-from actors.log.records import CacheLoss, Record, ToolResult, Usage, User, to_json
+from actors.log.records import CacheLoss, Compaction, Record, ToolResult, Usage, User, to_json
 from actors.wire.procs import is_alive, kill_tree
 
 __all__ = ["FULL_TURN", "Checker", "check_calls", "shape", "split_turns", "turn_number",
@@ -113,7 +113,9 @@ class Checker:
         unfinished = 0
         for n, rs in turns:
             want = self.reference[(n - 1) % len(self.reference)]
-            got = [shape(r) for r in rs]
+            # A long run (a quiet machine finishes more turns a life) passes compact_at: a
+            # Compaction may then start any turn. Its own crash tests are test_compact_kill's.
+            got = [shape(r) for r in rs if not isinstance(r, Compaction)]
             assert got == want[: len(got)], f"turn {n} is not a prefix of a clean run's"
             unfinished += len(got) < len(want)
         assert unfinished <= kills, "a turn was left unfinished by a life that was not killed"
