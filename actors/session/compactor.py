@@ -60,6 +60,7 @@ from actors.log.records import (
 from actors.session.compaction import SUMMARY_REQUEST, Choice, choose_kept, elide, summary_words
 from actors.session.limits import shown_usage
 from actors.session.messages import SUMMARY_FRAME, Message, View, message_text, render, view
+from actors.session.messages import messages as render_messages
 
 __all__ = ["PER_MESSAGE", "Compactor", "Model", "compact_session"]
 
@@ -251,22 +252,20 @@ class Compactor:
                       + self._messages(messages[then:]))
         return _Prompt(records, shown, messages, tokens, self._pending(pending))
 
-    def messages_for(self, records: Sequence[Record]) -> list[Message] | None:
-        """The messages last rendered here when they were of these very ``records`` (a
-        pending message since logged counts as the same), else None: the turn's request
-        then renders them itself."""
-        if self.rendered is None:
-            return None
-        mine, messages = self.rendered
-        if len(mine) != len(records) or any(
-            a is not b for a, b in zip(mine[:-1], records[:-1], strict=True)
-        ):
-            return None
-        last, now = mine[-1], records[-1]
-        if last is now or (isinstance(last, User) and isinstance(now, User)
-                           and last.content == now.content):
-            return messages
-        return None
+    def messages_for(self, records: Sequence[Record]) -> list[Message]:
+        """The request's messages: those last rendered here when they were of these very
+        ``records`` (a pending message since logged counts as the same), else rendered now."""
+        if self.rendered is not None:
+            mine, messages = self.rendered
+            if len(mine) == len(records) and all(
+                a is b for a, b in zip(mine[:-1], records[:-1], strict=True)
+            ):
+                last, now = mine[-1], records[-1]
+                if last is now or (isinstance(last, User) and isinstance(now, User)
+                                   and last.content == now.content):
+                    return messages
+        return render_messages(self.log.baseline, records,
+                               results=self.config.session.tool_results)
 
     def _sizes(self, prompt: _Prompt) -> dict[int, int]:
         """Tokens of each live record's messages (those it adds to the rendering)."""

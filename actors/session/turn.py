@@ -60,7 +60,6 @@ from actors.session.limits import (
     cap_result,
     shown_usage,
 )
-from actors.session.messages import messages
 from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
@@ -175,9 +174,6 @@ class _Turn:
     def _request(self, grammar: str | None) -> ChatRequest:
         baseline = self.log.baseline
         shown = self.compactor.messages_for(self.log.records)  # make_room rendered them
-        if shown is None:
-            shown = messages(baseline, self.log.records,
-                             results=self.runtime.config.session.tool_results)
         return ChatRequest(
             session=self.log.name,
             messages=tuple(shown),
