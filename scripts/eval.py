@@ -48,7 +48,7 @@ from typing import Any
 from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.errors import LoopdError, SessionFull
-from actors.base.events import Choice, Decision, Event
+from actors.base.events import Choice, Compacted, Decision
 from actors.inference.smallmodel.bare_json import parse_bare_tool_call
 from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage, User
 from actors.tools.providers.standard import STANDARD_SPECS
@@ -335,12 +335,14 @@ class Row:
     set: str = ""
     # Set "overflow" (scripts/eval_overflow.py): the way the conversation went on past the
     # context; the prompt tokens the server processed in the turn (llama-server's prompt_n,
-    # not what its cache held); whether it was asked again in a new session because the
-    # context was full (SessionFull); the compactions made in the turn.
+    # not what its cache held; a summary request's included); whether it was asked again in
+    # a new session because the context was full (SessionFull); the compactions made in the
+    # turn, and the tokens the model wrote for their summaries (way summary).
     way: str = ""
     processed: int = 0
     restarted: bool = False
     compactions: int = 0
+    written: int = 0
 
 
 def eval_config(base: cfg.Config, root: Path, *, seed: int = SEED) -> cfg.Config:
@@ -446,9 +448,11 @@ def _run_one(
     error: str | None = None
     full = False
     before = len(session.records().get())
+    done: list[Compacted] = []  # a summary request writes no Usage record: its tokens are here
+    sink = lambda e: done.append(e) if isinstance(e, Compacted) else None  # noqa: E731
     timer.start()
     try:
-        outcome = session.turn(app.runtime, task.prompt, _ignore, cancel,
+        outcome = session.turn(app.runtime, task.prompt, sink, cancel,
                                _Harness(task.approve)).get()
         answer = outcome.content
         if outcome.cut:
@@ -469,8 +473,10 @@ def _run_one(
         prompt_tokens=sum(r.prompt_tokens for r in turn if isinstance(r, Usage)),
         seconds=round(seconds, 1), why=why, answer=(answer or "")[:300],
         transcript=tuple(_transcript(turn)),
-        processed=sum(processed(r) for r in added if isinstance(r, Usage)),
+        processed=sum(processed(r) for r in added if isinstance(r, Usage))
+        + sum(c.processed for c in done),
         compactions=sum(isinstance(r, Compaction) for r in added),
+        written=sum(c.generated for c in done),
     ), full
 
 
@@ -504,10 +510,6 @@ class _Harness:
         if self.approve:
             return Decision(Choice.ONCE, by="eval harness")
         return Decision(Choice.DENY, "this task does not approve it", by="eval harness")
-
-
-def _ignore(event: Event) -> None:
-    del event
 
 
 def _this_turn(records: Sequence[Record]) -> list[Record]:

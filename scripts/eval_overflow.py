@@ -18,7 +18,8 @@ the conversation goes on there.
 Per task file and way: turns passed, turns whose answer is only in an early turn ("early
 fact") and only in the last turns ("recent fact") passed, turns survived (answered before
 the first new session), sessions used, compactions, the prompt tokens the server processed
-(llama-server's ``prompt_n``, summed over the conversation) and the wall time.
+(llama-server's ``prompt_n``, summed over the conversation, the summary requests' included),
+the tokens the model wrote for summaries and the wall time.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Tally:
     sessions: int
     compactions: int
     processed: int  # prompt tokens the server processed, over the whole conversation
+    written: int  # tokens the model wrote for the summaries (way summary)
     seconds: float
 
     def row(self) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class Overall:
     sessions: int
     compactions: int
     processed: int
+    written: int
     seconds: float
 
 
@@ -124,7 +127,7 @@ def tallies(rows: Sequence[ev.Row]) -> list[Tally]:
             early=_of(mine, EARLY), recent=_of(mine, RECENT),
             survived=restarts[0] if restarts else len(mine),
             sessions=1 + len(restarts), compactions=sum(r.compactions for r in mine),
-            processed=sum(r.processed for r in mine),
+            processed=sum(r.processed for r in mine), written=sum(r.written for r in mine),
             seconds=round(sum(r.seconds for r in mine), 1),
         ))  # fmt: skip
     return out
@@ -142,7 +145,7 @@ def overall(found: Sequence[Tally]) -> list[Overall]:
             recent=(sum(t.recent[0] for t in mine), sum(t.recent[1] for t in mine)),
             survived=sum(t.survived for t in mine), sessions=sum(t.sessions for t in mine),
             compactions=sum(t.compactions for t in mine),
-            processed=sum(t.processed for t in mine),
+            processed=sum(t.processed for t in mine), written=sum(t.written for t in mine),
             seconds=round(sum(t.seconds for t in mine), 1),
         ))  # fmt: skip
     return out
@@ -164,7 +167,7 @@ def table(rows: Sequence[ev.Row]) -> None:
     found = tallies(rows)
     t = Table(title="loopd eval: conversations longer than the context, per way")
     cols = ("file", "way", "passed", "early facts", "recent facts", "turns survived",
-            "sessions", "compactions", "tokens processed", "time (s)")
+            "sessions", "compactions", "tokens processed", "summary tokens", "time (s)")
     for col in cols:
         t.add_column(col, justify="left" if col in ("file", "way") else "right")
     for x in [*found, *overall(found)]:
@@ -172,7 +175,7 @@ def table(rows: Sequence[ev.Row]) -> None:
             getattr(x, "file", "all"), x.way, f"{x.passed}/{x.turns}",
             f"{x.early[0]}/{x.early[1]}", f"{x.recent[0]}/{x.recent[1]}",
             f"{x.survived}/{x.turns}", str(x.sessions), str(x.compactions),
-            f"{x.processed:,}", f"{x.seconds:.0f}",
+            f"{x.processed:,}", f"{x.written:,}", f"{x.seconds:.0f}",
         )
     console.print(t)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.session.compaction import SUMMARY_REQUEST
 from scripts import eval as ev
 from scripts import eval_overflow as ov
 from tests.support.fake_llama import FakeLlama, Reply, answer, context_full, render_prompt
@@ -161,6 +162,33 @@ def test_with_compaction_the_conversation_survives_in_one_session() -> None:
     assert (tally.turns, tally.passed, tally.survived, tally.sessions) == (10, 10, 10, 1), rows
     assert tally.compactions >= 2 and not any(r.restarted for r in rows)
     assert tally.processed == sum(r.processed for r in rows) > 0
+    assert tally.written == 0  # no model wrote a summary
+
+
+def test_a_summary_requests_tokens_count_in_the_turn_that_compacted() -> None:
+    """Way summary: the summary request writes no Usage record, yet its prompt tokens
+    processed (the server's prompt_n) count in the turn that compacted, and the tokens it
+    wrote are tallied apart."""
+
+    def script(body: dict[str, object]) -> Reply:
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        last = str(messages[-1]["content"])
+        if last.startswith(SUMMARY_REQUEST[:40]):  # more than any prompt of this context
+            return answer(content="The person asked questions.", timings={"prompt_n": 5000},
+                          usage={"prompt_tokens": 900, "completion_tokens": 45})
+        asked = [m for m in messages if m["role"] == "user"][-1]["content"]
+        return answer(content=f"You asked: {asked}")
+
+    with FakeLlama(script, props={"n_ctx": 1000}) as fake:
+        base = ov.way_config(ev.cfg.parse({}, {"inference": {"url": fake.url}}), "summary")
+        rows = ov.run_overflow([_tasks(10, " more" * 60)], base, ["summary"], timeout_s=60)
+    (tally,) = ov.tallies(rows)
+    assert (tally.passed, tally.sessions) == (10, 1) and tally.compactions >= 2, rows
+    for r in rows:
+        assert (r.processed >= 5000) == (r.compactions > 0), r
+        assert r.written == 45 * r.compactions, r
+    assert tally.written == 45 * tally.compactions
 
 
 def test_the_overflow_set_runs_only_when_asked_for() -> None:

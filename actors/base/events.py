@@ -141,13 +141,17 @@ class Compacting:
 class Compacted:
     """The Compaction record is in the log: the next request sends the summary and the last
     ``turns_kept`` turns, about ``tokens_after`` tokens (the baseline's included); ``ms``
-    the compaction took (the summary request included)."""
+    the compaction took (the summary request included). ``processed`` and ``generated``:
+    the summary request's prompt tokens the server processed (its ``prompt_n``) and the
+    tokens it wrote (0 when no model wrote the summary: elide)."""
 
     why: str
     tokens_before: int
     tokens_after: int
     turns_kept: int
     ms: float
+    processed: int = 0
+    generated: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ message typed while the conversation was full (issue 28).
 The summary (``session.compaction``): ``summary`` asks the model on the warm slot: the live
 prompt (which the slot holds) plus :data:`SUMMARY_REQUEST`, thinking off, plain text under
 constrained calls, at most ``session.summary_tokens`` (and a tenth of the context); no
-Usage record is written for it (it is not a request of the conversation). When that
+Usage record is written for it (it is not a request of the conversation): its tokens are
+on the Compacted event. When that
 fails or says nothing, ``elide`` (no model call) writes it. The Compaction record is
 appended only once the summary is ready: a crash before it loses only the summary, and the
 next request compacts again.
@@ -102,6 +103,7 @@ class Compactor:
         self.rendered: tuple[tuple[Record, ...], list[Message]] | None = None
         self.budget = self.settings.summary_tokens  # the summary's tokens, at most
         self.made = 0  # compactions appended
+        self._cost = (0, 0)  # the summary request's prompt tokens processed, tokens written
 
     # --- when --------------------------------------------------------------------------
 
@@ -176,6 +178,7 @@ class Compactor:
         started = time.monotonic()
         how = "summary" if self.settings.compaction == "summary" else "elide"  # off: by hand
         self.emit(Compacting(why=by.value, tokens_before=tokens_before, how=how))
+        self._cost = (0, 0)
         summary = self._summary(prompt, choice, how)
         self.log.append(Compaction(summary=summary, kept=choice.kept,
                                    tokens_before=tokens_before, by=by))
@@ -185,6 +188,7 @@ class Compactor:
             why=by.value, tokens_before=tokens_before, turns_kept=choice.turns,
             tokens_after=self._baseline() + frame + self._count(summary) + kept,
             ms=round((time.monotonic() - started) * 1000, 1),
+            processed=self._cost[0], generated=self._cost[1],
         )
         self.emit(done)
         return done
@@ -221,6 +225,9 @@ class Compactor:
             return ""  # the context is full, the server failed: elide instead
         if self.cancel.cancelled:
             raise Cancelled()
+        n = completion.timings.get("prompt_n")
+        self._cost = (int(n) if isinstance(n, int | float) else completion.prompt_tokens,
+                      completion.completion_tokens)
         text = strip_word(completion.content) if grammar is not None else completion.content
         return (text or "").strip()
 
