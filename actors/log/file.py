@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import struct
 import zlib
@@ -40,8 +41,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from actors.base.durable import fsync_dir, lock, write_all
-from actors.base.errors import LogCorrupt, RecordError, SessionError, SessionLocked
-from actors.log.records import Approval, Baseline, Record, ToolResult, decode, encode
+from actors.base.errors import LogCorrupt, RecordError, SessionError, SessionLocked, WireError
+from actors.log.records import CODEC, Approval, Baseline, Record, ToolResult, encode
 from actors.log.tailscan import next_valid_frame
 
 __all__ = [
@@ -99,7 +100,7 @@ class SessionLog:
         self._records = records
         self._snapshot: tuple[Record, ...] | None = None
         self._broken: str | None = None
-        calls = [r.call for r in records if isinstance(r, ToolResult | Approval)]
+        calls = [r.call for r in records if type(r) is ToolResult or type(r) is Approval]
         self._next_call = max(calls, default=0) + 1
 
     # --- opening ----------------------------------------------------------------------
@@ -396,27 +397,41 @@ def _replay(
         return [], n
     view = memoryview(data)
     records: list[Record] = []
+    add = records.append
     pos = len(HEADER)
     unpack = _FRAME.unpack_from
     crc32 = zlib.crc32
-    while pos < n:
-        if n - pos >= 8:
+    decode_whole = CODEC.decode_whole
+    # The records built here live as long as the log: the cyclic collector, run every few
+    # hundred of them, would walk the older ones again and again (~5% of a long reopen).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        last = n - 8  # the last offset where a frame header fits
+        while pos <= last:
             length, crc = unpack(data, pos)
-            end = pos + 8 + length
-            if 0 < length <= MAX_RECORD and end <= n and crc32(view[pos + 8 : end]) == crc:
-                try:
-                    records.append(decode(data[pos + 8 : end]))
-                except RecordError as e:
-                    raise LogCorrupt(
-                        f"{where}: the record at byte {pos} is whole but unreadable ({e}); "
-                        f"it was written by another program or a newer loopd",
-                        pos,
-                    ) from None
-                pos = end
-                if ends is not None:
-                    ends.append(end)
-                continue
-        # A bad frame: a torn tail unless a valid frame follows somewhere after it.
+            start = pos + 8
+            end = start + length
+            if not (0 < length <= MAX_RECORD and end <= n):
+                break
+            payload = view[start:end]
+            if crc32(payload) != crc:
+                break
+            try:
+                add(decode_whole(payload))
+            except WireError as e:
+                raise LogCorrupt(
+                    f"{where}: the record at byte {pos} is whole but unreadable ({e}); it "
+                    f"was written by another program or a newer loopd",
+                    pos,
+                ) from None
+            if ends is not None:
+                ends.append(end)
+            pos = end
+    finally:
+        if collecting:
+            gc.enable()
+    if pos < n:  # a bad frame: a torn tail unless a valid frame follows somewhere after it
         later = _next_valid_frame(data, pos + 1)
         if later is not None:
             raise LogCorrupt(
@@ -425,7 +440,6 @@ def _replay(
                 f"`truncate -s {pos}` the file to continue from them",
                 pos,
             )
-        return records, pos
     return records, pos
 
 

@@ -129,7 +129,7 @@ def _timings(v: Any) -> Mapping[str, JSON]:
     left out, so the session still runs)."""
     if type(v) is not dict:
         raise TypeError(f"expected a map, got {type(v).__name__}")
-    return server_values.timings(v)
+    return v if server_values.all_kept(v) else server_values.timings(v)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

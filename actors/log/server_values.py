@@ -15,7 +15,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_COUNT", "MAX_FIELDS", "MAX_WORD", "count", "number", "timings", "usage", "word"]
+__all__ = [
+    "MAX_COUNT", "MAX_FIELDS", "MAX_WORD", "all_kept", "count", "number", "timings", "usage",
+    "word",
+]  # fmt: skip
 
 MAX_COUNT = 2**63 - 1  # what a log record's integer holds (msgpack int64)
 MAX_FIELDS = 64  # timings entries kept: llama-server sends about ten
@@ -59,6 +62,23 @@ def timings(obj: Any) -> dict[str, int | float]:
     if len(kept) > MAX_FIELDS:
         kept = dict(itertools.islice(kept.items(), MAX_FIELDS))
     return kept
+
+
+def all_kept(obj: dict[Any, Any]) -> bool:
+    """True when :func:`timings` would keep every entry of ``obj`` (a log's Usage is read
+    as it is then, without a copy)."""
+    if len(obj) > MAX_FIELDS:
+        return False
+    for key, value in obj.items():
+        if type(key) is not str or len(key) > _MAX_KEY:
+            return False
+        t = type(value)
+        if t is int:
+            if not 0 <= value <= MAX_COUNT:
+                return False
+        elif t is not float or not 0.0 <= value < math.inf:  # NaN compares False
+            return False
+    return True
 
 
 def usage(obj: Any) -> dict[str, Any]:

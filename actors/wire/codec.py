@@ -105,13 +105,15 @@ class _Form:
 
     ``read``/``write`` return the Python/msgpack value or raise TypeError saying what they
     expected. ``fast_read``/``fast_write``: a value of exactly this type is already right,
-    so the codec skips the call (most fields are text and numbers).
+    so the codec skips the call (most fields are text and numbers). ``nullable``: nil
+    reads as None without the call (``X | None``).
     """
 
     read: Check
     write: Check
     fast_read: type | None = None
     fast_write: type | None = None
+    nullable: bool = False
 
 
 def _scalar(t: type) -> _Form:
@@ -145,6 +147,7 @@ def _optional(inner: _Form) -> _Form:
         lambda v: None if v is None else write(v),
         inner.fast_read,
         inner.fast_write,
+        nullable=True,
     )
 
 
@@ -154,6 +157,8 @@ def _array(inner: _Form, item: str) -> _Form:
     def read_all(v: Any) -> tuple[Any, ...]:
         if type(v) is not list:
             raise TypeError(f"expected a list, got {type(v).__name__}")
+        if not v:
+            return ()
         if fast is not None and all(type(x) is fast for x in v):
             return tuple(v)
         out = []
@@ -268,16 +273,16 @@ class Shape:
         fields = dataclasses.fields(cls)
         self.names = tuple(f.name.rstrip("_") for f in fields)
         self._defaults: list[Callable[[], Any] | None] = []
-        reading: list[tuple[str, type | None, Check]] = []
+        reading: list[tuple[str, type | None, Check, bool]] = []
         writing = []
         added_ = []
         for f, wire in zip(fields, self.names, strict=True):
             where = f"{cls.__name__}.{f.name}"
             form = _form(hints[f.name], where)
             if CHECK in f.metadata:
-                reading.append((wire, None, f.metadata[CHECK]))
+                reading.append((wire, None, f.metadata[CHECK], False))
             else:
-                reading.append((wire, form.fast_read, form.read))
+                reading.append((wire, form.fast_read, form.read, form.nullable))
             writing.append((wire, f.name, form.fast_write, form.write))
             self._defaults.append(_default(f, where) if ADDED in f.metadata else None)
             if ADDED in f.metadata:
@@ -290,7 +295,9 @@ class Shape:
 
     # reading
 
-    def _compile(self, reading: list[tuple[str, type | None, Check]]) -> Callable[..., Any]:
+    def _compile(
+        self, reading: list[tuple[str, type | None, Check, bool]]
+    ) -> Callable[..., Any]:
         """``read(body, envelope)``: the instance a map holds, or _Bad naming the field;
         ``envelope``: the other keys the map may have (``v``, ``kind``).
 
@@ -306,15 +313,16 @@ class Shape:
             f"    if len(body) != {n} + len(envelope):",
             "        unknown(body, envelope)",
         ]
-        for i, (wire, fast, check) in enumerate(reading):
+        for i, (wire, fast, check, nullable) in enumerate(reading):
             env[f"fast{i}"], env[f"check{i}"] = fast, check
+            unless = f"v{i} is not None and " if nullable else ""  # nil: None, no call
             lines += [
                 "    try:",
                 f"        v{i} = body[{wire!r}]",
                 "    except KeyError:",
                 f"        v{i} = missing(body, envelope, {i})",
                 "    else:",
-                f"        if type(v{i}) is not fast{i}:",
+                f"        if {unless}type(v{i}) is not fast{i}:",
                 "            try:",
                 f"                v{i} = check{i}(v{i})",
                 "            except (TypeError, RecursionError) as e:",
@@ -481,6 +489,7 @@ class Codec:
         }  # fmt: skip
         if timestamps:
             self._unpack["timestamp"] = 3  # datetime, UTC
+        self.decode_whole = self._whole_decoder()
 
     def kind_of(self, msg: Any) -> str:
         """The kind a message (or record) goes by."""
@@ -532,14 +541,46 @@ class Codec:
         shape = self.by_kind.get(kind) if type(kind) is str else None
         if shape is None:
             known = ", ".join(self.by_kind)
-            raise WireError(
-                f"unknown {self.noun} kind {kind!r:.40}; known: {known}", _id_of(body)
-            )
+            raise WireError(f"unknown {self.noun} kind {kind!r:.40}; known: {known}", _id_of(body))
         try:
             return shape.read(body, self._envelope)
         except _Bad as e:
             where = kind if e.field is None else f"{kind}.{e.field}"
             raise WireError(f"{where}: {e.text}", _id_of(body)) from None
+
+    def _whole_decoder(self) -> Callable[[Any], Any]:
+        """:meth:`decode` for a frame whose size was checked already (a log's record).
+
+        The same steps with the same options, without the layers that only name what is
+        wrong: anything that does not decode cleanly is decoded again by :meth:`decode`,
+        whose WireError says what is wrong (it never returns otherwise: the steps are the
+        same). Opening a long log decodes each record through this.
+        """
+        unpackb, envelope, version = msgpack.unpackb, self._envelope, self.version
+        options = dict(self._unpack)  # decode()'s, each passed on below
+        max_array, max_map = options.pop("max_array_len"), options.pop("max_map_len")
+        timestamp = options.pop("timestamp", 0)  # 0: msgpack's default
+        assert options == {"strict_map_key": True}, f"{self.name}: pass on {options}"
+        by_kind: dict[Any, Shape] = dict(self.by_kind)
+        decode = self.decode
+
+        def decode_whole(frame: Any) -> Any:
+            try:
+                body = unpackb(
+                    frame, max_array_len=max_array, max_map_len=max_map, strict_map_key=True,
+                    timestamp=timestamp,
+                )  # fmt: skip
+                if type(body) is dict and (version is None or _is_int(body.get("v"), version)):
+                    kind = body.get("kind")
+                    if type(kind) is str:
+                        shape = by_kind.get(kind)
+                        if shape is not None:
+                            return shape.read(body, envelope)
+            except Exception:  # decode() below says what is wrong
+                pass
+            return decode(frame)
+
+        return decode_whole
 
     def added(self) -> list[tuple[str, str, Any, str]]:
         """Every field added later, in the messages and the maps inside them: (kind, field,
@@ -552,6 +593,10 @@ class Codec:
                 found += [(shape.kind, *entry) for entry in shape.added]
                 todo += shape.inner
         return found
+
+
+def _is_int(v: Any, n: int) -> bool:
+    return type(v) is int and v == n
 
 
 def _id_of(body: dict[Any, Any]) -> int | None:

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
 
 import actors.log.file as logmod
@@ -271,6 +272,36 @@ def test_whole_but_undecodable_record_is_refused_not_cut(log_path: Path) -> None
         SessionLog.open(log_path)
     assert info.value.offset == len(data)
     assert log_path.read_bytes() == data + bad
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"call": "1"}, "tool_result.call: expected int, got str"),
+        ({"class": "top"}, "tool_result.class: expected one of"),
+        ({"extra": 1}, "tool_result: unknown field(s) extra"),
+    ],
+)
+def test_a_wrong_record_in_the_middle_is_refused_at_its_offset_naming_it(
+    log_path: Path, change: dict[str, object], said: str
+) -> None:
+    records = every_kind()
+    data = write_log(log_path, records)
+    ends = frame_ends(records)
+    at = records.index(next(r for r in records if isinstance(r, ToolResult)))
+    start, end = ends[at - 1], ends[at]
+    body = msgpack.unpackb(data[start + 8 : end], timestamp=3)
+    payload = msgpack.packb({**body, **change}, datetime=True)
+    bad = data[:start] + struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
+    log_path.write_bytes(bad + data[end:])
+    with pytest.raises(LogCorrupt) as info:
+        SessionLog.open(log_path)
+    assert info.value.offset == start
+    assert f"session s1 ({log_path}): the record at byte {start} is whole but unreadable" in str(
+        info.value
+    )
+    assert said in str(info.value)
+    assert log_path.read_bytes() == bad + data[end:]
 
 
 def test_first_record_must_be_a_baseline(log_path: Path) -> None:
