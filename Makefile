@@ -38,7 +38,8 @@ chat: $(VENV)/.embedded
 	$(BIN)/loopd chat --workspace examples/workspace --session example --config examples/loopd.toml
 
 # Three workers (pytest-xdist): most tests wait on processes and sockets, so 3 on 2 cores
-# halve the wall time. One file or test: .venv/bin/python -m pytest tests/cli/test_cli.py -k ...
+# halve the wall time; tests are handed out one at a time, the longest first (tests/conftest.py),
+# so the run does not end on one long test. One file or test: .venv/bin/python -m pytest tests/cli/test_cli.py -k ...
 # The official ACP TypeScript SDK's client for the loopd acp tests (tests/acp), pinned by its
 # package-lock.json; without Node.js those tests are skipped (say why), and nothing is run.
 ACP_CLIENT := tests/acp/node_modules/.package-lock.json
@@ -49,7 +50,7 @@ $(ACP_CLIENT): tests/acp/package.json tests/acp/package-lock.json
 acp-client: $(ACP_CLIENT)
 
 test: $(VENV)/.test acp-client
-	$(BIN)/python -m pytest -n 3
+	$(BIN)/python -m pytest -n 3 --maxschedchunk 1
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check actors tests scripts

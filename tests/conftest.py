@@ -101,3 +101,46 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"bubblewrap: {bwrap}" if bwrap else "bubblewrap: not found; the tests that run "
         "run_command fail (apt-get install bubblewrap)",
     ]
+
+
+# The longest tests start first, so that the run does not end on one of them while the other
+# workers sit idle (`make test` hands tests out one at a time: --maxschedchunk 1). The real
+# model's tests take minutes; the rest of this list, longest first, took 11-75 s each under
+# load (--durations, 2026-12-04). A test not listed keeps its place; a renamed one only loses
+# its head start.
+LONG_FIRST = (
+    "tests/faults/test_crash.py::test_sigkill_at_random_moments_loses_nothing",
+    "tests/session/turn/test_extension_property.py::test_every_request_extends_the_last",
+    "tests/daemon/test_daemon_faults.py::test_sigterm_and_sigkill_of_the_daemon_at_random",
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[mcp]",
+    "tests/faults/test_daemon_load.py::test_32_clients_at_once_through_the_daemon",
+    "tests/faults/test_tool_faults.py::test_a_command_printing_gigabytes",
+    "tests/session/test_messages.py::test_extension_property",
+    "tests/session/test_messages.py::test_ends_count_the_messages_of_each_prefix",
+    "tests/test_references.py::test_every_reference_points_at_something",
+    "tests/acp/test_python_client.py::test_the_python_sdk_client_drives_a_whole_session",
+    "tests/session/test_fork.py::test_forks_and_rewinds_of_generated_conversations",
+    "tests/test_eval_overflow.py::test_each_conversation_overflows_the_context",
+    "tests/session/test_messages.py::test_a_rewind_renders_what_was_rendered",
+    "tests/tools/providers/test_mcp.py::test_git_tools_through_a_tool_host_and_port",
+    "tests/faults/test_load.py::test_32_sessions_at_once_on_4_hosts",
+    "tests/daemon/test_daemon.py::test_run_and_chat_go_through_the_daemon",
+    "tests/daemon/test_daemon_first_hour.py::test_a_workspace_of_its_own_beside_the_daemon",
+    "tests/acp/test_daemon_backend.py::test_turns_run_in_the_daemon_that_serves",
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real model's tests and the listed long ones first, one of the model's after every
+    two long ones (three workers: rarely two model servers at once); the rest in order."""
+    model = [i for i in items if i.get_closest_marker("embedded") is not None]
+    rank = {i: next((n for n, p in enumerate(LONG_FIRST) if i.nodeid.startswith(p)), -1)
+            for i in items if i not in model}
+    long = sorted((i for i, n in rank.items() if n >= 0), key=rank.__getitem__)
+    head: list[pytest.Item] = []
+    while model or long:
+        head += model[:1] + long[:2]
+        del model[:1], long[:2]
+    first = set(head)
+    items[:] = head + [i for i in items if i not in first]
