@@ -170,8 +170,11 @@ class Compactor:
         budget = self.budget = min(self.settings.summary_tokens, n_ctx // 10)
         fixed = self._baseline() + self._pending(pending) + frame + budget
         room = int(self.settings.compact_at * n_ctx) - fixed
+        # The kept turns take at most half the room, so the turns after a compaction have
+        # the other half: where the baseline is much of a small context, compact_keep alone
+        # would fill what a compaction frees and the next turn would compact again.
         choice = choose_kept(prompt.records, prompt.shown, sizes, room=room,
-                             keep=min(int(self.settings.compact_keep * n_ctx), room),
+                             keep=min(int(self.settings.compact_keep * n_ctx), room // 2),
                              pending=pending is not None)
         if choice is None:
             return None

@@ -14,7 +14,16 @@ import pytest
 from actors.base.errors import SessionFull
 from actors.base.events import Compacted, Compacting
 from actors.inference.actor import Inference
-from actors.log.records import CacheLoss, Compaction, CompactionBy, Rewind, ToolResult, Usage, User
+from actors.log.records import (
+    Assistant,
+    CacheLoss,
+    Compaction,
+    CompactionBy,
+    Rewind,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.session import compactor as compactor_module
 from actors.session import messages as messages_module
 from actors.session.compaction import ELIDE_HEADER
@@ -65,6 +74,24 @@ def test_a_turn_past_compact_at_compacts_first_and_the_cache_keeps_the_baseline(
     r.turn("and then?")  # the next request extends the first of the epoch
     assert r.fake.requests[-1]["messages"][: len(first)] == first
     assert not any(isinstance(x, CacheLoss) for x in r.records)
+
+
+def test_in_a_small_context_a_compaction_leaves_room_for_the_next_turn(rig: Make) -> None:
+    """The baseline (~190 of the fake's tokens) is nearly half of a 500-token context and a
+    turn ~60 tokens: were the kept turns as many as compact_keep allows, they would fill
+    what the compaction freed and every turn would compact again. The kept turns take at
+    most half the room, so no two turns in a row compact."""
+    words = " word" * 18
+    r = compacting(rig(lambda body: answer("noted" + words), props={"n_ctx": 500}),
+                   compaction="elide")
+    made: list[int] = []
+    for n in range(16):
+        before = sum(isinstance(x, Compaction) for x in r.records)
+        r.turn(f"question {n}{words}")
+        made.append(sum(isinstance(x, Compaction) for x in r.records) - before)
+    shape = "".join(map(str, made))
+    assert shape.count("1") >= 4 and "11" not in shape and "2" not in shape, shape
+    assert all(a.content for a in r.records if isinstance(a, Assistant)), shape
 
 
 def test_a_turn_far_from_the_limits_asks_the_server_for_no_count(
