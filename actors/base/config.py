@@ -338,7 +338,8 @@ class DaemonConfig:
     max_clients: int = field(default=64, metadata=limits(1, 65536))
     # the daemon: sessions one client may have open
     max_sessions_per_client: int = field(default=32, metadata=limits(1, 65536))
-    # the daemon: how long a stop may take; past it, what it started is killed, it exits 1
+    # how long a stop may take (the daemon's, and a run/chat/acp's own world's); past it,
+    # what the process started is killed, it exits 1 (actors/wire/deadline.py)
     stop_grace_s: float = field(default=60.0, metadata=seconds(1))
 
 

@@ -5,7 +5,9 @@ config names no ``inference.url`` nor ``inference.servers`` (and stops it when t
 ends), the inference actors with the slot keeper over the server(s), and the tool hosts
 (local ones as child processes, remote ones by endpoint). Sessions are opened on it by
 name. When the command ends (normally, Ctrl-C, SIGTERM) the sessions stop first, then the
-keeper saves every session's changed KV state, then the server stops.
+keeper saves every session's changed KV state, then the server stops: all of it within
+``daemon.stop_grace_s`` (:mod:`actors.wire.deadline`), past which the process kills what it
+started and exits 1.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
 from actors.tools.workspace_map import workspace_map
+from actors.wire.deadline import StopDeadline
 
 __all__ = ["World", "start_world"]
 
@@ -99,16 +102,21 @@ class World:
 @contextlib.contextmanager
 def start_world(
     config: Config, status: Callable[[str], None] = lambda _: None,
-    approve: RuleBook | None = None,
+    approve: RuleBook | None = None, deadline: StopDeadline | None = None,
 ) -> Iterator[World]:
     """Everything a session needs, stopped again (no process left) when the block ends.
 
     ``approve``: allow rules of this command only (``loopd run --approve``), besides the
     config's and the rules file's (read here: a malformed file stops the start).
+    ``deadline``: the process's own (the daemon's, armed as its stop begins); by default
+    one of the world's, armed as the block ends and put away once the world has stopped.
     """
     rules = RuleStore(config.rules_path, approve)
     check_workspace(config)  # before the model server: a typo must not cost its start
     with contextlib.ExitStack() as stack:
+        if deadline is None:
+            deadline = StopDeadline(config.daemon.stop_grace_s, who="loopd")
+            stack.callback(deadline.done)  # the last step: the stop ended in time
         urls = config.inference.servers or (config.inference.url,)
         save_dir = Path(config.slots.save_dir).expanduser() if config.slots.save_dir else None
         specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
@@ -145,4 +153,5 @@ def start_world(
                       urls=tuple(s.url for s in specs), save_state=inference.save_state,
                       hidden=toolbox.hidden)
         stack.callback(world.close_sessions, status)
+        stack.callback(deadline.arm)  # the first step of the stop
         yield world

@@ -7,16 +7,20 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from actors.log.records import Assistant, User
-from tests.acp.conftest import AcpEnv, RawAgent, assert_gone, children_of
+from actors.wire.deadline import EXIT_CODE
+from tests.acp.conftest import AcpEnv, RawAgent, assert_gone, children_of, model
+from tests.support.fake_llama import FakeLlama
 
 pytestmark = pytest.mark.timeout(240)
 
 TEN_MB = 10 * 1024 * 1024
+HANG_S = 60  # hang guards: the grace of the stop test is 2 s
 
 
 def prompt(raw: RawAgent, session: str, text: str) -> tuple[dict[str, Any], list[Any]]:
@@ -141,3 +145,43 @@ def test_the_end_mid_turn_leaves_a_valid_log_and_no_process(
     records = env.records(session)  # whole: no torn tail
     assert [r.content for r in records if isinstance(r, User)] == ["t1 [stall]"]
     assert not any(isinstance(r, Assistant) for r in records)  # the cut answer is not kept
+
+
+def test_a_stop_that_outlasts_its_grace_ends_acp_and_leaves_the_log_whole(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM after a turn; the model server then takes the KV save at the stop and never
+    answers (inference.read_timeout_s an hour): `loopd acp` waited for it that long. Past
+    daemon.stop_grace_s it says so, kills its tool host and exits 1; the log is whole."""
+    save = tmp_path / "save"
+    save.mkdir()
+    with FakeLlama(model(), save_dir=save) as fake:
+        env = AcpEnv(tmp_path, fake.url)
+        text = env.config.read_text()
+        env.config.write_text(
+            text.replace("[inference]\n", "[inference]\nread_timeout_s = 3600\n")
+            + f'[slots]\nsave_dir = "{save}"\n[daemon]\nstop_grace_s = 2\n'
+        )
+        agent = RawAgent(env.argv("--local"), env.stderr)
+        try:
+            session = agent.start(env.workspace)
+            answered, _ = prompt(agent, session, "t1")
+            assert answered["result"] == {"stopReason": "end_turn"}
+            started = children_of(agent.proc.pid)
+            assert started  # the tool host
+            fake.slot_gate.clear()  # from now on every slot action waits for the test
+            agent.proc.send_signal(signal.SIGTERM)
+            code = agent.close(timeout=HANG_S)  # a hang guard, well past the grace
+            assert any(a == "save" for a, _, _ in fake.slot_calls)  # what it waited on
+        finally:
+            fake.slot_gate.set()
+            if agent.proc.poll() is None:
+                agent.proc.kill()
+                agent.proc.wait()
+    err = env.stderr.read_text()
+    assert code == EXIT_CODE, err
+    assert "loopd did not stop within daemon.stop_grace_s = 2 s" in err
+    assert "Thread 0x" in err  # the stacks: where it was stuck
+    assert_gone(started)
+    records = env.records(session)  # whole: no torn tail
+    assert [r.content for r in records if isinstance(r, User)] == ["t1"]

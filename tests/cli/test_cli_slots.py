@@ -15,17 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import psutil
 import pytest
 
 from actors.cli.main import main
 from actors.cli.view import describe, summary
 from actors.inference.slots.keeper import FORKED
-from actors.log.file import HEADER
-from actors.log.records import SlotState, SlotUse, Usage
+from actors.log.file import HEADER, read_log
+from actors.log.records import SlotState, SlotUse, Usage, User
 from actors.session.turn import TurnOutcome
+from actors.wire.deadline import EXIT_CODE
+from actors.wire.procs import kill_tree
 from tests.support.fake_llama import FakeLlama, answer, hang
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 60  # hang guards: the grace is 2 s
 
 
 @pytest.fixture
@@ -101,6 +105,56 @@ def test_sigterm_mid_turn_still_saves_the_sessions_state(env: dict[str, Any]) ->
             proc.kill()
             proc.wait()
     assert len(state_files(env, "term")) == 2  # the shutdown saved what the slot held
+
+
+def test_a_stop_that_outlasts_its_grace_ends_the_run_and_leaves_its_log_whole(
+    env: dict[str, Any],
+) -> None:
+    """SIGTERM mid-turn; the model server then takes the KV save at the stop and never
+    answers (inference.read_timeout_s an hour): `loopd run` waited for it that long. Past
+    daemon.stop_grace_s it says so, kills its tool host and exits 1; the log is whole."""
+    config = Path(env["config"])
+    text = config.read_text().replace("[inference]\n", "[inference]\nread_timeout_s = 3600\n")
+    config.write_text(text + '[daemon]\nstop_grace_s = 2\n[[tools.hosts]]\nname = "files"\n'
+                      'tools = ["list_dir"]\n')
+    call = ("call_tool", json.dumps({"name": "list_dir", "arguments": {"path": "."}}))
+    with FakeLlama([answer(tool_calls=[call]), hang()], save_dir=env["save"]) as fake:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "run", "go", "--json", "--session", "stuck",
+             "--config", env["config"], "--url", fake.url],
+            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            waits = 0
+            for line in proc.stdout:  # the second request is out (and hangs)
+                if json.loads(line)["event"] == "waiting":
+                    waits += 1
+                    if waits == 2:
+                        break
+            started = psutil.Process(proc.pid).children()
+            assert started, "the run runs its tool host"
+            fake.slot_gate.clear()  # from now on every slot action waits for the test
+            proc.send_signal(signal.SIGTERM)
+            try:  # a hang guard, well past the grace
+                code = proc.wait(timeout=HANG_S)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("loopd run hung on its stop") from None
+            _, err = proc.communicate()
+            assert any(a == "save" for a, _, _ in fake.slot_calls)  # what it waited on
+        finally:
+            fake.slot_gate.set()
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+            proc.wait()
+    assert code == EXIT_CODE, err
+    assert "loopd did not stop within daemon.stop_grace_s = 2 s" in err
+    assert "Thread 0x" in err  # the stacks: where it was stuck
+    psutil.wait_procs(started, timeout=HANG_S)
+    assert not any(p.is_running() for p in started), "the tool host outlived the run"
+    records, torn = read_log(env["dir"] / "stuck" / "log.bin", name="stuck")
+    assert torn == 0
+    assert [r.content for r in records if isinstance(r, User)] == ["go"]
 
 
 def _old_log(path: Path) -> None:

@@ -8,7 +8,7 @@ then the socket. Stop: the loop cancels the turns in flight and closes the sessi
 World stops (the slot keeper saves every session's changed KV state, the hosts and the
 embedded server stop), the socket and pid file go. Nothing is left running: a stop that
 outlasts ``daemon.stop_grace_s`` kills what the daemon started and exits with code 1
-(:mod:`actors.daemon.server.deadline`).
+(:mod:`actors.wire.deadline`).
 
 ``--detach`` starts the same command in a new session, its output in
 ``RUNTIME_DIR/loopd.log``, and returns once its socket answers.
@@ -35,10 +35,10 @@ from actors.base.config import Config
 from actors.base.durable import lock
 from actors.base.errors import DaemonError, UsageError
 from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
-from actors.daemon.server.deadline import StopDeadline
 from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
+from actors.wire.deadline import StopDeadline
 from actors.wire.loop import SignalWake
 from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import loopd_env
@@ -142,7 +142,7 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
     with _pid_lock(config):
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            with start_world(config, say) as app:
+            with start_world(config, say, deadline=deadline) as app:
                 ctx: zmq.Context[Any] = zmq.Context()
                 sock, auth = _bind(ctx, config, where)
                 try:
