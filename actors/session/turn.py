@@ -123,6 +123,7 @@ class _Turn:
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
+        self.called: set[str] = set()  # the tools this turn called (through call_tool too)
         self.restored: SlotUse | None = None
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
                                              cancel)
@@ -219,8 +220,10 @@ class _Turn:
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
         first = self.iterations == 0 and names_a_file(self.question)
+        # a later step calls another tool, not one this turn called already
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not first)  # built once per set of tools, not per request
+                              text=not first, exclude=frozenset(self.called) if calls else
+                              frozenset())  # built once per set of tools, not per request
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):
@@ -253,6 +256,7 @@ class _Turn:
         if self.cancel.cancelled:
             raise Cancelled()
         number = self.log.next_call()
+        self.called.add(call.tool)
         self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
         earlier = self.repeats.seen(call.name, call.arguments) if self.loop.repeat_detection else 0
         if earlier >= 2:

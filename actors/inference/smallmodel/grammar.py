@@ -270,11 +270,13 @@ def answer_grammar(
     *,
     calls: bool = True,
     text: bool = True,
+    exclude: frozenset[str] = frozenset(),
 ) -> str:
     """The grammar for one answer: a call of an ``offered`` tool (request ``tools`` entries)
     or of a ``registry`` tool (``(name, parameters)``), or plain text; ``calls=False``:
-    plain text only; ``text=False``: a call only."""
-    return build_grammar(offered, registry, calls=calls, text=text).grammar
+    plain text only; ``text=False``: a call only; the tools named in ``exclude`` cannot be
+    called (by their name nor through ``call_tool``)."""
+    return build_grammar(offered, registry, calls=calls, text=text, exclude=exclude).grammar
 
 
 def build_grammar(
@@ -283,6 +285,7 @@ def build_grammar(
     *,
     calls: bool = True,
     text: bool = True,
+    exclude: frozenset[str] = frozenset(),
 ) -> Built:
     """:func:`answer_grammar`, saying which tools' arguments are plain JSON (a schema past
     :data:`TOOL_CAP`, or past :data:`TOTAL_CAP` for all tools, or one it cannot read). In
@@ -293,13 +296,13 @@ def build_grammar(
     plain: list[str] = []
     found: dict[str, str] = {}
     for tool, params in registry:
-        if isinstance(tool, str) and tool not in found:
+        if isinstance(tool, str) and tool not in found and tool not in exclude:
             found[tool] = _call(rules, tool, params, plain)
     alternatives: dict[str, str] = {}
     for entry in offered:
         function = entry.get("function", {}) if isinstance(entry, Mapping) else {}
         name = function.get("name") if isinstance(function, Mapping) else None
-        if not isinstance(name, str) or name in alternatives:
+        if not isinstance(name, str) or name in alternatives or name in exclude:
             continue
         if name == "call_tool" and found:
             inner = rules.add("call-tool-arguments", " | ".join(found.values()))
@@ -356,17 +359,19 @@ def cached_grammar(
     *,
     calls: bool = True,
     text: bool = True,
+    exclude: frozenset[str] = frozenset(),
 ) -> str:
     """:func:`answer_grammar`, built once per set of tools (the same ``offered`` object and
     the same schema objects, by identity: a session's baseline and its hosts' specs), not
     per request. A tool whose arguments are left as plain JSON is said once (logged)."""
-    key = (id(offered), tuple((name, id(params)) for name, params in registry), calls, text)
+    key = (id(offered), tuple((name, id(params)) for name, params in registry), calls, text,
+           exclude)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[1]
-    built = build_grammar(offered, registry, calls=calls, text=text)
+    built = build_grammar(offered, registry, calls=calls, text=text, exclude=exclude)
     with _LOCK:
         for note in built.plain:
             if note not in _SAID:

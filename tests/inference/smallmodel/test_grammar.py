@@ -286,3 +286,15 @@ def test_the_grammar_is_built_once_per_set_of_tools(monkeypatch: pytest.MonkeyPa
     changed = [*specs[:-1], (specs[-1][0], dict(specs[-1][1]))]  # a host came back
     cached_grammar(offered, changed)
     assert len(builds) == 3
+
+
+def test_excluded_tools_cannot_be_called_by_name_nor_through_call_tool() -> None:
+    """A later step of a turn does not call again a tool the turn has called already."""
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY,
+                                       exclude=frozenset({"search_files"})))
+    grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items())
+    assert _call_head("search_files") not in grammar
+    assert "call-search-files" not in rules["call-tool-arguments"].split(" | ")
+    assert _call_head("read_file") in grammar and rules["root"] == '"TOOL " call | "ANSWER " text'
+    assert answer_grammar(META_TOOLS, REGISTRY) != answer_grammar(
+        META_TOOLS, REGISTRY, exclude=frozenset({"read_file"}))
