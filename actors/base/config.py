@@ -134,6 +134,10 @@ class InferenceConfig:
     # Under constrained_calls: model responses of a turn that may call a tool; the one after
     # them may only be plain text (a small model calls again instead of answering).
     constrained_tool_steps: int = field(default=1, metadata=limits(1, 64))
+    # Under constrained_calls: a question with a word that the workspace's files hold (their
+    # names and text; not a common word nor a plain number) gets a call first, like one
+    # that names a file, when those files hold at most this many bytes; 0: never.
+    workspace_words: int = field(default=65536, metadata=limits(0))
     # Requests this process streams from the server at once; more wait (Queued event).
     # Thousands cannot work (100,000 inference actors never started).
     parallel: int = field(default=4, metadata=limits(1, 64))

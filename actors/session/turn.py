@@ -37,7 +37,12 @@ from actors.base.events import (
     ToolResultEvent,
 )
 from actors.inference.smallmodel.bare_json import bare_call
-from actors.inference.smallmodel.decision import WordFilter, names_a_file, strip_word
+from actors.inference.smallmodel.decision import (
+    WordFilter,
+    about_the_workspace,
+    names_a_file,
+    strip_word,
+)
 from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
     ChatRequest,
@@ -61,6 +66,8 @@ from actors.session.limits import (
     shown_usage,
 )
 from actors.tools.registry import Local, Registry, dispatch
+from actors.tools.toolbox import uses_workspace
+from actors.tools.workspace_words import workspace_words
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
 
@@ -77,6 +84,8 @@ class Runtime:
     registry: Registry
     # The rules file and the command's --approve rules (tools.allow/deny come from config).
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
+    # loopd's own places in the workspace, which the file tools refuse (the toolbox's)
+    hidden: tuple[str, ...] = ()
 
 
 # --- the turn -------------------------------------------------------------------------
@@ -219,11 +228,24 @@ class _Turn:
             return None
         calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
         specs = self.runtime.registry.specs() if calls else []
-        first = self.iterations == 0 and names_a_file(self.question)
+        first = self.iterations == 0 and self._call_first()
         # a later step calls another tool, not one this turn called already
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
                               text=not first, exclude=frozenset(self.called) if calls else
                               frozenset())  # built once per set of tools, not per request
+
+    def _call_first(self) -> bool:
+        """Whether the turn's first answer must be a call: the question names a file, or
+        has a word the workspace's files hold (a small workspace, inference.workspace_words;
+        read here, so a file written earlier in the session counts)."""
+        if names_a_file(self.question):
+            return True
+        config = self.runtime.config
+        if not uses_workspace(config):
+            return False
+        words = workspace_words(config.workspace, self.runtime.hidden,
+                                config.inference.workspace_words)
+        return about_the_workspace(self.question, words)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

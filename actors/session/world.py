@@ -148,7 +148,7 @@ def start_world(
         inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
         stack.callback(inference.stop)
         runtime = Runtime(config=config, inference=inference, registry=toolbox.registry,
-                          rules=rules)
+                          rules=rules, hidden=toolbox.hidden)
         world = World(runtime=runtime, model=model, embedded=embedded,
                       urls=tuple(s.url for s in specs), save_state=inference.save_state,
                       hidden=toolbox.hidden)

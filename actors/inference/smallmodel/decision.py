@@ -26,7 +26,8 @@ from collections.abc import Callable
 from actors.base.events import Content, Event, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
 
-__all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "names_a_file", "strip_word"]
+__all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "names_a_file",
+           "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
@@ -42,6 +43,44 @@ def names_a_file(question: str) -> bool:
     is a call: left the choice, the embedded model answered 7 of 19 such questions from
     nothing ("How much did the seeds cost? See budget.txt." -> "The seeds cost $10.")."""
     return _FILE.search(question) is not None
+
+
+# Words of four letters or more that a question uses whatever it is about: they say nothing
+# about whether the workspace holds its answer.
+_COMMON = """
+about above after again against also another answer anything around asked back been
+before being below between both bytes call called came come could does doing done
+down during each either else even ever every file files find first folder folders found
+four from full give given gives goes going good have having here into just keep know last
+least less like line lines list look looks made make many more most much must name named
+need next none only other over part please read right said same says search second
+should show some still such sure tell than that their them then there these they thing
+things third this those three through tool tools under until upon very want well were
+what when where which while whole will with within without word words work workspace
+would write yes your
+"""
+COMMON = frozenset(_COMMON.split())
+_JOINED = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)+")
+_WORD = re.compile(r"[^\W_]+")
+
+
+def about_the_workspace(question: str, words: frozenset[str] | None) -> bool:
+    """Whether ``question`` has a word that the workspace's files hold (``words``:
+    :func:`actors.tools.workspace_words.workspace_words`, None for a folder too big to
+    tell): a word of four letters or more that is not in :data:`COMMON`, a name of three
+    (a capital, not the first word: Tom), or a version or name with a digit and a dot or
+    dash (2.3.1, q1-summary). Plain numbers do not count
+    ("What is 12 plus 30?" in a folder whose files have a 12). Under the grammar such a
+    question's first answer is a call, like one that names a file: left the choice, the
+    embedded model answered "In which city does Omar Haddad work?" with a city of its own."""
+    if not words:
+        return False
+    said = _WORD.findall(question)
+    asked = {w.lower() for w in said
+             if len(w) >= 4 and not w.isdigit() and w.lower() not in COMMON}
+    asked |= {w.lower() for w in said[1:] if len(w) == 3 and w[0].isupper()}  # Tom, Mia
+    asked |= {w for w in _JOINED.findall(question.lower()) if any(c.isdigit() for c in w)}
+    return not asked.isdisjoint(words)
 
 
 def strip_word(content: str | None) -> str | None:

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from actors.base.events import Content, Event, Progress, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
-from actors.inference.smallmodel.decision import ANSWER, TOOL, WordFilter, names_a_file, strip_word
+from actors.inference.smallmodel.decision import (
+    ANSWER,
+    TOOL,
+    WordFilter,
+    about_the_workspace,
+    names_a_file,
+    strip_word,
+)
 
 
 def test_the_word_is_taken_off_once_and_other_text_is_left_alone() -> None:
@@ -117,3 +124,19 @@ def test_a_question_names_a_file_by_a_name_and_an_extension() -> None:
                  "What is 3.14 times 2?", "Go to example.com.au now", "What files are there?"]
     assert [q for q in named if not names_a_file(q)] == []
     assert [q for q in not_named if names_a_file(q)] == []
+
+
+def test_a_question_is_about_the_workspace_when_its_files_hold_one_of_its_words() -> None:
+    """Names, places, versions and rarer words count; the words any question uses, plain
+    numbers and short lower-case words do not; a folder too big to tell (None) never."""
+    words = frozenset({"omar", "haddad", "lyon", "rent", "march", "2.3.1", "2", "3", "1",
+                       "tom", "what", "files", "12", "day", "deployed", "version", "city"})
+    about = ["In which city does Omar Haddad work?", "How much will the rent be from March?",
+             "Who deployed version 2.3.1?", "Which files mention Tom?", "Which is 2.3.1?"]
+    not_about = ["What is the capital of France?", "What files are there?",
+                 "What is 12 plus 30?", "How many hours are in a day?",
+                 "What does the second one say?", "tom is here", "What is 2 plus 3?"]
+    assert [q for q in about if not about_the_workspace(q, words)] == []
+    assert [q for q in not_about if about_the_workspace(q, words)] == []
+    assert not about_the_workspace("In which city does Omar Haddad work?", None)
+    assert not about_the_workspace("In which city does Omar Haddad work?", frozenset())

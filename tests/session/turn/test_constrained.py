@@ -190,6 +190,33 @@ def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
 
 
 
+def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_first(
+    rig: Make, tmp_path: Path
+) -> None:
+    """"In which city does Omar Haddad work?" names no file, but staff.csv holds "Omar":
+    the first answer may only be a call. A question whose words no file holds keeps the
+    choice, and so does every question when the folder is past inference.workspace_words."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "staff.csv").write_text("name,city\nOmar Haddad,Lyon\n")
+
+    def first(question: str, cap: int = 65536) -> str:
+        r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")]))
+        r.config = r.config.replace("tools", workspace=str(ws)).replace(
+            "inference", workspace_words=cap)
+        r.runtime = dataclasses.replace(r.runtime, config=r.config)
+        r.turn(question)
+        return str(r.fake.requests[0]["grammar"].split("\n", 1)[0])
+
+    call_only, choice = 'root ::= "TOOL " call', 'root ::= "TOOL " call | "ANSWER " text'
+    assert first("In which city does Omar Haddad work?") == call_only
+    assert first("What is the capital of France?") == choice
+    assert first("In which city does Omar Haddad work?", cap=10) == choice  # too big to tell
+    assert first("In which city does Omar Haddad work?", cap=0) == choice  # off
+    (ws / "new.txt").write_text("Berlin")  # a file written since counts at the next turn
+    assert first("Who lives in Berlin?") == call_only
+
+
 @contextlib.contextmanager
 def _hostile_port() -> Iterator[ToolPort]:
     """A real tool port to :mod:`tests.support.hostile_host` in its own process."""
