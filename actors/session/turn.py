@@ -40,6 +40,7 @@ from actors.inference.smallmodel.bare_json import bare_call
 from actors.inference.smallmodel.decision import (
     WordFilter,
     about_the_workspace,
+    asked_steps,
     names_a_file,
     strip_word,
 )
@@ -137,12 +138,14 @@ class _Turn:
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
                                              cancel)
         self.question = ""  # the user's message this turn answers
+        self.planned = 0  # the steps the question asks for by their verbs (asked_steps)
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
 
     def run(self, content: str) -> TurnOutcome:
         self.question = content
+        self.planned = asked_steps(content)
         self.compactor.make_room(content)  # SessionFull here logs nothing
         self.log.append(User(content=content))
         with self.compactor.taking_back():  # SessionFull from here takes the turn back
@@ -224,15 +227,20 @@ class _Turn:
         return usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
-        if not self.runtime.config.inference.constrained_calls:
+        """The grammar of the next response: after inference.constrained_tool_steps steps
+        text only; the first a call only when :meth:`_call_first`; a question that asks for
+        several steps by their verbs (:func:`asked_steps`) gets that many calls, each of a
+        tool the turn has not called yet."""
+        inference = self.runtime.config.inference
+        if not inference.constrained_calls:
             return None
-        calls = self.iterations < self.runtime.config.inference.constrained_tool_steps
+        planned = self.planned if self.planned >= 2 else 0
+        calls = self.iterations < max(inference.constrained_tool_steps, planned)
         specs = self.runtime.registry.specs() if calls else []
-        first = self.iterations == 0 and self._call_first()
-        # a later step calls another tool, not one this turn called already
+        must = self.iterations < planned or (self.iterations == 0 and self._call_first())
+        exclude = frozenset(self.called) if self.iterations < planned else frozenset()
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not first, exclude=frozenset(self.called) if calls else
-                              frozenset())  # built once per set of tools, not per request
+                              text=not must, exclude=exclude)  # once per set of tools
 
     def _call_first(self) -> bool:
         """Whether the turn's first answer must be a call: the question names a file, or

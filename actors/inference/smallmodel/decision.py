@@ -26,8 +26,8 @@ from collections.abc import Callable
 from actors.base.events import Content, Event, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
 
-__all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "names_a_file",
-           "strip_word"]
+__all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
+           "names_a_file", "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
@@ -81,6 +81,20 @@ def about_the_workspace(question: str, words: frozenset[str] | None) -> bool:
     asked |= {w.lower() for w in said[1:] if len(w) == 3 and w[0].isupper()}  # Tom, Mia
     asked |= {w for w in _JOINED.findall(question.lower()) if any(c.isdigit() for c in w)}
     return not asked.isdisjoint(words)
+
+
+# The verbs by which a question asks for a file tool, one kind of step each.
+_STEPS = {"search": "search", "list": "list", "read": "read", "open": "read", "write": "write",
+          "create": "write"}
+
+
+def asked_steps(question: str) -> int:
+    """How many different steps ``question`` asks for by their verbs: "Search for backup,
+    then read the file you found" asks for 2 (search, read); "Read a.txt and tell me" for
+    1. Under the grammar a turn asked for 2 or more gets that many calls, each of a tool it
+    has not called yet: left the choice after the first result, the embedded model answered
+    from it (0 of 3 such questions on the folders never tuned on read the file)."""
+    return len({_STEPS[w] for w in _WORD.findall(question.lower()) if w in _STEPS})
 
 
 def strip_word(content: str | None) -> str | None:

@@ -13,6 +13,7 @@ from actors.inference.smallmodel.decision import (
     TOOL,
     WordFilter,
     about_the_workspace,
+    asked_steps,
     names_a_file,
     strip_word,
 )
@@ -140,3 +141,13 @@ def test_a_question_is_about_the_workspace_when_its_files_hold_one_of_its_words(
     assert [q for q in not_about if about_the_workspace(q, words)] == []
     assert not about_the_workspace("In which city does Omar Haddad work?", None)
     assert not about_the_workspace("In which city does Omar Haddad work?", frozenset())
+
+
+def test_the_steps_a_question_asks_for_by_their_verbs() -> None:
+    assert asked_steps("Search for backup, then read the file you found.") == 2
+    assert asked_steps("List the recipes folder, then open the soup recipe.") == 2
+    assert asked_steps("Read a.txt and write its first line to b.txt.") == 2
+    assert asked_steps("Read recipes/pizza.md and tell me what it says.") == 1
+    assert asked_steps("Search the files for yeast. Which file mentions it?") == 1
+    assert asked_steps("Read a.txt, then read b.txt.") == 1  # one kind of step
+    assert asked_steps("Who wrote Dune? Look in reading-list.md.") == 0

@@ -217,6 +217,27 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_first(
     assert first("Who lives in Berlin?") == call_only
 
 
+def test_a_question_asking_for_two_steps_gets_two_calls_of_different_tools(rig: Make) -> None:
+    """"Search ..., then read ..." (inference.constrained_tool_steps = 1): the first two
+    answers may only be calls, the second not of the tool the first called; then text.
+    One step asked for keeps the usual grammar."""
+    find = json.dumps({"name": "find_tool", "arguments": {"query": "read"}})
+    r = _steps(_constrained(rig([answer("TOOL " + _echo("a")), answer("TOOL " + find),
+                                 answer("ANSWER Done.")])), 1)
+    assert r.turn("Search for a, then read the file you found.").content == "Done."
+    first, second, third = (body["grammar"] for body in r.fake.requests)
+    call_only = 'root ::= "TOOL " call\n'
+    assert first.startswith(call_only) and "call-echo" in first
+    assert second.startswith(call_only) and "call-echo" not in second
+    assert "call-find-tool" in second
+    assert third.startswith('root ::= "ANSWER " text\n')
+    r1 = _steps(_constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")])), 1)
+    r1.turn("Search for a and tell me.")
+    first, second = (body["grammar"] for body in r1.fake.requests)
+    assert first.startswith('root ::= "TOOL " call | "ANSWER " text\n')
+    assert second.startswith('root ::= "ANSWER " text\n')
+
+
 @contextlib.contextmanager
 def _hostile_port() -> Iterator[ToolPort]:
     """A real tool port to :mod:`tests.support.hostile_host` in its own process."""
