@@ -94,7 +94,8 @@ def asked_steps(question: str) -> int:
     1. Under the grammar a turn asked for 2 or more gets that many calls, each of a tool it
     has not called yet: left the choice after the first result, the embedded model answered
     from it (0 of 3 such questions on the folders never tuned on read the file)."""
-    return len({_STEPS[w] for w in _WORD.findall(question.lower()) if w in _STEPS})
+    words = _WORD.findall(_FILE.sub(" ", question).lower())  # not reading-list.md's "list"
+    return len({_STEPS[w] for w in words if w in _STEPS})
 
 
 def strip_word(content: str | None) -> str | None:
