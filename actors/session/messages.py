@@ -68,8 +68,7 @@ __all__ = [
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
 USER_RESULT = (
     "Question: {question}\n\n{tool} returned:\n{result}\n\n"
-    "Answer the question from that result, in full sentences. If it does not hold the "
-    "answer (no match, or only the name of the file that has it), call the tool that gets it."
+    "Answer the question from that result, in full sentences."
 )
 SUMMARY_FRAME = (
     "[loopd: the earlier part of this conversation no longer fits the context, so it was "
