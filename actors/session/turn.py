@@ -44,7 +44,7 @@ from actors.inference.smallmodel.decision import (
     names_a_file,
     strip_word,
 )
-from actors.inference.smallmodel.grammar import cached_grammar
+from actors.inference.smallmodel.grammar import Values, cached_grammar
 from actors.inference.types import (
     ChatRequest,
     Completion,
@@ -227,33 +227,46 @@ class _Turn:
         return usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
-        """The grammar of the next response: after inference.constrained_tool_steps steps
-        text only; the first a call only when :meth:`_call_first`; a question that asks for
-        several steps by their verbs (:func:`asked_steps`) gets that many calls, each of a
-        tool the turn has not called yet."""
+        """The grammar of the next response (docs/inference.md#small-model-aids): after
+        inference.constrained_tool_steps steps text only; a question that asks for several
+        steps by their verbs (:func:`asked_steps`) gets that many calls, each of a tool the
+        turn has not called yet; the first response is a call only when the question names
+        a file or has words of a small workspace (:meth:`_held`)."""
         inference = self.runtime.config.inference
         if not inference.constrained_calls:
             return None
         planned = self.planned if self.planned >= 2 else 0
         calls = self.iterations < max(inference.constrained_tool_steps, planned)
         specs = self.runtime.registry.specs() if calls else []
-        must = self.iterations < planned or (self.iterations == 0 and self._call_first())
+        named = names_a_file(self.question)
+        values = self._held(planned, named) if calls else None
+        must = self.iterations < planned or (self.iterations == 0 and (named or bool(values)))
         exclude = frozenset(self.called) if self.iterations < planned else frozenset()
+        if values:  # a call loopd asks for is of a file tool, not a search for a tool
+            exclude |= {"find_tool"}
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not must, exclude=exclude)  # once per set of tools
+                              text=not must, exclude=exclude, values=values or ())
 
-    def _call_first(self) -> bool:
-        """Whether the turn's first answer must be a call: the question names a file, or
-        has a word the workspace's files hold (a small workspace, inference.workspace_words;
-        read here, so a file written earlier in the session counts)."""
-        if names_a_file(self.question):
-            return True
+    def _held(self, planned: int, named: bool) -> Values | None:
+        """For the first response to a question with words that a small workspace's files
+        hold (:func:`about_the_workspace`, inference.workspace_words), and for each step a
+        question asks for, unless it names a file: the file tools' arguments held to what
+        the workspace holds (a search for one of those words, a file or folder that is
+        there), so that the call cannot be the system prompt's example or a made-up path.
+        None otherwise. Read at each step, so a file written earlier in the turn counts."""
+        if named or not (self.iterations < planned or self.iterations == 0):
+            return None
         config = self.runtime.config
         if not uses_workspace(config):
-            return False
-        words = workspace_words(config.workspace, self.runtime.hidden,
+            return None
+        found = workspace_words(config.workspace, self.runtime.hidden,
                                 config.inference.workspace_words)
-        return about_the_workspace(self.question, words)
+        terms = about_the_workspace(self.question, found.words if found else None)
+        if found is None or not (terms or self.iterations < planned):
+            return None
+        held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
+                        ("search_files", "path", found.folders))
+        return (*held, ("search_files", "pattern", terms)) if terms else held
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

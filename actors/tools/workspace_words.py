@@ -19,6 +19,7 @@ file written in the session counts at the next question.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable
@@ -27,7 +28,9 @@ from pathlib import Path
 from actors.base.errors import UsageError
 from actors.tools.providers.workspace import SKIP_DIRS, Workspace
 
-__all__ = ["WORD", "words_of", "workspace_words"]
+__all__ = ["MAX_FILES", "WORD", "Holdings", "words_of", "workspace_words"]
+
+MAX_FILES = 256  # more files than this: too big to tell, like more bytes than the cap
 
 # A word: letters and digits, and the same joined by dots, dashes or apostrophes (2.3.1,
 # q1-summary, o'brien) as a word of its own besides its parts.
@@ -42,10 +45,21 @@ def words_of(text: str) -> set[str]:
     return {*WORD.findall(low), *_JOINED.findall(low)}
 
 
-def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> frozenset[str] | None:
-    """The words of the names and text of the files under ``root`` that the search reads;
-    None when they hold more than ``cap`` bytes (or ``cap`` is 0, or there is no such
-    directory): the folder is too big to tell anything by its words."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Holdings:
+    """What a small workspace holds: the words of its files' names and text, its files'
+    paths and its folders' ("." for the top), each in name order."""
+
+    words: frozenset[str]
+    files: tuple[str, ...]
+    folders: tuple[str, ...]
+
+
+def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> Holdings | None:
+    """The words of the names and text of the files under ``root`` that the search reads,
+    and their paths; None when they hold more than ``cap`` bytes (or ``cap`` is 0, or there
+    is no such directory, or there are more than :data:`MAX_FILES` files): the folder is too
+    big to tell anything by its words."""
     if cap <= 0:
         return None
     try:
@@ -54,9 +68,16 @@ def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> frozenset[st
     except (UsageError, OSError):
         return None
     found: set[str] = set()
+    files: list[str] = []
+    folders: dict[str, None] = {".": None}
     left = cap
     try:
         for file in workspace.files(top, SKIP_DIRS):
+            files.append(file.rel)
+            if len(files) > MAX_FILES:
+                return None
+            parts = file.rel.split("/")[:-1]
+            folders.update({"/".join(parts[:i]): None for i in range(1, len(parts) + 1)})
             found |= words_of(file.rel.replace("/", " "))
             data = _read(file.fd, left + 1)
             left -= len(data)
@@ -67,7 +88,7 @@ def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> frozenset[st
         return None
     finally:
         top.close()
-    return frozenset(found)
+    return Holdings(frozenset(found), tuple(files), tuple(folders))
 
 
 def _read(fd: int, most: int) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actors.tools.workspace_words import words_of, workspace_words
+from actors.tools.workspace_words import MAX_FILES, words_of, workspace_words
 
 
 def test_words_are_lower_case_runs_and_joined_runs() -> None:
@@ -18,10 +18,12 @@ def test_the_words_of_the_names_and_text_of_the_files(tmp_path: Path) -> None:
     (tmp_path / "letters").mkdir()
     (tmp_path / "letters" / "2024-01-15-landlord.txt").write_text("The rent rises to 950.")
     (tmp_path / "staff.csv").write_text("name,city\nOmar Haddad,Lyon\n")
-    words = workspace_words(tmp_path, (), 1000)
-    assert words is not None
-    assert {"letters", "landlord", "rent", "950", "omar", "haddad", "lyon", "staff"} <= words
-    assert "cairo" not in words
+    found = workspace_words(tmp_path, (), 1000)
+    assert found is not None
+    assert {"letters", "landlord", "rent", "950", "omar", "haddad", "lyon", "staff"} <= found.words
+    assert "cairo" not in found.words
+    assert found.files == ("letters/2024-01-15-landlord.txt", "staff.csv")
+    assert found.folders == (".", "letters")
 
 
 def test_a_folder_past_the_cap_or_none_has_no_words(tmp_path: Path) -> None:
@@ -31,6 +33,9 @@ def test_a_folder_past_the_cap_or_none_has_no_words(tmp_path: Path) -> None:
     assert workspace_words(tmp_path, (), 1200) is not None
     assert workspace_words(tmp_path, (), 0) is None  # off
     assert workspace_words(tmp_path / "missing", (), 1000) is None
+    for i in range(MAX_FILES):
+        (tmp_path / f"e{i}").touch()
+    assert workspace_words(tmp_path, (), 10**6) is None  # more files than MAX_FILES
 
 
 def test_what_the_file_tools_refuse_or_the_search_skips_is_not_read(tmp_path: Path) -> None:
@@ -44,8 +49,9 @@ def test_what_the_file_tools_refuse_or_the_search_skips_is_not_read(tmp_path: Pa
     os.mkfifo(tmp_path / "pipe")
     (tmp_path / "notes.txt").write_text("plainword")
     try:
-        words = workspace_words(tmp_path, (str(tmp_path / "sessions"),), 1000)
+        found = workspace_words(tmp_path, (str(tmp_path / "sessions"),), 1000)
     finally:
         outside.unlink()
-    assert words is not None and "plainword" in words
-    assert not {"secretword", "gitword", "linkedword", "pipe", "sessions"} & words
+    assert found is not None and "plainword" in found.words
+    assert not {"secretword", "gitword", "linkedword", "pipe", "sessions"} & found.words
+    assert found.files == ("notes.txt",) and found.folders == (".",)

@@ -20,6 +20,7 @@ The server's cache does not mind: the next request's prompt ends where the last 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 
@@ -60,27 +61,43 @@ what when where which while whole will with within without word words work works
 would write yes your
 """
 COMMON = frozenset(_COMMON.split())
-_JOINED = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)+")
 _WORD = re.compile(r"[^\W_]+")
+# a word, or a version or name whose parts are joined by dots, dashes or apostrophes
+_TERM = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*")
 
 
-def about_the_workspace(question: str, words: frozenset[str] | None) -> bool:
-    """Whether ``question`` has a word that the workspace's files hold (``words``:
+def about_the_workspace(question: str, words: frozenset[str] | None) -> tuple[str, ...]:
+    """The words of ``question`` that the workspace's files hold (``words``:
     :func:`actors.tools.workspace_words.workspace_words`, None for a folder too big to
-    tell): a word of four letters or more that is not in :data:`COMMON`, a name of three
-    (a capital, not the first word: Tom), or a version or name with a digit and a dot or
-    dash (2.3.1, q1-summary). Plain numbers do not count
-    ("What is 12 plus 30?" in a folder whose files have a 12). Under the grammar such a
-    question's first answer is a call, like one that names a file: left the choice, the
-    embedded model answered "In which city does Omar Haddad work?" with a city of its own."""
+    tell), as the question writes them, and each two of them in a row ("Omar Haddad"): a
+    word of four letters or more that is not in :data:`COMMON`, a name of three (a capital,
+    not the first word: Tom), or a version or name with a digit and a dot or dash (2.3.1,
+    q1-summary). Plain numbers do not count ("What is 12 plus 30?" in a folder whose files
+    have a 12). Under the grammar a question with such words gets a call first, like one
+    that names a file, and a search for one of them: left the choice, the embedded model
+    answered "In which city does Omar Haddad work?" with a city of its own."""
     if not words:
+        return ()
+    said: list[tuple[str, int, int]] = []  # word, start, end
+    for term in _TERM.finditer(question):
+        if any(c.isdigit() for c in term.group()):  # 2.3.1 whole; a plain number is left out
+            said.append((term.group(), term.start(), term.end()))
+        else:  # Tom's -> Tom, s
+            said += [(m.group(), term.start() + m.start(), term.start() + m.end())
+                     for m in _WORD.finditer(term.group())]
+    held = [(w, a, b) for i, (w, a, b) in enumerate(said)
+            if w.lower() in words and _counts(w, first=i == 0)]
+    pairs = [f"{w} {v}" for (w, _, b), (v, c, _) in itertools.pairwise(held)
+             if question[b:c] == " "]
+    return tuple(dict.fromkeys([w for w, _, _ in held] + pairs))
+
+
+def _counts(word: str, *, first: bool) -> bool:
+    if any(c.isdigit() for c in word):
+        return not word.isdigit() and any(c in ".-'" for c in word)
+    if word.lower() in COMMON:
         return False
-    said = _WORD.findall(question)
-    asked = {w.lower() for w in said
-             if len(w) >= 4 and not w.isdigit() and w.lower() not in COMMON}
-    asked |= {w.lower() for w in said[1:] if len(w) == 3 and w[0].isupper()}  # Tom, Mia
-    asked |= {w for w in _JOINED.findall(question.lower()) if any(c.isdigit() for c in w)}
-    return not asked.isdisjoint(words)
+    return len(word) >= 4 or (len(word) == 3 and word[0].isupper() and not first)
 
 
 # The verbs by which a question asks for a file tool, one kind of step each.

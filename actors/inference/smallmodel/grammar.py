@@ -57,7 +57,8 @@ from typing import Any
 
 from actors.inference.smallmodel.decision import ANSWER, TOOL
 
-__all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "answer_grammar", "build_grammar", "cached_grammar"]
+__all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "Values", "answer_grammar", "build_grammar",
+           "cached_grammar"]
 
 # Generic JSON, for schemas (or parts of them) the subset does not cover. White space is
 # bounded so that a constrained model cannot loop on it.
@@ -79,6 +80,9 @@ text ::= [^{\[<` \t\r\n] [^\x00]*
 # A JSON Schema pattern the grammar can hold a string to: one negated character class,
 # anchored, its escapes written as GBNF writes them (\xNN, \n, \t, \\).
 _NEGATED = re.compile(r"\^\[\^((?:[^\]\\]|\\x[0-9a-fA-F]{2}|\\[ntr\\\]])+)\]\*\$")
+
+# (tool, argument, allowed values): a string argument held to one of the values
+Values = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 _RESERVED = frozenset(
     {"root", "call", *(line.split(" ::= ")[0] for line in _COMMON.strip().splitlines())}
@@ -117,6 +121,7 @@ class _Rules:
         self._memo: dict[tuple[int, str], str] = {}
         self._keep: list[Any] = []  # what the memo's ids name stays alive while it is used
         self.size = 0
+        self.fixed: Mapping[str, tuple[str, ...]] = {}  # the tool's arguments held to values
         self.budget = sys.maxsize  # capped while a tool's arguments are built
         self.nodes = 0
         self._over = ""
@@ -133,6 +138,7 @@ class _Rules:
     def end_tool(self) -> None:
         """The tool's arguments are built: the rules that follow (its call) are not capped."""
         self.budget = sys.maxsize
+        self.fixed = {}
         self._memo.clear()
         self._keep.clear()
 
@@ -229,9 +235,11 @@ class _Rules:
             return "object"
         listed = schema.get("required")
         required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
+        fixed = self.fixed if depth == 0 else {}
         members = [
-            (k in required, f'{_text(json.dumps(k) + ": ")} '
-                            f'{self.value(v, f"{name}-{k}", depth + 1)}')
+            (k in required, f'{_text(json.dumps(k) + ": ")} ' + (
+                self._fixed(fixed[k], f"{name}-{k}") if fixed.get(k)
+                else self.value(v, f"{name}-{k}", depth + 1)))
             for k, v in props.items() if isinstance(k, str)
         ]
         needed = [m for r, m in members if r]
@@ -243,6 +251,10 @@ class _Rules:
         else:
             body = f"( {self._chain(name, optional)} )?"
         return self.add(name, f'"{{" {body} "}}"')
+
+    def _fixed(self, values: tuple[str, ...], name: str) -> str:
+        """A string argument that may only be one of ``values``."""
+        return self.add(name, " | ".join(dict.fromkeys(_literal(v) for v in values)))
 
     def _chain(self, name: str, optional: list[str]) -> str:
         """Rules for "one or more of ``optional``, in order, comma-separated"; the first."""
@@ -271,12 +283,15 @@ def answer_grammar(
     calls: bool = True,
     text: bool = True,
     exclude: frozenset[str] = frozenset(),
+    values: Values = (),
 ) -> str:
     """The grammar for one answer: a call of an ``offered`` tool (request ``tools`` entries)
     or of a ``registry`` tool (``(name, parameters)``), or plain text; ``calls=False``:
     plain text only; ``text=False``: a call only; the tools named in ``exclude`` cannot be
-    called (by their name nor through ``call_tool``)."""
-    return build_grammar(offered, registry, calls=calls, text=text, exclude=exclude).grammar
+    called (by their name nor through ``call_tool``); ``values``: ``(tool, argument,
+    allowed)``, a string argument of a tool held to one of the allowed values."""
+    return build_grammar(offered, registry, calls=calls, text=text, exclude=exclude,
+                         values=values).grammar
 
 
 def build_grammar(
@@ -286,6 +301,7 @@ def build_grammar(
     calls: bool = True,
     text: bool = True,
     exclude: frozenset[str] = frozenset(),
+    values: Values = (),
 ) -> Built:
     """:func:`answer_grammar`, saying which tools' arguments are plain JSON (a schema past
     :data:`TOOL_CAP`, or past :data:`TOTAL_CAP` for all tools, or one it cannot read). In
@@ -295,9 +311,12 @@ def build_grammar(
     rules = _Rules()
     plain: list[str] = []
     found: dict[str, str] = {}
+    held: dict[str, dict[str, tuple[str, ...]]] = {}
+    for tool, argument, allowed in values:
+        held.setdefault(tool, {})[argument] = allowed
     for tool, params in registry:
         if isinstance(tool, str) and tool not in found and tool not in exclude:
-            found[tool] = _call(rules, tool, params, plain)
+            found[tool] = _call(rules, tool, params, plain, held.get(tool, {}))
     alternatives: dict[str, str] = {}
     for entry in offered:
         function = entry.get("function", {}) if isinstance(entry, Mapping) else {}
@@ -309,7 +328,7 @@ def build_grammar(
             alternatives[name] = _call_rule(rules, name, inner)
         else:
             alternatives[name] = found.get(name) or _call(
-                rules, name, function.get("parameters"), plain)
+                rules, name, function.get("parameters"), plain, held.get(name, {}))
     for name, rule in found.items():
         alternatives.setdefault(name, rule)
     answer = f" | {_text(ANSWER)} text" if text else ""
@@ -321,11 +340,14 @@ def build_grammar(
     return Built("\n".join(lines) + _COMMON, tuple(plain))
 
 
-def _call(rules: _Rules, name: str, params: Any, plain: list[str]) -> str:
-    """The call rule of tool ``name``: its arguments as its schema says, or plain JSON (and
-    a note in ``plain``) when that schema is past its cap or cannot be read."""
+def _call(rules: _Rules, name: str, params: Any, plain: list[str],
+          fixed: Mapping[str, tuple[str, ...]]) -> str:
+    """The call rule of tool ``name``: its arguments as its schema says (those in ``fixed``
+    held to their values), or plain JSON (and a note in ``plain``) when that schema is past
+    its cap or cannot be read."""
     schema = params if isinstance(params, Mapping) else {"type": "object"}
     rules.start_tool()
+    rules.fixed = fixed
     before = set(rules.rules)
     try:
         arguments = rules.object(schema, f"{name}-args", 0)
@@ -360,18 +382,20 @@ def cached_grammar(
     calls: bool = True,
     text: bool = True,
     exclude: frozenset[str] = frozenset(),
+    values: Values = (),
 ) -> str:
     """:func:`answer_grammar`, built once per set of tools (the same ``offered`` object and
     the same schema objects, by identity: a session's baseline and its hosts' specs), not
     per request. A tool whose arguments are left as plain JSON is said once (logged)."""
     key = (id(offered), tuple((name, id(params)) for name, params in registry), calls, text,
-           exclude)
+           exclude, values)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[1]
-    built = build_grammar(offered, registry, calls=calls, text=text, exclude=exclude)
+    built = build_grammar(offered, registry, calls=calls, text=text, exclude=exclude,
+                          values=values)
     with _LOCK:
         for note in built.plain:
             if note not in _SAID:

@@ -139,6 +139,9 @@ def test_a_question_is_about_the_workspace_when_its_files_hold_one_of_its_words(
                  "What does the second one say?", "tom is here", "What is 2 plus 3?"]
     assert [q for q in about if not about_the_workspace(q, words)] == []
     assert [q for q in not_about if about_the_workspace(q, words)] == []
+    assert about_the_workspace("In which city does Omar Haddad work?", words) == (
+        "city", "Omar", "Haddad", "Omar Haddad")  # as written, and two in a row
+    assert about_the_workspace("Is Tom's rent due?", words) == ("Tom", "rent")
     assert not about_the_workspace("In which city does Omar Haddad work?", None)
     assert not about_the_workspace("In which city does Omar Haddad work?", frozenset())
 

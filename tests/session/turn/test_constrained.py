@@ -29,6 +29,7 @@ from actors.inference.smallmodel import grammar as grammar_module
 from actors.inference.smallmodel.grammar import TOTAL_CAP
 from actors.log.records import Assistant, ToolResult
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
+from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, Registry
 from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import FakeLlama, answer, replay
@@ -190,7 +191,7 @@ def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
 
 
 
-def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_first(
+def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_holds_first(
     rig: Make, tmp_path: Path
 ) -> None:
     """"In which city does Omar Haddad work?" names no file, but staff.csv holds "Omar":
@@ -200,13 +201,17 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_first(
     ws.mkdir()
     (ws / "staff.csv").write_text("name,city\nOmar Haddad,Lyon\n")
 
-    def first(question: str, cap: int = 65536) -> str:
-        r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")]))
+    def grammar(question: str, cap: int = 65536) -> str:
+        r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")],
+                             Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))])))
         r.config = r.config.replace("tools", workspace=str(ws)).replace(
             "inference", workspace_words=cap)
         r.runtime = dataclasses.replace(r.runtime, config=r.config)
         r.turn(question)
-        return str(r.fake.requests[0]["grammar"].split("\n", 1)[0])
+        return str(r.fake.requests[0]["grammar"])
+
+    def first(question: str, cap: int = 65536) -> str:
+        return grammar(question, cap).split("\n", 1)[0]
 
     call_only, choice = 'root ::= "TOOL " call', 'root ::= "TOOL " call | "ANSWER " text'
     assert first("In which city does Omar Haddad work?") == call_only
@@ -215,6 +220,19 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_first(
     assert first("In which city does Omar Haddad work?", cap=0) == choice  # off
     (ws / "new.txt").write_text("Berlin")  # a file written since counts at the next turn
     assert first("Who lives in Berlin?") == call_only
+    # the call is a search for one of those words, or of a file or folder that is there:
+    # not the examples' "apples" nor a made-up path; and no search for a tool
+    rules = dict(line.split(" ::= ", 1) for line in grammar(
+        "In which city does Omar Haddad work?").splitlines() if " ::= " in line)
+    assert rules["search-files-args-pattern"] == (
+        '"\\"city\\"" | "\\"Omar\\"" | "\\"Haddad\\"" | "\\"Omar Haddad\\""')
+    assert rules["read-file-args-path"] == '"\\"new.txt\\"" | "\\"staff.csv\\""'
+    assert rules["list-dir-args-path"] == '"\\".\\""'
+    assert "call-find-tool" not in rules["call"]
+    free = dict(line.split(" ::= ", 1) for line in grammar(
+        "What is the capital of France?").splitlines() if " ::= " in line)
+    assert free["search-files-args"].startswith('"{" "\\"pattern\\": " string')
+    assert "call-find-tool" in free["call"]
 
 
 def test_a_question_asking_for_two_steps_gets_two_calls_of_different_tools(rig: Make) -> None:
