@@ -41,6 +41,8 @@ from actors.inference.smallmodel.decision import (
     WordFilter,
     about_the_workspace,
     asked_steps,
+    asks_a_size,
+    named_files,
     names_a_file,
     strip_word,
 )
@@ -239,34 +241,54 @@ class _Turn:
         calls = self.iterations < max(inference.constrained_tool_steps, planned)
         specs = self.runtime.registry.specs() if calls else []
         named = names_a_file(self.question)
-        values = self._held(planned, named) if calls else None
-        must = self.iterations < planned or (self.iterations == 0 and (named or bool(values)))
+        held = self._held(planned, named) if calls else None
+        values, barred = held or ((), frozenset())
+        must = self.iterations < planned or (self.iterations == 0 and (named or bool(held)))
         exclude = frozenset(self.called) if self.iterations < planned else frozenset()
-        if values:  # a call loopd asks for is of a file tool, not a search for a tool
-            exclude |= {"find_tool"}
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not must, exclude=exclude, values=values or ())
+                              text=not must, exclude=exclude | barred, values=values)
 
-    def _held(self, planned: int, named: bool) -> Values | None:
-        """For the first response to a question with words that a small workspace's files
-        hold (:func:`about_the_workspace`, inference.workspace_words), and for each step a
-        question asks for, unless it names a file: the file tools' arguments held to what
-        the workspace holds (a search for one of those words, a file or folder that is
-        there), so that the call cannot be the system prompt's example or a made-up path.
-        None otherwise. Read at each step, so a file written earlier in the turn counts."""
-        if named or not (self.iterations < planned or self.iterations == 0):
+    def _held(self, planned: int, named: bool) -> tuple[Values, frozenset[str]] | None:
+        """What the file tools' arguments are held to in this step, and the tools it may
+        not call; None: as the schemas say. Only in a small workspace
+        (inference.workspace_words), read at each step so a file written earlier counts:
+
+        - the first response to a question that names a file that is there and asks for no
+          step by its verb nor for a size ("Which page gave a 404 in access.log?"): a read
+          of that file, the only call it may make (left the choice, the embedded model
+          listed the folder for a CSV's columns, or searched for the examples' "apples");
+        - otherwise, for the first response to a question with words the files hold
+          (:func:`about_the_workspace`) and for each step a question asks for, unless it
+          names a file: a search for one of those words, a read or listing of a file or
+          folder that is there (not the system prompt's example nor a made-up path), and
+          no search for a tool.
+        """
+        first = self.iterations == 0
+        if not (first or self.iterations < planned):
             return None
         config = self.runtime.config
         if not uses_workspace(config):
             return None
         found = workspace_words(config.workspace, self.runtime.hidden,
                                 config.inference.workspace_words)
-        terms = about_the_workspace(self.question, found.words if found else None)
-        if found is None or not (terms or self.iterations < planned):
+        if found is None:
+            return None
+        if named:
+            there = _files_named(named_files(self.question), found.files)
+            if not (first and there and not planned and not asked_steps(self.question)
+                    and not asks_a_size(self.question)):
+                return None
+            others = {s.name for s in self.runtime.registry.specs()} | _offered(
+                self.log.baseline.tools)
+            return (("read_file", "path", there),), frozenset(others - {"read_file", "call_tool"})
+        terms = about_the_workspace(self.question, found.words)
+        if not (terms or self.iterations < planned):
             return None
         held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
                         ("search_files", "path", found.folders))
-        return (*held, ("search_files", "pattern", terms)) if terms else held
+        if terms:
+            held = (*held, ("search_files", "pattern", terms))
+        return held, frozenset({"find_tool"})
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):
@@ -337,6 +359,25 @@ class _Turn:
             session=self.log.name, call=number, tool=tool, arguments=arguments,
             cancel=self.cancel, approved=approved,
         )))
+
+
+def _files_named(names: list[str], files: tuple[str, ...]) -> tuple[str, ...]:
+    """The workspace's files that ``names`` name: by their path, or by a file name that
+    only one of them has."""
+    out: list[str] = []
+    for name in names:
+        path = name.removeprefix("./")
+        alike = [f for f in files if f.rsplit("/", 1)[-1] == path]
+        if path in files:
+            out.append(path)
+        elif len(alike) == 1:
+            out.append(alike[0])
+    return tuple(dict.fromkeys(out))
+
+
+def _offered(tools: tuple[Any, ...]) -> set[str]:
+    """The names of a baseline's offered tools."""
+    return {t["function"]["name"] for t in tools if isinstance(t, dict) and "function" in t}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from actors.base.events import Content, Event, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
 
 __all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
-           "names_a_file", "strip_word"]
+           "asks_a_size", "named_files", "names_a_file", "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
@@ -37,6 +37,11 @@ WORDS = (TOOL, ANSWER)
 # A file's name in a question: a name and an extension of 2 to 6 characters (a.txt,
 # recipes/soup.md), not part of a longer dotted word (e.g., J.K., example.com.au).
 _FILE = re.compile(r"(?<![\w./-])(?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{1,5}(?![\w.]*\w)")
+
+
+def named_files(question: str) -> list[str]:
+    """The files' names in ``question``, as written (recipes/soup.md, a.txt)."""
+    return _FILE.findall(question)
 
 
 def names_a_file(question: str) -> bool:
@@ -124,6 +129,15 @@ def asked_steps(question: str) -> int:
     from it (0 of 3 such questions on the folders never tuned on read the file)."""
     words = _WORD.findall(_FILE.sub(" ", question).lower())  # not reading-list.md's "list"
     return len({_STEPS[w] for w in words if w in _STEPS})
+
+
+_SIZE = frozenset({"big", "bigger", "biggest", "byte", "bytes", "large", "larger", "largest",
+                   "long", "size", "sizes", "small", "smaller", "smallest"})
+
+
+def asks_a_size(question: str) -> bool:
+    """Whether ``question`` asks how big something is (a listing says, not the text)."""
+    return any(w in _SIZE for w in _WORD.findall(_FILE.sub(" ", question).lower()))
 
 
 def strip_word(content: str | None) -> str | None:

@@ -14,6 +14,8 @@ from actors.inference.smallmodel.decision import (
     WordFilter,
     about_the_workspace,
     asked_steps,
+    asks_a_size,
+    named_files,
     names_a_file,
     strip_word,
 )
@@ -156,3 +158,12 @@ def test_the_steps_a_question_asks_for_by_their_verbs() -> None:
     assert asked_steps("Search the files for yeast. Which file mentions it?") == 1
     assert asked_steps("Read a.txt, then read b.txt.") == 1  # one kind of step
     assert asked_steps("Who wrote Dune? Look in reading-list.md.") == 0
+
+
+def test_the_files_a_question_names_and_whether_it_asks_a_size() -> None:
+    assert named_files("Read recipes/soup.md, then a.txt.") == ["recipes/soup.md", "a.txt"]
+    assert named_files("What is 3.14 times 2?") == []
+    sizes = ["How big is access.log?", "How many bytes is ideas.md?", "What size is a.txt?"]
+    assert [q for q in sizes if not asks_a_size(q)] == []
+    assert not asks_a_size("Which page gave a 404 in access.log?")
+    assert not asks_a_size("What does big-file.txt say?")  # a word of the file's name

@@ -235,6 +235,36 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_hold
     assert "call-find-tool" in free["call"]
 
 
+def test_a_question_naming_a_file_that_is_there_reads_it_first(rig: Make, tmp_path: Path) -> None:
+    """"Which city is in staff.csv?" may only read staff.csv first (not list the folder nor
+    search for the examples' "apples"). A file that is not there, a size, or a step asked
+    for by its verb leave the call free."""
+    ws = tmp_path / "ws"
+    (ws / "data").mkdir(parents=True)
+    (ws / "data" / "staff.csv").write_text("name,city\nOmar Haddad,Lyon\n")
+    (ws / "notes.txt").write_text("hello")
+
+    def rules(question: str) -> dict[str, str]:
+        r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")],
+                             Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))])))
+        r.config = r.config.replace("tools", workspace=str(ws))
+        r.runtime = dataclasses.replace(r.runtime, config=r.config)
+        r.turn(question)
+        grammar = str(r.fake.requests[0]["grammar"])
+        return dict(line.split(" ::= ", 1) for line in grammar.splitlines() if " ::= " in line)
+
+    held = rules("Which city is in staff.csv?")  # by a file name only one file has
+    assert held["root"] == '"TOOL " call'
+    assert held["call"] == "call-call-tool | call-read-file"
+    assert held["call-tool-arguments"] == "call-read-file"
+    assert held["read-file-args-path"] == '"\\"data/staff.csv\\""'
+    for free in ("Read prices.csv.", "How big is data/staff.csv?",
+                 "List the folder, then read notes.txt."):
+        found = rules(free)
+        assert found["read-file-args-path"].startswith('"\\"" ['), free
+        assert "call-list-dir" in found["call"], free
+
+
 def test_a_question_asking_for_two_steps_gets_two_calls_of_different_tools(rig: Make) -> None:
     """"Search ..., then read ..." (inference.constrained_tool_steps = 1): the first two
     answers may only be calls, the second not of the tool the first called; then text.
