@@ -44,6 +44,7 @@ from actors.inference.smallmodel.decision import (
     asks_a_size,
     named_files,
     names_a_file,
+    refers_back,
     strip_word,
 )
 from actors.inference.smallmodel.grammar import Values, cached_grammar
@@ -135,12 +136,11 @@ class _Turn:
         self.thinking_left = self.loop.thinking_cap
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
-        self.called: set[str] = set()  # the tools this turn called (through call_tool too)
         self.restored: SlotUse | None = None
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
                                              cancel)
         self.question = ""  # the user's message this turn answers
-        self.planned = 0  # the steps the question asks for by their verbs (asked_steps)
+        self.planned: tuple[str, ...] = ()  # the tools a question asks for (asked_steps)
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
@@ -230,23 +230,26 @@ class _Turn:
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
         """The grammar of the next response (docs/inference.md#small-model-aids): after
-        inference.constrained_tool_steps steps text only; a question that asks for several
-        steps by their verbs (:func:`asked_steps`) gets that many calls, each of a tool the
-        turn has not called yet; the first response is a call only when the question names
-        a file or has words of a small workspace (:meth:`_held`)."""
+        inference.constrained_tool_steps steps text only; a question that asks for two or
+        more file tools by their verbs (:func:`asked_steps`) gets those calls, in that
+        order, one a step; the first response is a call only when the question names a
+        file or has words of a small workspace (:meth:`_held`)."""
         inference = self.runtime.config.inference
         if not inference.constrained_calls:
             return None
-        planned = self.planned if self.planned >= 2 else 0
+        names = {s.name for s in self.runtime.registry.specs()} | _offered(offered)
+        planned = len(self.planned) if len(self.planned) >= 2 and set(
+            self.planned) <= names else 0
         calls = self.iterations < max(inference.constrained_tool_steps, planned)
         specs = self.runtime.registry.specs() if calls else []
         named = names_a_file(self.question)
         held = self._held(planned, named) if calls else None
         values, barred = held or ((), frozenset())
         must = self.iterations < planned or (self.iterations == 0 and (named or bool(held)))
-        exclude = frozenset(self.called) if self.iterations < planned else frozenset()
+        if self.iterations < planned:  # the step asked for, and no other
+            barred = frozenset(names - {self.planned[self.iterations], "call_tool"})
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not must, exclude=exclude | barred, values=values)
+                              text=not must, exclude=barred, values=values)
 
     def _held(self, planned: int, named: bool) -> tuple[Values, frozenset[str]] | None:
         """What the file tools' arguments are held to in this step, and the tools it may
@@ -258,7 +261,8 @@ class _Turn:
           of that file, the only call it may make (left the choice, the embedded model
           listed the folder for a CSV's columns, or searched for the examples' "apples");
         - otherwise, for the first response to a question with words the files hold
-          (:func:`about_the_workspace`) and for each step a question asks for, unless it
+          (:func:`about_the_workspace`) or that refers back to an earlier answer's list
+          (:func:`refers_back`), and for each step a question asks for, unless it
           names a file: a search for one of those words, a read or listing of a file or
           folder that is there (not the system prompt's example nor a made-up path), and
           no search for a tool.
@@ -282,7 +286,7 @@ class _Turn:
                 self.log.baseline.tools)
             return (("read_file", "path", there),), frozenset(others - {"read_file", "call_tool"})
         terms = about_the_workspace(self.question, found.words)
-        if not (terms or self.iterations < planned):
+        if not (terms or self.iterations < planned or refers_back(self.question)):
             return None
         held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
                         ("search_files", "path", found.folders))
@@ -321,7 +325,6 @@ class _Turn:
         if self.cancel.cancelled:
             raise Cancelled()
         number = self.log.next_call()
-        self.called.add(call.tool)
         self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
         earlier = self.repeats.seen(call.name, call.arguments) if self.loop.repeat_detection else 0
         if earlier >= 2:

@@ -28,7 +28,7 @@ from actors.base.events import Content, Event, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
 
 __all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
-           "asks_a_size", "named_files", "names_a_file", "strip_word"]
+           "asks_a_size", "named_files", "names_a_file", "refers_back", "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
@@ -116,19 +116,32 @@ def _counts(word: str, *, first: bool) -> bool:
     return len(word) >= 4 or (len(word) == 3 and word[0].isupper() and not first)
 
 
-# The verbs by which a question asks for a file tool, one kind of step each.
-_STEPS = {"search": "search", "list": "list", "read": "read", "open": "read", "write": "write",
-          "create": "write"}
+# The verbs by which a question asks for a file tool.
+_STEPS = {"search": "search_files", "list": "list_dir", "read": "read_file",
+          "open": "read_file", "write": "write_file", "create": "write_file"}
 
 
-def asked_steps(question: str) -> int:
-    """How many different steps ``question`` asks for by their verbs: "Search for backup,
-    then read the file you found" asks for 2 (search, read); "Read a.txt and tell me" for
-    1. Under the grammar a turn asked for 2 or more gets that many calls, each of a tool it
-    has not called yet: left the choice after the first result, the embedded model answered
-    from it (0 of 3 such questions on the folders never tuned on read the file)."""
+def asked_steps(question: str) -> tuple[str, ...]:
+    """The file tools ``question`` asks for by their verbs, in the order it names them:
+    "Search for backup, then read the file you found" asks for search_files, then
+    read_file; "Read a.txt and tell me" for read_file. Under the grammar a turn asked for
+    two or more gets those calls in that order: left the choice after the first result,
+    the embedded model answered from it (0 of 3 such questions on the folders never tuned
+    on read the file)."""
     words = _WORD.findall(_FILE.sub(" ", question).lower())  # not reading-list.md's "list"
-    return len({_STEPS[w] for w in words if w in _STEPS})
+    return tuple(dict.fromkeys(_STEPS[w] for w in words if w in _STEPS))
+
+
+# "the second one", "the last one": an earlier answer's list, named by its place in it
+_BACK = re.compile(r"\b(?:first|second|third|fourth|fifth|sixth|last|next|other|previous)"
+                   r"\s+(?:one|file)\b", re.IGNORECASE)
+
+
+def refers_back(question: str) -> bool:
+    """Whether ``question`` names a thing by its place in an earlier answer ("What does the
+    second one say?"). Left the choice, the embedded model answered such follow-ups with
+    the system prompt's example ("The second one says: hi") instead of reading."""
+    return _BACK.search(question) is not None
 
 
 _SIZE = frozenset({"big", "bigger", "biggest", "byte", "bytes", "large", "larger", "largest",

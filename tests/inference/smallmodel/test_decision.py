@@ -17,6 +17,7 @@ from actors.inference.smallmodel.decision import (
     asks_a_size,
     named_files,
     names_a_file,
+    refers_back,
     strip_word,
 )
 
@@ -150,14 +151,16 @@ def test_a_question_is_about_the_workspace_when_its_files_hold_one_of_its_words(
     assert not about_the_workspace("In which city does Omar Haddad work?", frozenset())
 
 
-def test_the_steps_a_question_asks_for_by_their_verbs() -> None:
-    assert asked_steps("Search for backup, then read the file you found.") == 2
-    assert asked_steps("List the recipes folder, then open the soup recipe.") == 2
-    assert asked_steps("Read a.txt and write its first line to b.txt.") == 2
-    assert asked_steps("Read recipes/pizza.md and tell me what it says.") == 1
-    assert asked_steps("Search the files for yeast. Which file mentions it?") == 1
-    assert asked_steps("Read a.txt, then read b.txt.") == 1  # one kind of step
-    assert asked_steps("Who wrote Dune? Look in reading-list.md.") == 0
+def test_the_tools_a_question_asks_for_by_their_verbs() -> None:
+    assert asked_steps("Search for backup, then read the file you found.") == (
+        "search_files", "read_file")
+    assert asked_steps("List the recipes folder, then open the soup recipe.") == (
+        "list_dir", "read_file")
+    assert asked_steps("Read a.txt and write its first line to b.txt.") == (
+        "read_file", "write_file")
+    assert asked_steps("Read recipes/pizza.md and tell me what it says.") == ("read_file",)
+    assert asked_steps("Read a.txt, then read b.txt.") == ("read_file",)  # one tool
+    assert asked_steps("Who wrote Dune? Look in reading-list.md.") == ()
 
 
 def test_the_files_a_question_names_and_whether_it_asks_a_size() -> None:
@@ -167,3 +170,10 @@ def test_the_files_a_question_names_and_whether_it_asks_a_size() -> None:
     assert [q for q in sizes if not asks_a_size(q)] == []
     assert not asks_a_size("Which page gave a 404 in access.log?")
     assert not asks_a_size("What does big-file.txt say?")  # a word of the file's name
+
+
+def test_a_question_that_refers_back_to_an_earlier_list() -> None:
+    back = ["What does the second one say?", "And the last one?", "Show me the third file."]
+    assert [q for q in back if not refers_back(q)] == []
+    assert not refers_back("Who came second in one race?")
+    assert not refers_back("What does notes.txt say?")

@@ -220,6 +220,7 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_hold
     assert first("In which city does Omar Haddad work?", cap=0) == choice  # off
     (ws / "new.txt").write_text("Berlin")  # a file written since counts at the next turn
     assert first("Who lives in Berlin?") == call_only
+    assert first("What does the second one say?") == call_only  # an earlier list's file
     # the call is a search for one of those words, or of a file or folder that is there:
     # not the examples' "apples" nor a made-up path; and no search for a tool
     rules = dict(line.split(" ::= ", 1) for line in grammar(
@@ -259,27 +260,31 @@ def test_a_question_naming_a_file_that_is_there_reads_it_first(rig: Make, tmp_pa
     assert held["call-tool-arguments"] == "call-read-file"
     assert held["read-file-args-path"] == '"\\"data/staff.csv\\""'
     for free in ("Read prices.csv.", "How big is data/staff.csv?",
-                 "List the folder, then read notes.txt."):
+                 "Open notes.txt."):
         found = rules(free)
         assert found["read-file-args-path"].startswith('"\\"" ['), free
         assert "call-list-dir" in found["call"], free
 
 
-def test_a_question_asking_for_two_steps_gets_two_calls_of_different_tools(rig: Make) -> None:
-    """"Search ..., then read ..." (inference.constrained_tool_steps = 1): the first two
-    answers may only be calls, the second not of the tool the first called; then text.
-    One step asked for keeps the usual grammar."""
-    find = json.dumps({"name": "find_tool", "arguments": {"query": "read"}})
-    r = _steps(_constrained(rig([answer("TOOL " + _echo("a")), answer("TOOL " + find),
-                                 answer("ANSWER Done.")])), 1)
+def test_a_question_asking_for_two_tools_gets_those_calls_in_that_order(rig: Make) -> None:
+    """"Search ..., then read ..." (inference.constrained_tool_steps = 1): the first answer
+    may only be a search, the second only a read; then text. One tool asked for keeps the
+    usual grammar."""
+    port = ScriptedPort(specs=list(STANDARD_SPECS.values()))
+    search = json.dumps({"name": "search_files", "arguments": {"pattern": "a"}})
+    read = json.dumps({"name": "read_file", "arguments": {"path": "a.txt"}})
+    r = _steps(_constrained(rig([answer("TOOL " + search), answer("TOOL " + read),
+                                 answer("ANSWER Done.")], Registry([port]))), 1)
     assert r.turn("Search for a, then read the file you found.").content == "Done."
-    first, second, third = (body["grammar"] for body in r.fake.requests)
-    call_only = 'root ::= "TOOL " call\n'
-    assert first.startswith(call_only) and "call-echo" in first
-    assert second.startswith(call_only) and "call-echo" not in second
-    assert "call-find-tool" in second
-    assert third.startswith('root ::= "ANSWER " text\n')
-    r1 = _steps(_constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")])), 1)
+    first, second, third = (
+        dict(line.split(" ::= ", 1) for line in body["grammar"].splitlines() if " ::= " in line)
+        for body in r.fake.requests)
+    assert first["root"] == second["root"] == '"TOOL " call'
+    assert first["call"] == "call-call-tool | call-search-files"
+    assert second["call"] == "call-call-tool | call-read-file"
+    assert third["root"] == '"ANSWER " text'
+    r1 = _steps(_constrained(rig([answer("TOOL " + search), answer("ANSWER Done.")],
+                                 Registry([port]))), 1)
     r1.turn("Search for a and tell me.")
     first, second = (body["grammar"] for body in r1.fake.requests)
     assert first.startswith('root ::= "TOOL " call | "ANSWER " text\n')
