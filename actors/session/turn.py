@@ -260,12 +260,15 @@ class _Turn:
           step by its verb nor for a size ("Which page gave a 404 in access.log?"): a read
           of that file, the only call it may make (left the choice, the embedded model
           listed the folder for a CSV's columns, or searched for the examples' "apples");
-        - otherwise, for the first response to a question with words the files hold
-          (:func:`about_the_workspace`) or that refers back to an earlier answer's list
-          (:func:`refers_back`), and for each step a question asks for, unless it
-          names a file: a search for one of those words, a read or listing of a file or
-          folder that is there (not the system prompt's example nor a made-up path), and
-          no search for a tool.
+        - the first response to a question that refers back to an earlier answer's list
+          (:func:`refers_back`), and each step a question asks for, unless it names a
+          file: a search for the question's words that the fewest files hold, a read or
+          listing of a file or folder that is there (not the system prompt's example nor a
+          made-up path), no search for a tool;
+        - the first response to a question with words the files hold
+          (:func:`about_the_workspace`): a search for the one(s) the fewest files hold, or
+          a listing when all it names is a folder (left a read of any file, the embedded
+          model read the first file of the folder).
         """
         first = self.iterations == 0
         if not (first or self.iterations < planned):
@@ -286,13 +289,24 @@ class _Turn:
                 self.log.baseline.tools)
             return (("read_file", "path", there),), frozenset(others - {"read_file", "call_tool"})
         terms = about_the_workspace(self.question, found.words)
-        if not (terms or self.iterations < planned or refers_back(self.question)):
-            return None
         held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
                         ("search_files", "path", found.folders))
-        if terms:
-            held = (*held, ("search_files", "pattern", terms))
-        return held, frozenset({"find_tool"})
+        if self.iterations < planned or refers_back(self.question):
+            if terms:
+                held = (*held, ("search_files", "pattern", found.rarest(terms)))
+            return held, frozenset({"find_tool"})
+        if not terms:
+            return None
+        # a fact the question does not say where to find: a search for its most telling
+        # word, or a listing when all it names is a folder
+        folders = tuple(t for t in terms if t in found.folders)
+        allowed = {"search_files", "call_tool"} | ({"list_dir"} if folders == terms else set())
+        others = {s.name for s in self.runtime.registry.specs()} | _offered(
+            self.log.baseline.tools)
+        held = (("search_files", "path", found.folders),
+                ("search_files", "pattern", found.rarest(terms)),
+                ("list_dir", "path", folders or found.folders))
+        return held, frozenset(others - allowed)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from actors.base.errors import UsageError
@@ -53,6 +54,16 @@ class Holdings:
     words: frozenset[str]
     files: tuple[str, ...]
     folders: tuple[str, ...]
+    spread: Mapping[str, int] = dataclasses.field(default_factory=dict)  # files per word
+
+    def rarest(self, terms: Iterable[str]) -> tuple[str, ...]:
+        """Those of ``terms`` that the fewest files hold (a term of two words: as many
+        as its rarer word), in their order: the most telling to search for."""
+        def files(term: str) -> int:
+            return min(self.spread.get(w, 0) or len(self.files) + 1 for w in term.lower().split())
+        counted = [(files(t), t) for t in terms]
+        fewest = min((n for n, _ in counted), default=0)
+        return tuple(t for n, t in counted if n == fewest)
 
 
 def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> Holdings | None:
@@ -68,6 +79,7 @@ def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> Holdings | N
     except (UsageError, OSError):
         return None
     found: set[str] = set()
+    spread: Counter[str] = Counter()
     files: list[str] = []
     folders: dict[str, None] = {".": None}
     left = cap
@@ -78,17 +90,19 @@ def workspace_words(root: Path, hidden: Iterable[str], cap: int) -> Holdings | N
                 return None
             parts = file.rel.split("/")[:-1]
             folders.update({"/".join(parts[:i]): None for i in range(1, len(parts) + 1)})
-            found |= words_of(file.rel.replace("/", " "))
             data = _read(file.fd, left + 1)
             left -= len(data)
             if left < 0:
                 return None
-            found |= words_of(data.decode("utf-8", "replace"))
+            these = words_of(file.rel.replace("/", " ")) | words_of(
+                data.decode("utf-8", "replace"))
+            found |= these
+            spread.update(these)
     except OSError:
         return None
     finally:
         top.close()
-    return Holdings(frozenset(found), tuple(files), tuple(folders))
+    return Holdings(frozenset(found), tuple(files), tuple(folders), dict(spread))
 
 
 def _read(fd: int, most: int) -> bytes:

@@ -55,3 +55,15 @@ def test_what_the_file_tools_refuse_or_the_search_skips_is_not_read(tmp_path: Pa
     assert found is not None and "plainword" in found.words
     assert not {"secretword", "gitword", "linkedword", "pipe", "sessions"} & found.words
     assert found.files == ("notes.txt",) and found.folders == (".",)
+
+
+def test_the_rarest_terms_are_those_the_fewest_files_hold(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("bank card 4821")
+    (tmp_path / "b.txt").write_text("Northfield Bank, March")
+    (tmp_path / "c.txt").write_text("rent from March")
+    found = workspace_words(tmp_path, (), 1000)
+    assert found is not None
+    assert found.spread["bank"] == 2 and found.spread["card"] == 1
+    assert found.rarest(("bank", "card", "bank card")) == ("card", "bank card")
+    assert found.rarest(("rent", "March")) == ("rent",)
+    assert found.rarest(()) == ()

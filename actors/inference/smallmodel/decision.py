@@ -64,6 +64,7 @@ should show some still such sure tell than that their them then there these they
 things third this those three through tool tools under until upon very want well were
 what when where which while whole will with within without word words work workspace
 would write yes your
+kept keeps makes took taken takes used uses using gets goes went gone came comes says
 """
 COMMON = frozenset(_COMMON.split())
 _WORD = re.compile(r"[^\W_]+")
@@ -74,8 +75,7 @@ _TERM = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*")
 def about_the_workspace(question: str, words: frozenset[str] | None) -> tuple[str, ...]:
     """The words of ``question`` that the workspace's files hold (``words``:
     :func:`actors.tools.workspace_words.workspace_words`, None for a folder too big to
-    tell), as the question writes them (a plural as its singular when the files hold only
-    that), and each two of them in a row ("Omar Haddad"): a
+    tell), as the question writes them, and each two of them in a row ("Omar Haddad"): a
     word of four letters or more that is not in :data:`COMMON`, a name of three (a capital,
     not the first word: Tom), or a version or name with a digit and a dot or dash (2.3.1,
     q1-summary). Plain numbers do not count ("What is 12 plus 30?" in a folder whose files
@@ -91,21 +91,11 @@ def about_the_workspace(question: str, words: frozenset[str] | None) -> tuple[st
         else:  # Tom's -> Tom, s
             said += [(m.group(), term.start() + m.start(), term.start() + m.end())
                      for m in _WORD.finditer(term.group())]
-    held = [(_held_form(w, words), a, b) for i, (w, a, b) in enumerate(said)
-            if _held_form(w, words) and _counts(w, first=i == 0)]
+    held = [(w, a, b) for i, (w, a, b) in enumerate(said)
+            if w.lower() in words and _counts(w, first=i == 0)]
     pairs = [f"{w} {v}" for (w, _, b), (v, c, _) in itertools.pairwise(held)
              if question[b:c] == " "]
     return tuple(dict.fromkeys([w for w, _, _ in held] + pairs))
-
-
-def _held_form(word: str, words: frozenset[str]) -> str:
-    """``word`` when the files hold it, else its singular when they hold that (ladders:
-    ladder), else ""."""
-    if word.lower() in words:
-        return word
-    if len(word) > 4 and word.endswith("s") and word[:-1].lower() in words:
-        return word[:-1]
-    return ""
 
 
 def _counts(word: str, *, first: bool) -> bool:

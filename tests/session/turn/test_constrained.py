@@ -227,9 +227,18 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_hold
         "In which city does Omar Haddad work?").splitlines() if " ::= " in line)
     assert rules["search-files-args-pattern"] == (
         '"\\"city\\"" | "\\"Omar\\"" | "\\"Haddad\\"" | "\\"Omar Haddad\\""')
-    assert rules["read-file-args-path"] == '"\\"new.txt\\"" | "\\"staff.csv\\""'
-    assert rules["list-dir-args-path"] == '"\\".\\""'
-    assert "call-find-tool" not in rules["call"]
+    assert rules["call"] == "call-call-tool | call-search-files"  # not read any file
+    assert rules["search-files-args-path"] == '"\\".\\""'
+    (ws / "more.txt").write_text("Omar Haddad moved.")  # "city" is now the rarest word
+    rules = dict(line.split(" ::= ", 1) for line in grammar(
+        "In which city does Omar Haddad work?").splitlines() if " ::= " in line)
+    assert rules["search-files-args-pattern"] == '"\\"city\\""'
+    (ws / "more.txt").unlink()
+    # a question that refers back may read a file that is there (and no other)
+    back = dict(line.split(" ::= ", 1) for line in grammar(
+        "What does the second one say?").splitlines() if " ::= " in line)
+    assert back["read-file-args-path"] == '"\\"new.txt\\"" | "\\"staff.csv\\""'
+    assert "call-find-tool" not in back["call"]
     free = dict(line.split(" ::= ", 1) for line in grammar(
         "What is the capital of France?").splitlines() if " ::= " in line)
     assert free["search-files-args"].startswith('"{" "\\"pattern\\": " string')
@@ -248,7 +257,8 @@ def test_a_question_naming_a_file_that_is_there_reads_it_first(rig: Make, tmp_pa
     def rules(question: str) -> dict[str, str]:
         r = _constrained(rig([answer("TOOL " + _echo("a")), answer("ANSWER Done.")],
                              Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))])))
-        r.config = r.config.replace("tools", workspace=str(ws))
+        r.config = r.config.replace("tools", workspace=str(ws)).replace(
+            "inference", workspace_words=65536)
         r.runtime = dataclasses.replace(r.runtime, config=r.config)
         r.turn(question)
         grammar = str(r.fake.requests[0]["grammar"])
