@@ -37,17 +37,8 @@ from actors.base.events import (
     ToolResultEvent,
 )
 from actors.inference.smallmodel.bare_json import bare_call
-from actors.inference.smallmodel.decision import (
-    WordFilter,
-    about_the_workspace,
-    asked_steps,
-    asks_a_size,
-    named_files,
-    names_a_file,
-    refers_back,
-    strip_word,
-)
-from actors.inference.smallmodel.grammar import Values, cached_grammar
+from actors.inference.smallmodel.decision import WordFilter, strip_word
+from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
     ChatRequest,
     Completion,
@@ -69,9 +60,8 @@ from actors.session.limits import (
     cap_result,
     shown_usage,
 )
+from actors.session.steps import next_step
 from actors.tools.registry import Local, Registry, dispatch
-from actors.tools.toolbox import uses_workspace
-from actors.tools.workspace_words import workspace_words
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
 
@@ -140,14 +130,12 @@ class _Turn:
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
                                              cancel)
         self.question = ""  # the user's message this turn answers
-        self.planned: tuple[str, ...] = ()  # the tools a question asks for (asked_steps)
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
 
     def run(self, content: str) -> TurnOutcome:
         self.question = content
-        self.planned = asked_steps(content)
         self.compactor.make_room(content)  # SessionFull here logs nothing
         self.log.append(User(content=content))
         with self.compactor.taking_back():  # SessionFull from here takes the turn back
@@ -229,84 +217,17 @@ class _Turn:
         return usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
-        """The grammar of the next response (docs/inference.md#small-model-aids): after
-        inference.constrained_tool_steps steps text only; a question that asks for two or
-        more file tools by their verbs (:func:`asked_steps`) gets those calls, in that
-        order, one a step; the first response is a call only when the question names a
-        file or has words of a small workspace (:meth:`_held`)."""
-        inference = self.runtime.config.inference
-        if not inference.constrained_calls:
+        """The grammar of the next response: what this step may say
+        (:func:`actors.session.steps.next_step`), built once per set of tools and holds."""
+        if not self.runtime.config.inference.constrained_calls:
             return None
-        names = {s.name for s in self.runtime.registry.specs()} | _offered(offered)
-        planned = len(self.planned) if len(self.planned) >= 2 and set(
-            self.planned) <= names else 0
-        calls = self.iterations < max(inference.constrained_tool_steps, planned)
-        specs = self.runtime.registry.specs() if calls else []
-        named = names_a_file(self.question)
-        held = self._held(planned, named) if calls else None
-        values, barred = held or ((), frozenset())
-        must = self.iterations < planned or (self.iterations == 0 and (named or bool(held)))
-        if self.iterations < planned:  # the step asked for, and no other
-            barred = frozenset(names - {self.planned[self.iterations], "call_tool"})
-        return cached_grammar(offered, [(s.name, s.parameters) for s in specs], calls=calls,
-                              text=not must, exclude=barred, values=values)
-
-    def _held(self, planned: int, named: bool) -> tuple[Values, frozenset[str]] | None:
-        """What the file tools' arguments are held to in this step, and the tools it may
-        not call; None: as the schemas say. Only in a small workspace
-        (inference.workspace_words), read at each step so a file written earlier counts:
-
-        - the first response to a question that names a file that is there and asks for no
-          step by its verb nor for a size ("Which page gave a 404 in access.log?"): a read
-          of that file, the only call it may make (left the choice, the embedded model
-          listed the folder for a CSV's columns, or searched for the examples' "apples");
-        - the first response to a question that refers back to an earlier answer's list
-          (:func:`refers_back`), and each step a question asks for, unless it names a
-          file: a search for the question's words that the fewest files hold, a read or
-          listing of a file or folder that is there (not the system prompt's example nor a
-          made-up path), no search for a tool;
-        - the first response to a question with words the files hold
-          (:func:`about_the_workspace`): a search for the one(s) the fewest files hold, or
-          a listing when all it names is a folder (left a read of any file, the embedded
-          model read the first file of the folder).
-        """
-        first = self.iterations == 0
-        if not (first or self.iterations < planned):
-            return None
-        config = self.runtime.config
-        if not uses_workspace(config):
-            return None
-        found = workspace_words(config.workspace, self.runtime.hidden,
-                                config.inference.workspace_words)
-        if found is None:
-            return None
-        if named:
-            there = _files_named(named_files(self.question), found.files)
-            if not (first and there and not planned and not asked_steps(self.question)
-                    and not asks_a_size(self.question)):
-                return None
-            others = {s.name for s in self.runtime.registry.specs()} | _offered(
-                self.log.baseline.tools)
-            return (("read_file", "path", there),), frozenset(others - {"read_file", "call_tool"})
-        terms = about_the_workspace(self.question, found.words)
-        held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
-                        ("search_files", "path", found.folders))
-        if self.iterations < planned or refers_back(self.question):
-            if terms:
-                held = (*held, ("search_files", "pattern", found.rarest(terms)))
-            return held, frozenset({"find_tool"})
-        if not terms:
-            return None
-        # a fact the question does not say where to find: a search for its most telling
-        # word, or a listing when all it names is a folder
-        folders = tuple(t for t in terms if t in found.folders)
-        allowed = {"search_files", "call_tool"} | ({"list_dir"} if folders == terms else set())
-        others = {s.name for s in self.runtime.registry.specs()} | _offered(
-            self.log.baseline.tools)
-        held = (("search_files", "path", found.folders),
-                ("search_files", "pattern", found.rarest(terms)),
-                ("list_dir", "path", folders or found.folders))
-        return held, frozenset(others - allowed)
+        step = next_step(self.question, self.iterations, self.runtime.config,
+                         self.runtime.registry.specs(), offered, self.log.records,
+                         self.runtime.hidden)
+        specs = self.runtime.registry.specs() if step.calls else []
+        return cached_grammar(offered, [(s.name, s.parameters) for s in specs],
+                              calls=step.calls, text=step.text, exclude=step.exclude,
+                              values=step.values)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):
@@ -376,25 +297,6 @@ class _Turn:
             session=self.log.name, call=number, tool=tool, arguments=arguments,
             cancel=self.cancel, approved=approved,
         )))
-
-
-def _files_named(names: list[str], files: tuple[str, ...]) -> tuple[str, ...]:
-    """The workspace's files that ``names`` name: by their path, or by a file name that
-    only one of them has."""
-    out: list[str] = []
-    for name in names:
-        path = name.removeprefix("./")
-        alike = [f for f in files if f.rsplit("/", 1)[-1] == path]
-        if path in files:
-            out.append(path)
-        elif len(alike) == 1:
-            out.append(alike[0])
-    return tuple(dict.fromkeys(out))
-
-
-def _offered(tools: tuple[Any, ...]) -> set[str]:
-    """The names of a baseline's offered tools."""
-    return {t["function"]["name"] for t in tools if isinstance(t, dict) and "function" in t}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

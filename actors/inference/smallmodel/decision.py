@@ -28,7 +28,8 @@ from actors.base.events import Content, Event, Retrying
 from actors.inference.smallmodel.bare_json import could_be_call
 
 __all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
-           "asks_a_size", "named_files", "names_a_file", "refers_back", "strip_word"]
+           "asks_a_size", "named_files", "names_a_file", "place_named", "refers_back",
+           "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
@@ -132,6 +133,19 @@ def refers_back(question: str) -> bool:
     second one say?"). Left the choice, the embedded model answered such follow-ups with
     the system prompt's example ("The second one says: hi") instead of reading."""
     return _BACK.search(question) is not None
+
+
+_PLACES = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6,
+           "last": -1}
+_PLACE = re.compile(r"\b(first|second|third|fourth|fifth|sixth|last)\s+(?:one|file)\b",
+                    re.IGNORECASE)
+
+
+def place_named(question: str) -> int | None:
+    """The place in an earlier list that ``question`` names: 2 for "the second one", -1
+    for "the last file"; None when it names none."""
+    found = _PLACE.search(question)
+    return _PLACES[found.group(1).lower()] if found else None
 
 
 _SIZE = frozenset({"big", "bigger", "biggest", "byte", "bytes", "large", "larger", "largest",

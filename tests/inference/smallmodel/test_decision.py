@@ -17,6 +17,7 @@ from actors.inference.smallmodel.decision import (
     asks_a_size,
     named_files,
     names_a_file,
+    place_named,
     refers_back,
     strip_word,
 )
@@ -176,3 +177,9 @@ def test_a_question_that_refers_back_to_an_earlier_list() -> None:
     assert [q for q in back if not refers_back(q)] == []
     assert not refers_back("Who came second in one race?")
     assert not refers_back("What does notes.txt say?")
+
+
+def test_the_place_a_question_names() -> None:
+    assert place_named("What does the second one say?") == 2
+    assert place_named("Show me the last file.") == -1
+    assert place_named("What does notes.txt say?") is None

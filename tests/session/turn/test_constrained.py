@@ -18,8 +18,9 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,8 @@ from actors.inference.smallmodel import grammar as grammar_module
 from actors.inference.smallmodel.grammar import TOTAL_CAP
 from actors.log.records import Assistant, ToolResult
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, Registry
 from tests.session.turn.conftest import Rig, ScriptedPort
@@ -191,6 +194,12 @@ def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
 
 
 
+def _listed(tool: str, arguments: Mapping[str, Any]) -> wire.Answer:
+    """list_dir's answer as the standard tool writes it (any other tool: "ran")."""
+    text = "new.txt  6\nstaff.csv  30" if tool == "list_dir" else "ran"
+    return wire.Result(id=0, content=text, class_=ResultClass.PUBLIC, untrusted=False)
+
+
 def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_holds_first(
     rig: Make, tmp_path: Path
 ) -> None:
@@ -221,6 +230,20 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_hold
     (ws / "new.txt").write_text("Berlin")  # a file written since counts at the next turn
     assert first("Who lives in Berlin?") == call_only
     assert first("What does the second one say?") == call_only  # an earlier list's file
+    # after a listing, "the second one" is its second entry: the only file it may read
+    r = _constrained(rig([answer("TOOL " + json.dumps({"name": "list_dir", "arguments": {}})),
+                          answer("ANSWER staff.csv and new.txt."),
+                          answer("TOOL " + _echo("a")), answer("ANSWER Done.")],
+                         Registry([ScriptedPort(_listed, list(STANDARD_SPECS.values()))])))
+    r.config = r.config.replace("tools", workspace=str(ws)).replace(
+        "inference", workspace_words=65536)
+    r.runtime = dataclasses.replace(r.runtime, config=r.config)
+    r.turn("Which files are there?")
+    r.turn("What does the second one say?")
+    third = dict(line.split(" ::= ", 1) for line in r.fake.requests[2]["grammar"].splitlines()
+                 if " ::= " in line)
+    assert third["read-file-args-path"] == '"\\"staff.csv\\""'  # the listing's second
+    assert third["call"] == "call-call-tool | call-read-file"
     # the call is a search for one of those words, or of a file or folder that is there:
     # not the examples' "apples" nor a made-up path; and no search for a tool
     rules = dict(line.split(" ::= ", 1) for line in grammar(
