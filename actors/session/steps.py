@@ -134,12 +134,17 @@ def _held(
 
 
 def _only_read(paths: tuple[str, ...], names: set[str]) -> tuple[Values, frozenset[str]]:
-    return (("read_file", "path", paths),), frozenset(names - {"read_file", "call_tool"})
+    return (*_READ, ("read_file", "path", paths)), frozenset(names - {"read_file", "call_tool"})
+
+
+# A held read starts at the file's start: the embedded model wrote the listing's size as
+# the offset ("offset": 176 for a 176-byte file) and read nothing.
+_READ: Values = (("read_file", "offset", ()),)
 
 
 def _anything_there(found: Holdings, terms: tuple[str, ...]) -> Values:
-    held: Values = (("read_file", "path", found.files), ("list_dir", "path", found.folders),
-                    ("search_files", "path", found.folders))
+    held: Values = (*_READ, ("read_file", "path", found.files),
+                    ("list_dir", "path", found.folders), ("search_files", "path", found.folders))
     return (*held, ("search_files", "pattern", found.rarest(terms))) if terms else held
 
 

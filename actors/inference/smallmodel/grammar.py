@@ -240,7 +240,8 @@ class _Rules:
             (k in required, f'{_text(json.dumps(k) + ": ")} ' + (
                 self._fixed(fixed[k], f"{name}-{k}") if fixed.get(k)
                 else self.value(v, f"{name}-{k}", depth + 1)))
-            for k, v in props.items() if isinstance(k, str)
+            for k, v in props.items()
+            if isinstance(k, str) and (k in required or fixed.get(k, ()) != () or k not in fixed)
         ]
         needed = [m for r, m in members if r]
         optional = [m for r, m in members if not r]
@@ -289,7 +290,8 @@ def answer_grammar(
     or of a ``registry`` tool (``(name, parameters)``), or plain text; ``calls=False``:
     plain text only; ``text=False``: a call only; the tools named in ``exclude`` cannot be
     called (by their name nor through ``call_tool``); ``values``: ``(tool, argument,
-    allowed)``, a string argument of a tool held to one of the allowed values."""
+    allowed)``, a string argument of a tool held to one of the allowed values (none: an
+    optional argument left out)."""
     return build_grammar(offered, registry, calls=calls, text=text, exclude=exclude,
                          values=values).grammar
 

@@ -15,6 +15,7 @@ or the call comes approved (the session's rules or the person said yes: actors.a
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 import re
@@ -396,9 +397,12 @@ class _Found:
 
     def scan(self, pattern: re2._Regexp[str], file: Opened) -> bool:
         """Add ``file``'s matching lines; True when the output is full (a note says so)."""
-        for line_no, line in _text_lines(file):
+        lines = _text_lines(file)
+        header = _csv_header(file.rel, lines)
+        for line_no, line in lines:
             if pattern.search(line):
-                entry = f"{_printable(file.rel)}:{line_no}: {line[:300]}"
+                shown = _with_columns(header, line) if header and line_no > 1 else line
+                entry = f"{_printable(file.rel)}:{line_no}: {shown[:300]}"
                 self.lines.append(entry)
                 self._size += len(entry) + 1
                 if len(self.lines) >= _MAX_MATCHES or self._size > self._limit:
@@ -410,6 +414,22 @@ class _Found:
 
     def result(self) -> Result:
         return Result(content="\n".join(self.lines) if self.lines else "no matches")
+
+
+def _csv_header(name: str, lines: list[tuple[int, str]]) -> list[str]:
+    """A CSV file's column names (its first line), or [] for any other file."""
+    if not name.lower().endswith(".csv") or not lines:
+        return []
+    return next(csv.reader([lines[0][1]]), [])
+
+
+def _with_columns(header: list[str], line: str) -> str:
+    """A CSV row with each value after its column's name ("name=Omar Haddad, city=Lyon"):
+    a matched row alone does not say which value is which (the embedded model answered a
+    city question from a row of name, team, year and city with a name of its own)."""
+    row = next(csv.reader([line]), [])
+    cells = [f"{h}={v}" for h, v in zip(header, row, strict=False)] + row[len(header):]
+    return ", ".join(cells)
 
 
 def _text_lines(file: Opened) -> list[tuple[int, str]]:

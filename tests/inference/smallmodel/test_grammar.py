@@ -298,3 +298,16 @@ def test_excluded_tools_cannot_be_called_by_name_nor_through_call_tool() -> None
     assert _call_head("read_file") in grammar and rules["root"] == '"TOOL " call | "ANSWER " text'
     assert answer_grammar(META_TOOLS, REGISTRY) != answer_grammar(
         META_TOOLS, REGISTRY, exclude=frozenset({"read_file"}))
+
+
+def test_held_values_hold_a_string_argument_and_none_leave_an_optional_one_out() -> None:
+    """A step loopd holds: read_file's path one of the files that are there, no offset;
+    search_files' pattern one of the question's words; the rest as the schemas say."""
+    held = (("read_file", "path", ("a.txt", 'b "c".md')), ("read_file", "offset", ()),
+            ("search_files", "pattern", ("Omar",)))
+    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, values=held))
+    assert rules["read-file-args-path"] == '"\\"a.txt\\"" | "\\"b \\\\\\"c\\\\\\".md\\""'
+    assert rules["read-file-args"] == '"{" "\\"path\\": " read-file-args-path "}"'
+    assert rules["search-files-args-pattern"] == '"\\"Omar\\""'
+    free = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
+    assert "offset" in free["read-file-args"] and "search-files-args-pattern" not in free

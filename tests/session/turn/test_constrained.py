@@ -292,6 +292,7 @@ def test_a_question_naming_a_file_that_is_there_reads_it_first(rig: Make, tmp_pa
     assert held["call"] == "call-call-tool | call-read-file"
     assert held["call-tool-arguments"] == "call-read-file"
     assert held["read-file-args-path"] == '"\\"data/staff.csv\\""'
+    assert held["read-file-args"] == '"{" "\\"path\\": " read-file-args-path "}"'  # no offset
     for free in ("Read prices.csv.", "How big is data/staff.csv?",
                  "Open notes.txt."):
         found = rules(free)

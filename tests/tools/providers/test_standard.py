@@ -293,10 +293,10 @@ def test_tools_that_change_things_need_approval_unless_allowed_or_approved() -> 
 @pytest.mark.parametrize(
     ("pattern", "found"),
     [
-        ("grace lee", "people.csv:2: Grace Lee,support"),  # no capital: either case
-        ("^grace", "people.csv:2: Grace Lee,support"),
-        (r"\bgrace\b\S*", "people.csv:2: Grace Lee,support"),  # \b, \S: escapes, not capitals
-        ("Grace", "people.csv:2: Grace Lee,support"),
+        ("grace lee", "people.csv:2: name=Grace Lee, team=support"),  # no capital: either case
+        ("^grace", "people.csv:2: name=Grace Lee, team=support"),
+        (r"\bgrace\b\S*", "people.csv:2: name=Grace Lee, team=support"),  # \b, \S: not capitals
+        ("Grace", "people.csv:2: name=Grace Lee, team=support"),
         ("GRACE", "no matches"),  # a capital: exactly as written
         ("grace LEE", "no matches"),
     ],
@@ -310,3 +310,20 @@ def test_search_is_smart_case(world: World, pattern: str, found: str) -> None:
     assert _content(_call(port, "search_files", pattern=pattern, path="people")) == (
         found.replace("people.csv", "people/people.csv")
     )
+
+
+def test_a_csv_row_found_by_the_search_says_its_columns(world: World) -> None:
+    """A matched CSV row comes with its header's names (the row alone does not say which
+    value is the city); the header line itself, and other files, as they are."""
+    port, _, workspace, _ = world
+    (workspace / "t").mkdir(exist_ok=True)
+    (workspace / "t" / "staff.csv").write_text(
+        "name,team,city\nOmar Haddad,sales,Lyon\n\"Lee, Grace\",support,Leeds,extra\n")
+    (workspace / "t" / "notes.txt").write_text("name,team,city\nOmar Haddad,sales,Lyon\n")
+    assert _content(_call(port, "search_files", pattern="Omar", path="t")).splitlines() == [
+        "t/notes.txt:2: Omar Haddad,sales,Lyon",
+        "t/staff.csv:2: name=Omar Haddad, team=sales, city=Lyon",
+    ]
+    assert _content(_call(port, "search_files", pattern="Lee|city", path="t/staff.csv")) == (
+        "t/staff.csv:1: name,team,city\n"
+        "t/staff.csv:3: name=Lee, Grace, team=support, city=Leeds, extra")
