@@ -8,6 +8,7 @@ accepts it and its model then writes one call is checked on the real server
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable
 from typing import Any
@@ -276,6 +277,8 @@ def test_the_grammar_is_built_once_per_set_of_tools(monkeypatch: pytest.MonkeyPa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(grammar_module, "build_grammar", counting)
+    # an empty cache: another test of this process may have built these tools' grammar
+    monkeypatch.setattr(grammar_module, "_CACHE", collections.OrderedDict())
     offered = tuple(META_TOOLS)
     specs = [(n, p) for n, p in REGISTRY]
     first = cached_grammar(offered, specs)
