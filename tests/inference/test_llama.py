@@ -290,7 +290,10 @@ def test_silence_after_the_answer_began_is_a_timeout_not_retried(rig: MakeRig) -
         conn.event({"choices": [{"index": 0, "delta": {"content": "Half"}}], "id": "x"})
         conn.wait_until_gone()
 
-    r = rig([Reply("stall", serve), answer("never")], read_timeout_s=0.2)
+    # the read limit is the stimulus for the silence, and must also let the first chunk
+    # (written right after the headers) through on a loaded machine: a chunk starved past it
+    # would be silence before the first byte, retried, and "never" the answer
+    r = rig([Reply("stall", serve), answer("never")], read_timeout_s=2.0)
     with pytest.raises(InferError) as e:
         r.chat()
     assert e.value.kind is InferErrorKind.TIMEOUT and "read_timeout_s" in e.value.message
