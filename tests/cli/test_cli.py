@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, Any]:
-    return cli_env(tmp_path)
+    return cli_env(tmp_path, standard=False)  # the file tools are all these tests call
 
 
 def run(env: dict[str, Any], url: str, *args: str) -> int:
