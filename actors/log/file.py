@@ -37,6 +37,7 @@ import gc
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -402,11 +403,7 @@ def _replay(
     unpack = _FRAME.unpack_from
     crc32 = zlib.crc32
     decode_whole = CODEC.decode_whole
-    # The records built here live as long as the log: the cyclic collector, run every few
-    # hundred of them, would walk the older ones again and again (~5% of a long reopen).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with _long_lived():
         last = n - 8  # the last offset where a frame header fits
         while pos <= last:
             length, crc = unpack(data, pos)
@@ -428,9 +425,6 @@ def _replay(
             if ends is not None:
                 ends.append(end)
             pos = end
-    finally:
-        if collecting:
-            gc.enable()
     if pos < n:  # a bad frame: a torn tail unless a valid frame follows somewhere after it
         later = _next_valid_frame(data, pos + 1)
         if later is not None:
@@ -441,6 +435,27 @@ def _replay(
                 pos,
             )
     return records, pos
+
+
+@contextlib.contextmanager
+def _long_lived() -> Iterator[None]:
+    """Build objects that live long (a log's records) without the cyclic collector walking
+    them as they come: it is paused meanwhile, and what was built goes straight to its
+    oldest generation, as if it had survived the two younger ones (which would have walked
+    each record twice more: 6% of reopening 100,000 records). Only when nothing else holds
+    objects frozen (``gc.freeze``): unfreezing would let go of them too.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
+        gc.enable()
 
 
 def _next_valid_frame(data: bytes, start: int) -> int | None:

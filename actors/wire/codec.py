@@ -295,26 +295,34 @@ class Shape:
         self._writing = tuple(writing)
         self.added: tuple[tuple[str, Any, str], ...] = tuple(added_)
         self.inner = tuple(shape_of(c) for c in _dataclasses_in(hints[f.name] for f in fields))
-        self.read: Callable[[dict[Any, Any], frozenset[str]], Any] = self._compile(reading)
+        self.read: Callable[[dict[Any, Any], frozenset[str]], Any]
+        self.careful: Callable[[dict[Any, Any], frozenset[str]], Any]
+        self.read, self.careful = self._compile(reading)
         self.form = _Form(self._read_nested, self._write_nested)
 
     # reading
 
     def _compile(
         self, reading: list[tuple[str, type | None, Check, bool]]
-    ) -> Callable[..., Any]:
+    ) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """``read(body, envelope)``: the instance a map holds, or _Bad naming the field;
-        ``envelope``: the other keys the map may have (``v``, ``kind``).
+        ``envelope``: the other keys the map may have (``v``, ``kind``). And ``careful``.
 
         Generated because a loop over the fields, calling the dataclass's frozen
         ``__init__``, cost twice as much. The code only looks things up in the table.
+
+        Two functions: ``careful`` reads field after field and names the first that is
+        wrong; ``read``, for a map that is exactly right (every field there, each of its
+        type: what loopd writes), looks the fields up, compares their types all at once and
+        builds the instance; anything else it hands to ``careful``, so that a map is refused
+        by one function only, in one set of words.
         """
         n = len(reading)
         env: dict[str, Any] = {
             "Bad": _Bad, "unknown": self._refuse_unknown, "missing": self._missing,
         }  # fmt: skip
         lines = [
-            "def read(body, envelope):",
+            "def careful(body, envelope):",
             f"    if len(body) != {n} + len(envelope):",
             "        unknown(body, envelope)",
         ]
@@ -342,23 +350,80 @@ class Shape:
                 f"        return cls({values})",
                 "    except (TypeError, ValueError) as e:",
                 "        raise Bad(None, str(e)) from None",
+                "read = careful",
             ]
-        elif (twin := _twin(self.cls)) is not None:  # see _twin: a third of the setters' cost
-            env["new"], env["cls"], env["twin"] = object.__new__, self.cls, twin
-            lines.append("    o = new(twin)")
-            lines += [f"    o.{f.name} = v{i}" for i, f in enumerate(dataclasses.fields(self.cls))]
-            lines += ["    o.__class__ = cls", "    return o"]
-        else:  # what the frozen __init__ does, without its object.__setattr__ per field
-            env["new"], env["cls"] = object.__new__, self.cls
-            lines.append("    o = new(cls)")
-            for i, setter in enumerate(setters):
-                env[f"set{i}"] = setter
-                lines.append(f"    set{i}(o, v{i})")
-            lines.append("    return o")
+        else:
+            build = self._build(env, setters)
+            lines += build
+            lines += self._happy(reading, env) + build
         code = compile("\n".join(lines), f"<reader of {self.cls.__qualname__}>", "exec")
         exec(code, env)  # the source above: field names and the table's entries, nothing else
-        reader: Callable[..., Any] = env["read"]
-        return reader
+        return env["read"], env["careful"]
+
+    def _happy(
+        self, reading: list[tuple[str, type | None, Check, bool]], env: dict[str, Any]
+    ) -> list[str]:
+        """``read`` up to the building (see :meth:`_compile`): it hands the map to
+        ``careful`` where that one could find something wrong, and calls the checks that
+        convert (an enum's member, a nested record) as ``careful`` does."""
+        n = len(reading)
+        lines = [
+            "def read(body, envelope, type=type):",
+            f"    if len(body) != {n} + len(envelope):",
+            "        return careful(body, envelope)",
+        ]
+        if reading:
+            lines += [
+                "    try:",
+                *(f"        v{i} = body[{wire!r}]" for i, (wire, *_) in enumerate(reading)),
+                "    except KeyError:",
+                "        return careful(body, envelope)",
+            ]
+        plain = [i for i, (_, fast, _, nullable) in enumerate(reading) if fast and not nullable]
+        if plain:
+            env["FAST"] = tuple(reading[i][1] for i in plain)
+            types = "".join(f"type(v{i}), " for i in plain)
+            lines += [f"    if ({types}) != FAST:", "        return careful(body, envelope)"]
+        for i, (_, fast, _, nullable) in enumerate(reading):
+            if i in plain:
+                continue
+            if fast is None:  # a check that converts: called as careful calls it
+                call = [
+                    "    try:",
+                    f"        v{i} = check{i}(v{i})",
+                    "    except (TypeError, RecursionError):",
+                    "        return careful(body, envelope)",
+                ]
+                if nullable:
+                    call = [f"    if v{i} is not None:", *("    " + c for c in call)]
+                lines += call
+            else:
+                unless = f"v{i} is not None and " if nullable else ""
+                lines += [
+                    f"    if {unless}type(v{i}) is not fast{i}:",
+                    "        return careful(body, envelope)",
+                ]
+        return lines
+
+    def _build(self, env: dict[str, Any], setters: list[Callable[[Any, Any], None]]) -> list[str]:
+        """The end of a reader: the instance of the fields ``v0``, ``v1``... (see _twin)."""
+        env["new"], env["cls"] = object.__new__, self.cls
+        twin = _twin(self.cls)
+        if twin is not None:
+            env["twin"] = twin
+            names = [f.name for f in dataclasses.fields(self.cls)]
+            return [
+                "    o = new(twin)",
+                *(f"    o.{name} = v{i}" for i, name in enumerate(names)),
+                "    o.__class__ = cls",
+                "    return o",
+            ]
+        # what the frozen __init__ does, without its object.__setattr__ per field
+        lines = ["    o = new(cls)"]
+        for i, setter in enumerate(setters):
+            env[f"set{i}"] = setter
+            lines.append(f"    set{i}(o, v{i})")
+        return [*lines, "    return o"]
 
     def _refuse_unknown(self, body: dict[Any, Any], envelope: frozenset[str]) -> None:
         unknown = body.keys() - self.names - envelope
@@ -602,12 +667,10 @@ class Codec:
                     frame, max_array_len=max_array, max_map_len=max_map, strict_map_key=True,
                     timestamp=timestamp,
                 )  # fmt: skip
-                if type(body) is dict and (version is None or _is_int(body.get("v"), version)):
-                    kind = body.get("kind")
-                    if type(kind) is str:
-                        read = readers.get(kind)
-                        if read is not None:
-                            return read(body, envelope)
+                # A map of a known kind: anything else fails here (not a map: TypeError or
+                # AttributeError; another kind: KeyError).
+                if version is None or _is_int(body["v"], version):
+                    return readers[body["kind"]](body, envelope)
             except Exception:  # decode() below says what is wrong
                 pass
             return decode(frame)

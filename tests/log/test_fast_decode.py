@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from actors.base.errors import RecordError, WireError
 from actors.log import server_values
 from actors.log.records import CODEC, Record, decode, encode
+from actors.wire.codec import _Bad
 from tests.strategies import json_values, records
 
 T = dt.datetime(2025, 1, 2, tzinfo=dt.UTC)
@@ -122,6 +123,32 @@ def agree(payload: bytes) -> None:
 @given(damaged())
 def test_fast_decode_refuses_what_decode_refuses_in_its_words(payload: bytes) -> None:
     agree(payload)
+
+
+def read_outcome(read: Any, body: Any) -> tuple[str, Any]:
+    try:
+        return "ok", read(body, CODEC._envelope)
+    except _Bad as e:
+        return "refused", (e.field, e.text)
+
+
+@given(damaged())
+def test_a_shapes_quick_reader_reads_or_refuses_as_its_careful_one(payload: bytes) -> None:
+    """Each shape's ``read`` (a map exactly as loopd writes it, else handed on) against its
+    ``careful`` (field after field), on the same maps; nested maps (tool calls, a slot)
+    are read by the same pair."""
+    body = msgpack.unpackb(payload, timestamp=3)
+    if type(body) is not dict or type(body.get("kind")) is not str:
+        return
+    shape = CODEC.by_kind.get(body["kind"])
+    if shape is None:
+        return
+    quick, careful = read_outcome(shape.read, body), read_outcome(shape.careful, body)
+    assert quick[0] == careful[0]
+    if quick[0] == "ok":
+        same_record(quick[1], careful[1])
+    else:
+        assert quick[1] == careful[1]
 
 
 @given(st.binary(max_size=64))

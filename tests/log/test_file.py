@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import gc
 import os
 import struct
 import subprocess
@@ -302,6 +303,37 @@ def test_a_wrong_record_in_the_middle_is_refused_at_its_offset_naming_it(
     )
     assert said in str(info.value)
     assert log_path.read_bytes() == bad + data[end:]
+
+
+def test_opening_leaves_the_cyclic_collector_as_it_found_it(log_path: Path) -> None:
+    """The collector is paused while records are built (actors.log.file._long_lived): it
+    runs again after, stays off for a caller who turned it off, and objects someone froze
+    stay frozen; a log refused half-way leaves it so too."""
+    write_log(log_path, every_kind())
+    assert gc.isenabled()
+    SessionLog.open(log_path)[0].close()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        SessionLog.open(log_path)[0].close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    kept = [object() for _ in range(3)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen
+        SessionLog.open(log_path)[0].close()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    data = log_path.read_bytes()
+    payload = b"\x81\xa4kind\xa5alien"
+    log_path.write_bytes(data + struct.pack("<II", len(payload), zlib.crc32(payload)) + payload)
+    with pytest.raises(LogCorrupt):
+        SessionLog.open(log_path)
+    assert gc.isenabled() and kept
 
 
 def test_first_record_must_be_a_baseline(log_path: Path) -> None:
