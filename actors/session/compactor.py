@@ -56,6 +56,7 @@ from actors.log.records import (
     Record,
     Rewind,
     ToolResult,
+    Usage,
     User,
 )
 from actors.session.compaction import SUMMARY_REQUEST, Choice, choose_kept, elide, summary_words
@@ -101,6 +102,7 @@ class Compactor:
         self._counted: dict[str, int] = {}
         self._exact = True  # False: :meth:`_count` gives an upper bound, asking nobody
         self.rendered: tuple[tuple[Record, ...], list[Message]] | None = None
+        self._usage: tuple[tuple[Record, ...], Usage | None] | None = None  # see shown_usage
         self.budget = self.settings.summary_tokens  # the summary's tokens, at most
         self.made = 0  # compactions appended
         self._cost = (0, 0)  # the summary request's prompt tokens processed, tokens written
@@ -248,7 +250,7 @@ class Compactor:
         ends: list[int] = []
         messages = render(self.log.baseline, records, shown, results=style, ends=ends)
         self.rendered = (records, messages)
-        previous = shown_usage(self.log.records)
+        previous = self.shown_usage(records, shown)
         if previous is None:
             tokens = self._baseline() + self._messages(messages[1:])
         else:
@@ -261,6 +263,28 @@ class Compactor:
             tokens = (previous.prompt_tokens + previous.completion_tokens
                       + self._messages(messages[then:]))
         return _Prompt(records, shown, messages, tokens, self._pending(pending))
+
+    def shown_usage(
+        self, records: Sequence[Record] | None = None, shown: View | None = None
+    ) -> Usage | None:
+        """:func:`~actors.session.limits.shown_usage` of the log as it is now, worked out
+        once a request: when its prompt is measured, and not again when its answer is
+        logged. ``records`` and ``shown``: the log's records (and maybe the pending User
+        record) and their view, when the caller has them.
+
+        Kept for the log as it was (its records tuple, the same object until the next
+        append) and for that log and one User record more: a User record changes no
+        request's Usage (the turn's message logged after its prompt was measured)."""
+        log = self.log.records
+        if self._usage is not None:
+            seen, usage = self._usage
+            if seen is log or (len(log) == len(seen) + 1 and type(log[-1]) is User
+                               and log[len(seen) - 1] is seen[-1]):  # fmt: skip
+                self._usage = (log, usage)
+                return usage
+        usage = shown_usage(log if records is None else records, shown)
+        self._usage = (log, usage)
+        return usage
 
     def messages_for(self, records: Sequence[Record]) -> list[Message]:
         """The request's messages: those last rendered here when they were of these very

@@ -9,7 +9,7 @@ from typing import Any
 
 from actors.base.textcut import cut
 from actors.log.records import CacheLoss, Record, SlotState, SlotUse, Usage
-from actors.session.messages import view
+from actors.session.messages import View, view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.wire.fieldchecks import parse_json
@@ -103,14 +103,15 @@ def cache_outcome(
     return CacheLoss(expected=expected, got=got, cause=loss_cause(slot))
 
 
-def shown_usage(records: Sequence[Record]) -> Usage | None:
+def shown_usage(records: Sequence[Record], shown: View | None = None) -> Usage | None:
     """The Usage of the last request whose prompt the next one extends: the last one the
     rendering still shows (a rewind hides those of the turns it took back; their state is
     longer than the next prompt, so the server keeps the common part). None when that
     request was of another epoch than the next one (the first request after a compaction,
     or a rewind past one: the slot holds another epoch, and only the baseline's prefix is
-    common)."""
-    shown = view(records)
+    common). ``shown``: the view of ``records`` when the caller has it (a view of them and
+    one User record more, not logged yet, gives the same answer)."""
+    shown = view(records) if shown is None else shown
     live = set(shown.live)
     last = next((i for i in range(len(records) - 1, 0, -1) if isinstance(records[i], Usage)),
                 None)

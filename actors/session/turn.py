@@ -58,7 +58,6 @@ from actors.session.limits import (
     answer_text,
     cache_outcome,
     cap_result,
-    shown_usage,
 )
 from actors.session.steps import next_step
 from actors.tools.registry import Local, Registry, dispatch
@@ -172,7 +171,7 @@ class _Turn:
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
-        return _Asked(completion, self._record(completion, shown_usage(self.log.records)))
+        return _Asked(completion, self._record(completion, self.compactor.shown_usage()))
 
     def _request(self, grammar: str | None) -> ChatRequest:
         baseline = self.log.baseline

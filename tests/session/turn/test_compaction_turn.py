@@ -25,6 +25,7 @@ from actors.log.records import (
     User,
 )
 from actors.session import compactor as compactor_module
+from actors.session import limits as limits_module
 from actors.session import messages as messages_module
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
@@ -137,6 +138,29 @@ def test_each_request_renders_the_conversation_once(
     assert len(r.fake.requests) == 2
     assert len(renders) == 2
     assert r.fake.requests[-1]["messages"][-1]["role"] == "tool"
+
+
+def test_each_request_folds_the_log_into_its_view_once(
+        rig: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view (a fold over every record) is worked out once a request: when its prompt is
+    measured; the last shown Usage, asked then and again when the answer is logged, comes
+    from that view (before: three folds a request)."""
+    folds: list[int] = []
+    real = messages_module.view
+
+    def view(*args: Any, **kw: Any) -> Any:
+        folds.append(1)
+        return real(*args, **kw)
+
+    for module in (messages_module, compactor_module, limits_module):
+        monkeypatch.setattr(module, "view", view)
+    replies: list[Reply] = [answer(tool_calls=[ECHO]), answer("done"), answer("two")]
+    r = compacting(rig(replies, Registry([ScriptedPort()])), compaction="elide")
+    r.turn("first question")
+    r.turn("second question")
+    assert len(r.fake.requests) == 3
+    assert len(folds) == 3
+    assert [type(x).__name__ for x in r.records].count("Usage") == 3
 
 
 def test_the_server_saying_the_context_is_exceeded_compacts_and_asks_again(rig: Make) -> None:
