@@ -137,7 +137,7 @@ class InferenceConfig:
     # Under constrained_calls: a question with a word that the workspace's files hold (their
     # names and text; not a common word nor a plain number) gets a call first, like one
     # that names a file, when those files hold at most this many bytes; 0: never.
-    workspace_words: int = field(default=0, metadata=limits(0, 16 * 1024 * 1024))
+    workspace_words: int = field(default=65536, metadata=limits(0, 16 * 1024 * 1024))
     # Requests this process streams from the server at once; more wait (Queued event).
     # Thousands cannot work (100,000 inference actors never started).
     parallel: int = field(default=4, metadata=limits(1, 64))
