@@ -178,6 +178,11 @@ class Compactor:
         choice = choose_kept(prompt.records, prompt.shown, sizes, room=room,
                              keep=min(int(self.settings.compact_keep * n_ctx), room // 2),
                              pending=pending is not None)
+        if choice is None:  # the turn in progress alone passes compact_at (a long read in a
+            # small context): kept when it fits halfway to the context, the rest for the answer
+            wide = int((1 + self.settings.compact_at) / 2 * n_ctx) - fixed
+            choice = choose_kept(prompt.records, prompt.shown, sizes, room=wide, keep=0,
+                                 pending=pending is not None) if wide > room else None
         if choice is None:
             return None
         started = time.monotonic()

@@ -29,9 +29,11 @@ from actors.session import limits as limits_module
 from actors.session import messages as messages_module
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
 from tests.session.turn.conftest import Rig, ScriptedPort
-from tests.support.fake_llama import Reply, answer, context_full
+from tests.support.fake_llama import Reply, answer, context_full, render_prompt
 
 Make = Callable[..., Rig]
 LONG = " more" * 80  # 400 characters: 100 of the fake's tokens
@@ -93,6 +95,32 @@ def test_in_a_small_context_a_compaction_leaves_room_for_the_next_turn(rig: Make
     shape = "".join(map(str, made))
     assert shape.count("1") >= 4 and "11" not in shape and "2" not in shape, shape
     assert all(a.content for a in r.records if isinstance(a, Assistant)), shape
+
+
+def test_a_turn_past_compact_at_alone_is_kept_when_the_context_holds_it(rig: Make) -> None:
+    """A tool result that alone takes the turn past compact_at (as a read of a long file in a
+    small context) but fits the context: the compaction keeps that turn whole (half the
+    headroom above compact_at stays for the answer) and it is answered, instead of
+    SessionFull and a new session. Real model, 4,096 tokens: a 1,900-token read did that."""
+    big = ("result " * 280).strip()  # ~490 of the fake's tokens: the turn ~520 with it
+    replies: list[Reply] = [answer("noted"), answer("noted"), answer("noted"),
+                            answer(tool_calls=[ECHO]), answer("read it")]
+
+    def script(body: dict[str, Any]) -> Reply:  # the server's context: 1,000 tokens
+        tokens = len(render_prompt(body)) // 4
+        return context_full(tokens, 1000) if tokens > 1000 else replies.pop(0)
+
+    port = ScriptedPort(lambda tool, args: wire.Result(
+        id=0, content=big, class_=ResultClass.PUBLIC, untrusted=False))
+    r = compacting(rig(script, Registry([port]), props={"n_ctx": 1000}), compaction="elide")
+    for n in range(3):
+        r.turn(f"question {n}{LONG}")
+    outcome = r.turn("read the long one")
+    assert outcome.content == "read it"
+    assert sum(isinstance(x, Compaction) for x in r.records) == 1
+    last = r.fake.requests[-1]["messages"]
+    assert big in str(last[-1]["content"]) and "question 2" not in str(last)
+    assert not any(isinstance(x, Rewind) for x in r.records)
 
 
 def test_a_turn_far_from_the_limits_asks_the_server_for_no_count(
