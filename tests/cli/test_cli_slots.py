@@ -82,22 +82,35 @@ def test_sessions_rm_refuses_a_session_open_elsewhere(env: dict[str, Any], capsy
         log.close()
 
 
+def _run_to_the_second_request(
+    env: dict[str, Any], url: str, session: str
+) -> subprocess.Popen[str]:
+    """`loopd run go` started; back once its second request is out (the fake then hangs)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "run", "go", "--json", "--session", session,
+         "--config", env["config"], "--url", url],
+        cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        waits = 0
+        for line in proc.stdout:
+            if json.loads(line)["event"] == "waiting":
+                waits += 1
+                if waits == 2:
+                    return proc
+        raise AssertionError("loopd run ended before its second request")
+    except BaseException:
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
+
+
 def test_sigterm_mid_turn_still_saves_the_sessions_state(env: dict[str, Any]) -> None:
     call = ("call_tool", json.dumps({"name": "nothing", "arguments": {}}))
     with FakeLlama([answer(tool_calls=[call]), hang()], save_dir=env["save"]) as fake:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.cli", "run", "go", "--json", "--session", "term",
-             "--config", env["config"], "--url", fake.url],
-            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
+        proc = _run_to_the_second_request(env, fake.url, "term")
         try:
-            assert proc.stdout is not None
-            waits = 0
-            for line in proc.stdout:  # the second request is out (and hangs)
-                if json.loads(line)["event"] == "waiting":
-                    waits += 1
-                    if waits == 2:
-                        break
             assert state_files(env, "term") == []
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 130
@@ -119,19 +132,8 @@ def test_a_stop_that_outlasts_its_grace_ends_the_run_and_leaves_its_log_whole(
                       'tools = ["list_dir"]\n')
     call = ("call_tool", json.dumps({"name": "list_dir", "arguments": {"path": "."}}))
     with FakeLlama([answer(tool_calls=[call]), hang()], save_dir=env["save"]) as fake:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.cli", "run", "go", "--json", "--session", "stuck",
-             "--config", env["config"], "--url", fake.url],
-            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
+        proc = _run_to_the_second_request(env, fake.url, "stuck")
         try:
-            assert proc.stdout is not None
-            waits = 0
-            for line in proc.stdout:  # the second request is out (and hangs)
-                if json.loads(line)["event"] == "waiting":
-                    waits += 1
-                    if waits == 2:
-                        break
             started = psutil.Process(proc.pid).children()
             assert started, "the run runs its tool host"
             fake.slot_gate.clear()  # from now on every slot action waits for the test
