@@ -369,7 +369,8 @@ def run_tasks(
 
     ``restart``: a turn the context cannot hold (SessionFull) is asked again in a new
     session on the same workspace, and the rest of its session's tasks run there (what a
-    person does without compaction); its row says ``restarted``. ``way`` labels the rows."""
+    person does without compaction); its row says ``restarted`` and counts both attempts'
+    tokens processed, summary tokens, compactions and seconds. ``way`` labels the rows."""
     from actors.inference.slots.files import remove_session_files, slot_dirs
     from actors.session.actor import session_path
     from actors.session.world import start_world
@@ -394,8 +395,13 @@ def run_tasks(
                             name = f"eval-{task.id}-{int(time.time())}"
                             names.append(name)
                             session = app.session(name)
+                            lost = row  # what the full session spent on it counts too
                             row, _ = _run_one(app, session, task, workspace, timeout_s)
-                            row = dataclasses.replace(row, restarted=True)
+                            row = dataclasses.replace(
+                                row, restarted=True, processed=row.processed + lost.processed,
+                                written=row.written + lost.written,
+                                compactions=row.compactions + lost.compactions,
+                                seconds=round(row.seconds + lost.seconds, 1))
                         rows.append(dataclasses.replace(
                             row, file=f.name, workspace=f.workspace or "loopd", set=f.set,
                             way=way))

@@ -139,6 +139,33 @@ def test_a_full_context_goes_on_in_a_new_session(tmp_path: Path) -> None:
     assert data["meta"]["tasks"] == 0  # the overflow rows are reported apart
 
 
+def test_a_restarted_turn_counts_what_the_full_session_spent_on_it() -> None:
+    """The turn the context cannot hold first calls a tool in the full session (700 tokens
+    processed) and fails on the call's result; asked again in a new session it calls and
+    answers (700 + 10). Its row counts both attempts: 1,410 tokens, not 710."""
+
+    def script(body: dict[str, object]) -> Reply:
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        asked = [m for m in messages if m["role"] == "user"]
+        if messages[-1]["role"] == "tool":
+            if len(asked) > 2:
+                return context_full()
+            return answer(content=f"You asked: {asked[-1]['content']}",
+                          timings={"prompt_n": 10})
+        if asked[-1]["content"] == "question 3":
+            return answer(tool_calls=[("list_dir", "{}")], timings={"prompt_n": 700})
+        return answer(content=f"You asked: {asked[-1]['content']}", timings={"prompt_n": 10})
+
+    with FakeLlama(script) as fake:
+        base = ov.way_config(ev.cfg.parse({}, {"inference": {"url": fake.url}}), "new-session")
+        rows = ev.run_tasks([_tasks(4)], base, timeout_s=60, restart=True, way="new-session")
+    assert [(r.task, r.passed, r.restarted) for r in rows] == [
+        ("t1", True, False), ("t2", True, False), ("t3", True, True), ("t4", True, False),
+    ], rows
+    assert [r.processed for r in rows] == [10, 10, 1410, 10], rows
+
+
 def test_without_restart_every_later_turn_fails_full(tmp_path: Path) -> None:
     """What restart=True changes: without it the full session fails each later turn."""
     with FakeLlama(_full_after(2)) as fake:
