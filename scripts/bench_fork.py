@@ -30,14 +30,15 @@ from actors.session.world import World, start_world
 from scripts.benchkit import facts, scratch, skipped, timed_turn
 
 HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
-SMOKE = {"HISTORY": 5}  # `bench --smoke`
+ANSWER = 16  # tokens of each answer at most
+SMOKE = {"HISTORY": 1, "ANSWER": 2}  # `bench --smoke`: a one-line history, two-token answers
 NAMES = ("src", "fork", "copy")
 
 
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
-    with scratch("loopd-bench-fork-", NAMES) as config:
+    with scratch("loopd-bench-fork-", NAMES, ANSWER) as config:
         return _measure(config)
 
 

@@ -34,14 +34,18 @@ from scripts.benchkit import facts, scratch, skipped, timed_turn
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
-SMOKE = {"SESSIONS": 3, "ROUNDS": 1, "HISTORY": 5}  # `bench --smoke`
+SHELF = 12  # lines of facts in each round-robin session's first message
+ANSWER = 16  # tokens of each answer at most
+# `bench --smoke`: the fewest turns that still take every path: two sessions on one slot (so
+# the keeper saves and restores), one round, one-line messages, two-token answers
+SMOKE = {"SESSIONS": 2, "SLOTS": 1, "ROUNDS": 1, "HISTORY": 1, "SHELF": 1, "ANSWER": 2}
 
 
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
     names = ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
-    with scratch("loopd-bench-slots-", names, embedded={"slots": SLOTS}) as config:
+    with scratch("loopd-bench-slots-", names, ANSWER, embedded={"slots": SLOTS}) as config:
         return _resume(config) + _round_robin(config)
 
 
@@ -100,7 +104,7 @@ class _SlotZero:
 def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""
     for i in range(SESSIONS):
-        timed_turn(app, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", 12))
+        timed_turn(app, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", SHELF))
     for n in range(ROUNDS):
         for i in range(SESSIONS):
             yield timed_turn(app, runtime, f"{_name(i)}{tag}",

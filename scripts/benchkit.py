@@ -34,15 +34,17 @@ def skipped() -> list[dict[str, Any]] | None:
 
 
 @contextlib.contextmanager
-def scratch(prefix: str, sessions: Iterable[str], **sections: Any) -> Iterator[cfg.Config]:
-    """The embedded model's config on a scratch folder (greedy, short answers, no standard
-    tools; ``sections``: more keys, by section); at the end the KV state files of
-    ``sessions`` and the folder are removed."""
+def scratch(
+    prefix: str, sessions: Iterable[str], max_tokens: int = 16, **sections: Any
+) -> Iterator[cfg.Config]:
+    """The embedded model's config on a scratch folder (greedy, answers of at most
+    ``max_tokens``, no standard tools; ``sections``: more keys, by section); at the end the
+    KV state files of ``sessions`` and the folder are removed."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     config = cfg.parse({
         "log": {"dir": str(root / "sessions"), "fsync": "never"},
         "tools": {"standard": False},
-        "loop": {"max_tokens": 16},
+        "loop": {"max_tokens": max_tokens},
         "inference": {"temperature": 0, "seed": 1, "timeout_s": 900},
         **sections,
     })
