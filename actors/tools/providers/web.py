@@ -212,7 +212,7 @@ def fetch_url(url: str, *, timeout_s: float, max_output: int, cancel: threading.
         allow_private = os.environ.get(ALLOW_PRIVATE_ENV) == "1"
     watched = _Watched(deadline, cancel)
     data = bytearray()
-    more = False
+    more = late = False
     head, encoding = "", "utf-8"
     try:
         with (
@@ -237,19 +237,23 @@ def fetch_url(url: str, *, timeout_s: float, max_output: int, cancel: threading.
     except httpx.InvalidURL as e:  # not an HTTPError
         return Failed(message=f"fetch_url: {url!r} is not a valid URL: {e}")
     except httpx.HTTPError as e:
-        if not watched.stopped:
+        # httpx's own timeout (the same limit, counted from a later start) can beat the
+        # watchdog's tick on a busy machine: past the deadline it is the deadline all the same
+        late = time.monotonic() >= deadline
+        if not (watched.stopped or late):
             return Failed(message=f"fetch_url could not fetch {url}: {type(e).__name__}: {e}")
     finally:
         watched.close()
-    if watched.stopped == "cancel":
+    stopped = watched.stopped or ("time" if late else "")
+    if stopped == "cancel":
         return Failed(message="fetch_url was cancelled; the download was stopped")
-    if watched.stopped and not head:
+    if stopped and not head:
         return Failed(message=f"fetch_url: {url} did not answer within {limit:.3g} s")
     text = bytes(data).decode(encoding, "replace") if head else ""
     note = f"\n{said}" if head and said else ""
     if more:
         note += f"\n[cut at {max_output} bytes: the rest was not fetched]"
-    elif watched.stopped:
+    elif stopped:
         note += (f"\n[stopped at the time limit ({limit:.3g} s) after {len(data)} bytes: the "
                 "rest was not fetched]")
     return Result(content=f"{head}\n\n{text}{note}", untrusted=True)
