@@ -1,11 +1,11 @@
 """A session comes back in a new command and its KV state is restored: the real model.
 
 Real ``loopd run`` processes on the embedded llama-server, one after the other, on one
-session with more than 2,000 tokens of history (one long user message: the cheapest way to
-get there, ~35 s of prompt processing on 2 cores). The first command saves the session's
-slot when its turn is answered; the second starts a new server, restores the file, and its
-request processes only the new tokens (``timings.prompt_n``), with no CacheLoss and a log
-that says "restored".
+session with more than 1,000 tokens of history (one long user message: the cheapest way to
+get there; a request without the state processes all of them, a restored one only its few
+new ones). The first command saves the session's slot when its turn is answered; the second
+starts a new server, restores the file, and its request processes only the new tokens
+(``timings.prompt_n``), with no CacheLoss and a log that says "restored".
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from actors.log.records import CacheLoss, SlotState, Usage
 from tests.support.embedded import FEW, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[3]
-HISTORY_TOKENS = 2000
-def long_message() -> str:
+HISTORY_TOKENS = 1000
+
+
+def long_message(facts: int = 40) -> str:  # 40: ~1,600 tokens with the system prompt
     lines = [f"Fact {i}: the box number {i} holds {i * 7 % 31} red marbles and {i % 5} blue."
-             for i in range(1, 130)]
+             for i in range(1, facts + 1)]
     return "Read these facts; I will ask about them.\n" + "\n".join(lines)
 
 
@@ -93,7 +95,7 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
         )
         return path
 
-    facts = "\n".join(long_message().splitlines()[:12])  # about 250 tokens
+    facts = long_message(11)  # about 250 tokens
     runs = [loopd(config(1024), "run", "--session", "ctx", facts),
             loopd(config(2048), "run", "--session", "ctx", "How many red marbles in box 3?"),
             loopd(config(1024), "run", "--session", "ctx", "And in box 4?")]
@@ -138,7 +140,7 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
         )
         return path
 
-    facts = "\n".join(long_message().splitlines()[:31])  # about 650 tokens: more than 512
+    facts = long_message(15)  # ~350 tokens: after "Hi." (~300) the state is more than 512
     runs = [loopd(config(2048), "run", "--session", "small", "Hi."),
             loopd(config(2048), "run", "--session", "small", facts),
             loopd(config(2048), "rewind", "small"),
