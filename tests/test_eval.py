@@ -18,7 +18,7 @@ import pytest
 from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
-from tests.support.embedded import require_embedded
+from tests.support.embedded import THREADS, require_embedded
 from tests.support.fake_llama import FakeLlama, Reply, answer
 
 NOTES = "The garden club meets on Saturday at 10 am by the greenhouse."
@@ -254,7 +254,10 @@ def test_smoke_two_tasks_on_the_embedded_model(tmp_path: Path) -> None:
     require_embedded()
     garden = ev.load_file(ev.TASKS)
     # a turn's timeout well above the hang guard's share: the machine may be loaded
-    rows = ev.run_tasks(ev.select([garden], ["no-tool-sum", "read-notes"]), timeout_s=500)
+    # the defaults but for the server's threads (tests/support/embedded.py: THREADS)
+    base = ev.cfg.Config().replace("embedded", threads=THREADS)
+    rows = ev.run_tasks(ev.select([garden], ["no-tool-sum", "read-notes"]), base,
+                        timeout_s=500)
     out = tmp_path / "eval.json"
     ev.write_json(rows, out, {"config": "defaults"})
     data = json.loads(out.read_text())

@@ -11,7 +11,7 @@ import pytest
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
-from tests.support.embedded import FEW, flat, require_embedded
+from tests.support.embedded import FEW, THREADS, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 
@@ -28,6 +28,7 @@ def test_loopd_run_after_loopd_run_through_the_daemon_keeps_the_model_and_the_ca
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
+            f"[embedded]\nthreads = {THREADS}\n"
             f'[daemon]\nruntime_dir = "{d / "run"}"\nconnect_timeout_s = 5\n',
             encoding="utf-8",
         )

@@ -23,7 +23,7 @@ import pytest
 from actors.inference.slots.keeper import FORKED
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, Forked, Record, Rewind, SlotState, Usage, User
-from tests.support.embedded import FEW, flat, require_embedded
+from tests.support.embedded import FEW, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY_TOKENS = 1000  # a cold request would process all of it: the checks see ~20
@@ -74,7 +74,8 @@ def test_forks_at_the_end_and_at_a_turn_and_a_rewind_process_only_their_new_toke
         f'[log]\ndir = "{tmp_path / "sessions"}"\n'
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 6\n"
-        "[inference]\ntemperature = 0\nseed = 1\n",
+        "[inference]\ntemperature = 0\nseed = 1\n"
+        f"[embedded]\nthreads = {THREADS}\n",
         encoding="utf-8",
     )
     try:

@@ -7,9 +7,17 @@ import os
 
 import pytest
 
-__all__ = ["FEW", "flat", "missing", "require_embedded"]
+__all__ = ["FEW", "THREADS", "flat", "missing", "require_embedded"]
 
 FEW = 4  # tokens a re-rendered answer may differ by (its end-of-turn marker)
+# The tests' llama-servers compute on one thread (embedded.threads), not on every core (the
+# default): `make test` runs 3 workers on 2 cores, and llama.cpp's threads wait for each
+# other at every step of the graph by spinning, so a server of 2 threads on a busy machine
+# burns CPU while waiting for a core. Side by side beside another busy llama-server
+# (2026-12-05): test_compaction_embedded 110 -> 26 CPU-s. What is computed does not change
+# (each row of a product is one thread's work whatever the count); the checks do not look
+# at speed.
+THREADS = 1
 
 
 def missing() -> str | None:

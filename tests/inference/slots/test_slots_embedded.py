@@ -19,7 +19,7 @@ import pytest
 
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
-from tests.support.embedded import FEW, flat, require_embedded
+from tests.support.embedded import FEW, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[3]
 HISTORY_TOKENS = 1000
@@ -50,7 +50,8 @@ def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens
         f'[log]\ndir = "{tmp_path / "sessions"}"\n'
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 8\n"
-        "[inference]\ntemperature = 0\nseed = 1\n",
+        "[inference]\ntemperature = 0\nseed = 1\n"
+        f"[embedded]\nthreads = {THREADS}\n",
         encoding="utf-8",
     )
     first = loopd(config, "run", "--session", "long", long_message())
@@ -90,7 +91,7 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
-            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\n",
+            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nthreads = {THREADS}\n",
             encoding="utf-8",
         )
         return path
@@ -135,6 +136,7 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
             f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nworkspace_map = 0\n"
+            f"threads = {THREADS}\n"
             f'[daemon]\nruntime_dir = "{tmp_path / "run"}"\n',
             encoding="utf-8",
         )
