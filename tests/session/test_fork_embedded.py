@@ -2,8 +2,8 @@
 
 Real ``loopd`` commands, one after another, on the embedded llama-server (each ``run`` is a
 new server process, so only a saved state file can spare the prompt processing). A source
-session of more than 1,000 tokens (one long message, then a question) is forked at its end
-and at its first turn; each fork's first request processes only its new tokens
+session of more than 500 tokens (a short system prompt, one long message, then a question)
+is forked at its end and at its first turn; each fork's first request processes only its new tokens
 (``timings.prompt_n``), and its log says the state was the source's. Then one of the forks
 takes back its last turn and goes on: that request too processes only its new message, from
 the fork's own saved state. The answers are cut at a few tokens (``loop.max_tokens``): what
@@ -26,13 +26,14 @@ from actors.log.records import CacheLoss, Forked, Record, Rewind, SlotState, Usa
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
-HISTORY_TOKENS = 1000  # a cold request would process all of it: the checks see ~20
+HISTORY_TOKENS = 500  # a cold request would process all of it: the checks see ~20
+SHORT_SYSTEM = "Answer in a few words."  # not embedded.system's ~450 tokens: fewer to process
 NAMES = ("src", "end", "early")
 
 
 def long_message() -> str:
     lines = [f"Fact {i}: the box number {i} holds {i * 7 % 31} red marbles and {i % 5} blue."
-             for i in range(1, 31)]  # ~1,350 tokens with the system prompt
+             for i in range(1, 21)]  # ~680 tokens with SHORT_SYSTEM (28: 924)
     return "Read these facts; I will ask about them.\n" + "\n".join(lines)
 
 
@@ -72,6 +73,7 @@ def test_forks_at_the_end_and_at_a_turn_and_a_rewind_process_only_their_new_toke
     config = tmp_path / "loopd.toml"
     config.write_text(
         f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+        f'[session]\nsystem = "{SHORT_SYSTEM}"\n'
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 6\n"
         "[inference]\ntemperature = 0\nseed = 1\n"

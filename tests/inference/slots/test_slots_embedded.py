@@ -1,11 +1,12 @@
 """A session comes back in a new command and its KV state is restored: the real model.
 
 Real ``loopd run`` processes on the embedded llama-server, one after the other, on one
-session with more than 1,000 tokens of history (one long user message: the cheapest way to
-get there; a request without the state processes all of them, a restored one only its few
-new ones). The first command saves the session's slot when its turn is answered; the second
-starts a new server, restores the file, and its request processes only the new tokens
-(``timings.prompt_n``), with no CacheLoss and a log that says "restored".
+session with more than 500 tokens of history (a short system prompt and one long user
+message: the cheapest way to get there; a request without the state processes all of them,
+a restored one only its ~25 new ones). The first command saves the session's slot when its
+turn is answered; the second starts a new server, restores the file, and its request
+processes only the new tokens (``timings.prompt_n``), with no CacheLoss and a log that says
+"restored".
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from actors.log.records import CacheLoss, SlotState, Usage
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[3]
-HISTORY_TOKENS = 1000
+HISTORY_TOKENS = 500  # a cold request processes all of it, a restored one ~25
+SHORT_SYSTEM = "Answer in a few words."  # not embedded.system's ~450 tokens: fewer to process
 
 
-def long_message(facts: int = 40) -> str:  # 40: ~1,600 tokens with the system prompt
+def long_message(facts: int = 20) -> str:  # 20: ~680 tokens with SHORT_SYSTEM
     lines = [f"Fact {i}: the box number {i} holds {i * 7 % 31} red marbles and {i % 5} blue."
              for i in range(1, facts + 1)]
     return "Read these facts; I will ask about them.\n" + "\n".join(lines)
@@ -48,6 +50,7 @@ def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens
     config = tmp_path / "loopd.toml"
     config.write_text(
         f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+        f'[session]\nsystem = "{SHORT_SYSTEM}"\n'
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 8\n"
         "[inference]\ntemperature = 0\nseed = 1\n"
