@@ -32,17 +32,20 @@ from scripts.benchkit import facts, scratch, skipped, timed_turn
 HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
 ANSWER = 16  # tokens of each answer at most
 THREADS = 0  # the server's threads (embedded.threads); 0: every core, as a person's has
+SYSTEM = ""  # session.system; "": embedded.system, a person's
 # `bench --smoke` (make test): a one-line history, two-token answers, one thread (a busy
-# machine's 2-thread server spins waiting for a core: tests/support/embedded.py)
-SMOKE = {"HISTORY": 1, "ANSWER": 2, "THREADS": 1}
+# machine's 2-thread server spins waiting for a core: tests/support/embedded.py), a
+# one-line system prompt (each new server processes the baseline again)
+SMOKE = {"HISTORY": 1, "ANSWER": 2, "THREADS": 1, "SYSTEM": "Answer in a few words."}
 NAMES = ("src", "fork", "copy")
 
 
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
-    embedded = {"threads": THREADS}
-    with scratch("loopd-bench-fork-", NAMES, ANSWER, embedded=embedded) as config:
+    embedded, session = {"threads": THREADS}, {"system": SYSTEM}
+    with scratch("loopd-bench-fork-", NAMES, ANSWER, embedded=embedded,
+                 session=session) as config:
         return _measure(config)
 
 

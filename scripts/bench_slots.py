@@ -37,19 +37,22 @@ HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
 SHELF = 12  # lines of facts in each round-robin session's first message
 ANSWER = 16  # tokens of each answer at most
 THREADS = 0  # the server's threads (embedded.threads); 0: every core, as a person's has
+SYSTEM = ""  # session.system; "": embedded.system, a person's
 # `bench --smoke`: the fewest turns that still take every path: two sessions on one slot (so
 # the keeper saves and restores), one round, one-line messages, two-token answers, one
-# thread (a busy machine's 2-thread server spins waiting for a core: tests/support/embedded.py)
+# thread (a busy machine's 2-thread server spins waiting for a core: tests/support/embedded.py),
+# a one-line system prompt (each of the 4 new servers processes the baseline again)
 SMOKE = {"SESSIONS": 2, "SLOTS": 1, "ROUNDS": 1, "HISTORY": 1, "SHELF": 1, "ANSWER": 2,
-         "THREADS": 1}
+         "THREADS": 1, "SYSTEM": "Answer in a few words."}
 
 
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
     names = ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
-    embedded = {"slots": SLOTS, "threads": THREADS}
-    with scratch("loopd-bench-slots-", names, ANSWER, embedded=embedded) as config:
+    embedded, session = {"slots": SLOTS, "threads": THREADS}, {"system": SYSTEM}
+    with scratch("loopd-bench-slots-", names, ANSWER, embedded=embedded,
+                 session=session) as config:
         return _resume(config) + _round_robin(config)
 
 
