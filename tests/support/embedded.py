@@ -14,9 +14,10 @@ FEW = 4  # tokens a re-rendered answer may differ by (its end-of-turn marker)
 # default): `make test` runs 3 workers on 2 cores, and llama.cpp's threads wait for each
 # other at every step of the graph by spinning, so a server of 2 threads on a busy machine
 # burns CPU while waiting for a core. Side by side beside another busy llama-server
-# (2026-12-05): test_compaction_embedded 110 -> 26 CPU-s. What is computed does not change
-# (each row of a product is one thread's work whatever the count); the checks do not look
-# at speed.
+# (2026-12-05): test_compaction_embedded 110 -> 26 CPU-s. On an idle machine one thread costs
+# the same CPU (26.5 -> 25.3 s) but ~1.7x the wall time (14 -> 25 s); 0 gives back every
+# core. What is computed does not change (each row of a product is one thread's work
+# whatever the count); the checks do not look at speed.
 THREADS = 1
 
 
