@@ -42,7 +42,7 @@ def test_the_embedded_model_reads_a_file_and_answers_through_acp(tmp_path: Path)
     config.write_text(  # the demo's settings (examples/loopd.toml), a log of the test's own
         f'[loop]\nmax_tokens = 256\n[log]\ndir = "{tmp_path / "sessions"}"\n'
         f'[tools]\nrules_file = "{tmp_path / "rules.toml"}"\n'
-        f"[embedded]\nthreads = {THREADS}\n"  # the tests' one thread (tests/support/embedded)
+        f"[embedded]\nthreads = {THREADS}\n"  # the tests' one thread (tests/support/embedded.py)
     )
     argv = [sys.executable, "-m", "actors.cli", "acp", "--config", str(config), "--local"]
     stderr = tmp_path / "acp-stderr.txt"
