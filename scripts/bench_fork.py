@@ -27,16 +27,13 @@ from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.session.actor import session_path
 from actors.session.fork import fork_session
 from actors.session.world import World, start_world
-from scripts.benchkit import facts, scratch, skipped, timed_turn
+from scripts.benchkit import SMOKE_SERVER, facts, scratch, skipped, timed_turn
 
 HISTORY = 170  # lines of facts in the source session: ~4,000 tokens
 ANSWER = 16  # tokens of each answer at most
 THREADS = 0  # the server's threads (embedded.threads); 0: every core, as a person's has
 SYSTEM = ""  # session.system; "": embedded.system, a person's
-# `bench --smoke` (make test): a one-line history, two-token answers, one thread (a busy
-# machine's 2-thread server spins waiting for a core: tests/support/embedded.py), a
-# one-line system prompt (each new server processes the baseline again)
-SMOKE = {"HISTORY": 1, "ANSWER": 2, "THREADS": 1, "SYSTEM": "Answer in a few words."}
+SMOKE = {"HISTORY": 1, "ANSWER": 2, **SMOKE_SERVER}  # `bench --smoke`: one-line history
 NAMES = ("src", "fork", "copy")
 
 

@@ -30,7 +30,7 @@ from actors.log.records import Record, Usage
 from actors.session.actor import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World, start_world
-from scripts.benchkit import facts, scratch, skipped, timed_turn
+from scripts.benchkit import SMOKE_SERVER, facts, scratch, skipped, timed_turn
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
@@ -39,11 +39,9 @@ ANSWER = 16  # tokens of each answer at most
 THREADS = 0  # the server's threads (embedded.threads); 0: every core, as a person's has
 SYSTEM = ""  # session.system; "": embedded.system, a person's
 # `bench --smoke`: the fewest turns that still take every path: two sessions on one slot (so
-# the keeper saves and restores), one round, one-line messages, two-token answers, one
-# thread (a busy machine's 2-thread server spins waiting for a core: tests/support/embedded.py),
-# a one-line system prompt (each of the 4 new servers processes the baseline again)
+# the keeper saves and restores), one round, one-line messages, two-token answers
 SMOKE = {"SESSIONS": 2, "SLOTS": 1, "ROUNDS": 1, "HISTORY": 1, "SHELF": 1, "ANSWER": 2,
-         "THREADS": 1, "SYSTEM": "Answer in a few words."}
+         **SMOKE_SERVER}
 
 
 def run() -> list[dict[str, Any]]:

@@ -33,6 +33,13 @@ def skipped() -> list[dict[str, Any]] | None:
     return None
 
 
+# `bench --smoke` (make test) for a bench on the embedded server, beside its own sizes: one
+# thread (a busy machine's 2-thread server spins waiting for a core: tests/support/embedded.py)
+# and a one-line system prompt (each new server processes the baseline again). The benches'
+# THREADS = 0 (every core) and SYSTEM = "" (embedded.system) are a person's.
+SMOKE_SERVER = {"THREADS": 1, "SYSTEM": "Answer in a few words."}
+
+
 @contextlib.contextmanager
 def scratch(
     prefix: str, sessions: Iterable[str], max_tokens: int = 16, **sections: Any

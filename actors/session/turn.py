@@ -81,9 +81,6 @@ class Runtime:
     hidden: tuple[str, ...] = ()
 
 
-# --- the turn -------------------------------------------------------------------------
-
-
 def run_turn(
     session: SessionLog,
     runtime: Runtime,
@@ -174,17 +171,11 @@ class _Turn:
         return _Asked(completion, self._record(completion, self.compactor.shown_usage()))
 
     def _request(self, grammar: str | None) -> ChatRequest:
-        baseline = self.log.baseline
         shown = self.compactor.messages_for(self.log.records)  # make_room rendered them
         return ChatRequest(
-            session=self.log.name,
-            messages=tuple(shown),
-            tools=baseline.tools,
-            thinking=self.thinking_left > 0,
-            max_tokens=self.loop.max_tokens,
-            thinking_budget=max(self.thinking_left, 0),
-            sampling=self.sampling,
-            grammar=grammar,
+            session=self.log.name, messages=tuple(shown), tools=self.log.baseline.tools,
+            thinking=self.thinking_left > 0, max_tokens=self.loop.max_tokens,
+            thinking_budget=max(self.thinking_left, 0), sampling=self.sampling, grammar=grammar,
         )
 
     def _complete(self, grammar: str | None, sink: WordFilter, again: bool = True) -> Completion:
@@ -220,11 +211,10 @@ class _Turn:
         (:func:`actors.session.steps.next_step`), built once per set of tools and holds."""
         if not self.runtime.config.inference.constrained_calls:
             return None
-        step = next_step(self.question, self.iterations, self.runtime.config,
-                         self.runtime.registry.specs(), offered, self.log.records,
-                         self.runtime.hidden)
-        specs = self.runtime.registry.specs() if step.calls else []
-        return cached_grammar(offered, [(s.name, s.parameters) for s in specs],
+        specs = self.runtime.registry.specs()
+        step = next_step(self.question, self.iterations, self.runtime.config, specs, offered,
+                         self.log.records, self.runtime.hidden)
+        return cached_grammar(offered, [(s.name, s.parameters) for s in specs if step.calls],
                               calls=step.calls, text=step.text, exclude=step.exclude,
                               values=step.values)
 
