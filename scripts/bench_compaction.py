@@ -5,7 +5,8 @@ One scripted conversation of ``TURNS`` turns (each a paragraph of notes and a qu
 with the embedded model's baseline (its system prompt and the standard tools, about 1,900
 tokens), so that the context fills about three times. Each way on a session of its own:
 
-- **loopd**: ``session.compaction = "elide"`` (the embedded default); the first request
+- **loopd**: ``session.compaction = "elide"`` at ``compact_at`` 0.4 (the embedded
+  defaults); the first request
   after a compaction reuses the baseline's prefix the slot holds and processes only the
   summary, the kept turns and the new message;
 - **re-prefill**: the same compactions, but each first request after one is sent with
@@ -145,7 +146,7 @@ def _config(root: Path, url: str, way: str) -> cfg.Config:
         "tools": {"workspace": str(root)},
         "inference": {"url": url, "temperature": 0, "seed": 1},
         "session": {"system": embedded.system, "pinned": list(embedded.pinned),
-                    "tool_results": "user",
+                    "tool_results": "user", "compact_at": cfg.Config().session.compact_at,
                     "compaction": "off" if way == "new session" else "elide"},
     })
 

@@ -59,6 +59,8 @@ def documented(data: dict[str, Any], section: str) -> dict[str, Any]:
 
 
 def bad_values(kind: Any, rule: cfg.Allowed) -> list[Any]:
+    if rule.auto is not None and kind in (int, float):
+        return ["bogus", True, rule.high * 2]  # a word not "auto", not a number, too large
     if rule.auto is not None:
         return ["bogus", 1, True]  # a word the file does not know, or not a word at all
     if typing.get_origin(kind) is Literal:
@@ -304,6 +306,7 @@ def test_the_auto_keys() -> None:
     assert [f"{s}.{k}" for s, k, _ in AUTO_KEYS] == [
         "inference.bare_json_tool_calls", "inference.constrained_calls",
         "slots.save_after_turn", "session.tool_results", "session.compaction",
+        "session.compact_at",
     ]
 
 
@@ -392,6 +395,21 @@ def test_compaction_defaults_to_elide_on_the_embedded_model_and_summary_on_a_nam
     assert named.session.compaction == "summary"
     assert parse({"session": {"compaction": "summary"}}).session.compaction == "summary"
     session = parse({}).session
-    assert (session.compact_at, session.compact_keep, session.summary_tokens) == (0.8, 0.25, 512)
+    assert (session.compact_at, session.compact_keep, session.summary_tokens) == (0.4, 0.25, 512)
     with pytest.raises(ConfigError, match=r"session\.compact_at = 1\.5"):
         parse({"session": {"compact_at": 1.5}})
+
+
+def test_compact_at_is_earlier_on_the_embedded_model_and_a_number_is_kept_on_either() -> None:
+    named = {"inference": {"url": "http://127.0.0.1:1"}}
+    assert parse({}).session.compact_at == 0.4
+    assert parse(named).session.compact_at == 0.8
+    assert parse(both(named, {"session": {"compact_at": "auto"}})).session.compact_at == 0.8
+    for data in ({}, named):
+        assert parse(both(data, {"session": {"compact_at": 0.6}})).session.compact_at == 0.6
+        assert parse(both(data, {"session": {"compact_at": 1}})).session.compact_at == 1.0
+    with pytest.raises(ConfigError, match=r"session\.compact_at = 'soon': must be a number "
+                                          r"or auto"):
+        parse({"session": {"compact_at": "soon"}})
+    with pytest.raises(ConfigError, match=r"session\.compact_at = 0\.01: must be at least 0\.05"):
+        parse({"session": {"compact_at": 0.01}})

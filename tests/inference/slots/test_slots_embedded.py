@@ -90,7 +90,7 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
         path = tmp_path / f"loopd-{ctx_size}.toml"
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\n'
+            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'  # not compaction
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
@@ -134,7 +134,7 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
         path = tmp_path / f"loopd-{ctx_size}.toml"
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\n'
+            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'  # not compaction
             f'[tools]\nstandard = false\nworkspace = "{tmp_path}"\n'
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
