@@ -140,13 +140,14 @@ def run() -> list[dict[str, Any]]:
 
 
 def _config(root: Path, url: str, way: str) -> cfg.Config:
-    embedded = cfg.Config().embedded  # the embedded model's baseline, on the fake server
+    defaults = cfg.Config()  # the embedded model's baseline and defaults, on the fake server
+    embedded = defaults.embedded
     return cfg.parse({
         "log": {"dir": str(root / "sessions"), "fsync": "never"},
         "tools": {"workspace": str(root)},
         "inference": {"url": url, "temperature": 0, "seed": 1},
         "session": {"system": embedded.system, "pinned": list(embedded.pinned),
-                    "tool_results": "user", "compact_at": cfg.Config().session.compact_at,
+                    "tool_results": "user", "compact_at": defaults.session.compact_at,
                     "compaction": "off" if way == "new session" else "elide"},
     })
 

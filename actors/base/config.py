@@ -426,15 +426,15 @@ def _check(key: str, kind: Any, rule: Allowed, value: Any, embedded: bool) -> An
     if rule.auto is not None:
         if value == _AUTO and isinstance(value, str):
             return rule.auto[0] if embedded else rule.auto[1]
-        if kind in (int, float):  # a number or "auto"
+        if kind in (int, float):  # a number or "auto": a number is checked as any number
             if isinstance(value, str):
                 raise ConfigError(f"{key} = {value!r}: must be a number or {_AUTO}")
-            return _number(key, kind, rule, value)
-        words = dict(rule.words) or {w: w for w in typing.get_args(kind)}
-        if not isinstance(value, str) or value not in words:
-            raise ConfigError(f"{key} = {value!r}: allowed values are "
-                              f"{', '.join([_AUTO, *words])}")
-        return words[value]
+        else:
+            words = dict(rule.words) or {w: w for w in typing.get_args(kind)}
+            if not isinstance(value, str) or value not in words:
+                raise ConfigError(f"{key} = {value!r}: allowed values are "
+                                  f"{', '.join([_AUTO, *words])}")
+            return words[value]
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin is Literal:
         if value not in args or not isinstance(value, str):

@@ -88,9 +88,11 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
 
     def config(ctx_size: int) -> Path:
         path = tmp_path / f"loopd-{ctx_size}.toml"
+        # compact_at 0.8: at the embedded 0.4 these small contexts compact, and the state
+        # this test carries from one context size to the next would be dropped
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'  # not compaction
+            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
@@ -132,9 +134,11 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
 
     def config(ctx_size: int) -> Path:
         path = tmp_path / f"loopd-{ctx_size}.toml"
+        # compact_at 0.8: at the embedded 0.4 these small contexts compact, and the state
+        # this test carries from one context size to the next would be dropped
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'  # not compaction
+            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'
             f'[tools]\nstandard = false\nworkspace = "{tmp_path}"\n'
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
