@@ -139,7 +139,8 @@ def describe(record: rec.Record) -> str:
         case rec.Compaction():
             return (f"({record.by.value}) at {record.tokens_before:,} prompt tokens: from here "
                     f"on the model sees this summary and the records from #{record.kept + 1} "
-                    f"on; summary: {_short(record.summary, 240)}")
+                    f"on; summary{_OUTSIDE if record.outside else ''}: "
+                    f"{_short(record.summary, 240)}")
         case rec.Forked():
             return (f"forked from session {record.from_} after its turn {record.at}: the "
                     "records before this one are its, as they were")
@@ -149,6 +150,9 @@ def describe(record: rec.Record) -> str:
             return (f"the conversation goes back to {back}: the turns after it are rewound "
                     f"(kept here, no longer sent){why}")
     raise AssertionError(f"no description for {type(record).__name__}")
+
+
+_OUTSIDE = " (holds text from outside: untrusted tool results, marked so for the model)"
 
 
 def _decided(decision: str, scope: str, by: str, rule: str, reason: str) -> str:

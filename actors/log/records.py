@@ -11,6 +11,7 @@ Fields added after logs were first written (a log without them reads as the defa
 
 - ``usage.slot`` (nil) and ``cache_loss.cause`` (""): with the slot keeper (f41d248).
 - ``rewind.refused`` (""): a turn refused for a full context is taken back (issue 28).
+- ``compaction.outside`` (false): a summary made from text from outside keeps its mark.
 """
 
 from __future__ import annotations
@@ -212,12 +213,15 @@ class Compaction:
     ``kept``: the index (0 being the Baseline) of the first record still sent verbatim;
     ``tokens_before``: the prompt's size, in tokens, that made the compaction necessary
     (loopd's estimate, or the server's count when it answered that the context was full).
+    ``outside``: the summary was made from text from outside (an untrusted tool result, or
+    an earlier summary that was): its frame tells the model so.
     """
 
     summary: str
     kept: Natural
     tokens_before: Natural
     by: CompactionBy
+    outside: bool = added(False, "a summary made from outside text keeps its mark")
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 

@@ -59,9 +59,24 @@ from actors.log.records import (
     Usage,
     User,
 )
-from actors.session.compaction import SUMMARY_REQUEST, Choice, choose_kept, elide, summary_words
+from actors.session.compaction import (
+    SUMMARY_REQUEST,
+    Choice,
+    choose_kept,
+    elide,
+    outside,
+    summary_words,
+)
 from actors.session.limits import shown_usage
-from actors.session.messages import SUMMARY_FRAME, Message, View, message_text, render, view
+from actors.session.messages import (
+    OUTSIDE_FRAME,
+    SUMMARY_FRAME,
+    Message,
+    View,
+    message_text,
+    render,
+    view,
+)
 from actors.session.messages import messages as render_messages
 
 __all__ = ["PER_MESSAGE", "Compactor", "Model", "compact_session"]
@@ -168,7 +183,10 @@ class Compactor:
         tokens_before = tokens_before or prompt.tokens
         n_ctx = n_ctx or self.model.context(self.log.name) or tokens_before
         sizes = self._sizes(prompt)
-        frame = self._count(SUMMARY_FRAME.format(summary="")) + 2 * PER_MESSAGE
+        records, shown = prompt.records, prompt.shown
+        previous = records[shown.epoch] if shown.epoch else None
+        framed = OUTSIDE_FRAME if outside(records, shown.live, previous) else SUMMARY_FRAME
+        frame = self._count(framed.format(summary="")) + 2 * PER_MESSAGE
         budget = self.budget = min(self.settings.summary_tokens, n_ctx // 10)
         fixed = self._baseline() + self._pending(pending) + frame + budget
         room = int(self.settings.compact_at * n_ctx) - fixed
@@ -190,8 +208,9 @@ class Compactor:
         self.emit(Compacting(why=by.value, tokens_before=tokens_before, how=how))
         self._cost = (0, 0)
         summary = self._summary(prompt, choice, how)
+        marked = outside(records, [i for i in shown.live if i < choice.kept], previous)
         self.log.append(Compaction(summary=summary, kept=choice.kept,
-                                   tokens_before=tokens_before, by=by))
+                                   tokens_before=tokens_before, by=by, outside=marked))
         self.made += 1
         kept = sum(n for i, n in sizes.items() if i >= choice.kept)
         done = Compacted(
