@@ -26,7 +26,8 @@ token, prefix caching per slot, ``cache_prompt: false`` honoured), not the embed
 whose prefill (15-60 tokens a second on 2 shared cores) would make one run take an hour:
 the tokens are the measure; the wall time is loopd's own work (compaction, ``/tokenize``,
 the log) plus the fake's, not a model's. Multiply the token differences by the embedded
-model's prefill time per token (README, compaction) for what they cost there.
+model's prefill time per token
+(docs/sessions.md#a-conversation-outlives-its-context-compaction) for what they cost there.
 """
 
 from __future__ import annotations

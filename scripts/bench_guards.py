@@ -1,6 +1,6 @@
-"""What the guards of issue 27 cost, side by side with what they replaced.
+"""What the guards against hostile input cost, side by side with what they replaced.
 
-- **rules**: reading a command with one long word (the issue's 400,000 characters): loopd's
+- **rules**: reading a command with one long word (the review's 400,000 characters): loopd's
   splitter against ``shlex.split`` (the old one, quadratic: it builds each word one
   character at a time), and a whole ``verdict`` with a deny rule.
 - **grammar**: the answer grammar of the standard tools built, against the same grammar

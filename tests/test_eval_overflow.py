@@ -1,4 +1,4 @@
-"""`make eval`'s conversations longer than the context (set ``overflow``, issue 24).
+"""`make eval`'s conversations longer than the context (set ``overflow``).
 
 The task files are checked for what makes them measure compaction: at least four sessions
 of 20+ turns whose reads add up to several contexts, late questions whose answer is only in

@@ -2,7 +2,7 @@
 
 Every module of ``actors`` may reach (directly or through what it imports) only the
 folders its row of :data:`MAY_REACH` names, checked by walking the imports. The rows, from
-the bottom up (README, "Architecture", draws the same picture):
+the bottom up (docs/architecture.md draws the same picture):
 
 - ``base``: every process (errors, config, cancel, events, rules, text cuts, durable writes);
 - ``wire``: every process that speaks ZeroMQ (codec, field checks, CURVE, process trees);
@@ -293,17 +293,18 @@ def test_a_bad_import_is_caught(tmp_path: Path, module: str, line: str, caught: 
     assert any(caught in v for v in found), found
 
 
-# --- the README's map -------------------------------------------------------------------------
+# --- the architecture page's map ---------------------------------------------------------------
 
-MAP_HEADING, MAP_END = "### Where each line runs", "\n### "
+MAP_HEADING, MAP_END = "## Where each line runs", "\n## "
+MAP_PAGE = "docs/architecture.md"
 _ROW = re.compile(r"^\| `(actors/(?:[\w/]+/)?)` \|(.*)$")
 
 
 def unmapped(root: Path) -> list[str]:
-    """Modules the README's map ("Where each line runs") leaves out: every folder of
+    """Modules the architecture page's map ("Where each line runs") leaves out: every folder of
     ``actors`` that holds a module has a row of its own, and its row names each module
     (its file name, in backquotes; ``__init__.py`` and ``__main__.py`` are the folder itself)."""
-    readme = (root / "README.md").read_text(encoding="utf-8")
+    readme = (root / MAP_PAGE).read_text(encoding="utf-8")
     start = readme.index(MAP_HEADING)
     end = readme.find(MAP_END, start + len(MAP_HEADING))
     rows = {m[1]: m[2] for line in readme[start:end].splitlines() if (m := _ROW.match(line))}
@@ -319,9 +320,10 @@ def unmapped(root: Path) -> list[str]:
     return missing
 
 
-def test_the_readme_map_names_every_module() -> None:
-    """A module added without a word in README's "Where each line runs" fails here: add it
-    to its folder's row (a new folder: a row of its own, with the process it runs in)."""
+def test_the_map_names_every_module() -> None:
+    """A module added without a word in docs/architecture.md's "Where each line runs" fails
+    here: add it to its folder's row (a new folder: a row of its own, with the process it
+    runs in)."""
     assert unmapped(ROOT) == []
 
 
@@ -331,9 +333,10 @@ def test_a_module_missing_from_the_map_is_caught(tmp_path: Path) -> None:
     (tmp_path / "actors/wire").mkdir(parents=True)
     for name in ("actors/__init__.py", "actors/wire/__init__.py", "actors/wire/loop.py"):
         (tmp_path / name).write_text("")
-    (tmp_path / "README.md").write_text(
-        "# x\n\n### Where each line runs\n\n| folder | runs in | what it holds |\n|---|---|---|\n"
-        "| `actors/wire/` | every process | `loop.py` (the loop) |\n\n### Errors\n\n"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / MAP_PAGE).write_text(
+        "# x\n\n## Where each line runs\n\n| folder | runs in | what it holds |\n|---|---|---|\n"
+        "| `actors/wire/` | every process | `loop.py` (the loop) |\n\n## Errors\n\n"
         "| `actors/wire/` | later table | `codec.py` |\n"
     )
     assert unmapped(tmp_path) == []

@@ -16,7 +16,10 @@ Python file of the repository, and the Markdown and TOML files, and checks:
 - a Markdown link (``[text](../actors/log/file.py)``, ``[text](slots.md#files)``) leads to a
   file of the repository, from where the page is, and to a heading when it names one;
 - nothing cites a document the repository does not hold ("design 9", "protocol notes 3.2",
-  "bench-notes", ``../shared``): the design is in ``docs/``.
+  "bench-notes", ``../shared``): the design is in ``docs/``;
+- nothing cites an issue number ("issue 24", "#38"), in prose or in a Python string: a reader
+  of the repository cannot follow one. Say what was decided, or cite ``docs/FILE.md#section``
+  (another project's ``owner/repo#N`` is a link a reader can follow, and stays).
 
 Test data (string literals that are not docstrings) is not prose and is not checked.
 """
@@ -47,6 +50,10 @@ OUTSIDE = re.compile(
     r"|llama-server-protocol\.md|library-notes",
     re.IGNORECASE,
 )
+# "issue 24" anywhere (a string of the code too); "#38" in prose only (test data counts
+# records as "#5"), not after a word or a slash (llama.cpp#26954, owner/repo#12)
+ISSUE = re.compile(r"\bissues? #?\d+\b", re.IGNORECASE)
+HASH_NUMBER = re.compile(r"(?<![\w/.&`#-])#\d+\b")
 SKIP_DIRS = {".git", ".venv", "node_modules", "bench", "build", "loopd.egg-info"}
 # `make eval`'s workspaces are test data, not prose: loopd-docs holds copies of this
 # repository's pages, whose links lead from where the originals are.
@@ -185,6 +192,11 @@ def problems(root: Path) -> list[str]:
     ]  # fmt: skip
     for path in sorted(files):
         where = path.relative_to(root)
+        whole = path.read_text(encoding="utf-8")
+        for m in ISSUE.finditer(whole):
+            line = 1 + whole.count("\n", 0, m.start())
+            found.append(f"{where}:{line}: cites {m.group(0)!r}: say what was decided instead "
+                         "(an issue number leads a reader of the repository nowhere)")
         for start, text in prose_of(path):
             for m in PATH.finditer(text):
                 line = start + text.count("\n", 0, m.start())
@@ -224,6 +236,10 @@ def problems(root: Path) -> list[str]:
                 why = dotted_problem(root, m.group(1).rstrip("."))
                 if why:
                     found.append(f"{where}:{line}: {m.group(1)}: {why}")
+            for m in HASH_NUMBER.finditer(text):
+                line = start + text.count("\n", 0, m.start())
+                found.append(f"{where}:{line}: cites {m.group(0)!r}: say what was decided instead "
+                             "(an issue number leads a reader of the repository nowhere)")
             for m in OUTSIDE.finditer(text):
                 line = start + text.count("\n", 0, m.start())
                 found.append(
@@ -286,6 +302,11 @@ _X = "actors/log/x.py"
         ("docs/log.md", "# The log\n\n[file](../actors/log/file.py) [up](#the-log)\n"
          "[frames](#frames)\n", "log.md has no heading #frames"),
         ("config/loopd.toml", "[log]\nfsync = 1  # see docs/fsync.md\n", "docs/fsync.md"),
+        (_X, '"""Cut as issue 24 asked."""\n', "cites 'issue 24'"),
+        (_X, 'WHY = "a limit (Issue 7)"\n', "cites 'Issue 7'"),
+        (_X, "# the fix of #38\n", "cites '#38'"),
+        ("docs/log.md", "# The log\n\nSince issues 13 and 27, frames are checked.\n", "issues 13"),
+        ("docs/log.md", "# The log\n\nAs asked in #27.\n", "cites '#27'"),
     ],
 )
 def test_a_bad_reference_is_caught(tmp_path: Path, path: str, text: str, caught: str) -> None:

@@ -148,15 +148,14 @@ changes only for what an older peer cannot read. Added to version 1:
   --approve`` through the daemon (e06167b);
 - ``status_reply.workspace`` (default "": not said; a client cannot tell where the daemon's
   tools work), with ``loopd acp`` (6e179f4);
-- ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it
-  (issue 28);
+- ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it;
 - ``opened.context`` (default 0: not known) and ``done.context`` (default 0: not known),
-  when chat came to say how full a session is (issue 28);
-- ``done.compactions`` (default 0: none), with compaction (issue 24).
+  when chat came to say how full a session is;
+- ``done.compactions`` (default 0: none), with compaction.
 
-``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (issue 25): a
+``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
-``compact`` and ``compacted`` are new messages of version 1 (issue 24), like ``fork``; the
+``compact`` and ``compacted`` are new messages of version 1 (compaction), like ``fork``; the
 events ``compacting`` and ``compacted`` are new in version 1 too: a client from
 before ends a turn that compacts with a WireError (an unknown event).
 
@@ -224,7 +223,7 @@ class Opened:
     created: bool
     records: Natural
     cut_bytes: Natural = added(0, "a torn tail shown through the daemon (9b06d21)")
-    context: Natural = added(0, "how full a session is, in chat (issue 28)")
+    context: Natural = added(0, "how full a session is, in chat")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -303,7 +302,7 @@ class StatusReply:
     )
     # the file tools' root (tools.workspace, resolved) of the daemon
     workspace: str = added("", "loopd acp (6e179f4)")
-    model: str = added("", "loopd status shows the model (issue 28)")  # and its server
+    model: str = added("", "loopd status shows the model")  # and its server
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -383,8 +382,8 @@ class Done:
     cut: bool
     usage: bytes
     restored: SlotUse | None
-    context: Natural = added(0, "how full a session is, in chat (issue 28)")
-    compactions: Natural = added(0, "compaction (issue 24)")
+    context: Natural = added(0, "how full a session is, in chat")
+    compactions: Natural = added(0, "compaction")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

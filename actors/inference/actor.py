@@ -13,7 +13,7 @@ stops answering (connect errors after the retries) is asked again on another ser
 there is one; the keeper moves the session there.
 
 One ask is two thread wake-ups per model call, the fewest an actor hand-off allows (a
-dispatcher actor in front of worker threads cost three, issue 7). An actor busy streaming
+dispatcher actor in front of worker threads cost three). An actor busy streaming
 does not read its mailbox, so it is never stopped through it alone: ``stop`` first cancels
 every request in flight through its CancelToken (the client's watchdog shuts the socket at
 once), and the actors then take their stop message within a watchdog tick. An ask that

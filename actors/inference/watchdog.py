@@ -65,7 +65,7 @@ class _TrackedStream(httpcore.NetworkStream):
 
     Every exchange writes its request before it reads, so ``write`` is where the stream is
     announced; ``read`` is the inner stream's own method, bound per instance, because it
-    runs once per streamed token (issue 7).
+    runs once per streamed token.
     """
 
     def __init__(self, inner: httpcore.NetworkStream) -> None:
@@ -138,7 +138,7 @@ class Watchdog:
     """One daemon thread per client, checking every ``interval`` while watches exist.
 
     A new watch does not wake the thread (that wake-up cost every model call a thread
-    switch, issue 7): the thread keeps ticking for ``linger`` seconds after the last watch
+    switch): the thread keeps ticking for ``linger`` seconds after the last watch
     ends, so back-to-back requests find it awake; only a parked thread is notified.
     """
 

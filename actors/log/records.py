@@ -10,7 +10,7 @@ half-read.
 Fields added after logs were first written (a log without them reads as the default):
 
 - ``usage.slot`` (nil) and ``cache_loss.cause`` (""): with the slot keeper (f41d248).
-- ``rewind.refused`` (""): a turn refused for a full context is taken back (issue 28).
+- ``rewind.refused`` (""): a turn refused for a full context is taken back.
 - ``compaction.outside`` (false): a summary made from text from outside keeps its mark.
 """
 
@@ -246,7 +246,7 @@ class Rewind:
     larger than the context, in the server's numbers); "" when the person did."""
 
     to_turn: Natural
-    refused: str = added("", "a turn refused for a full context is taken back (issue 28)")
+    refused: str = added("", "a turn refused for a full context is taken back")
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 

@@ -20,7 +20,7 @@ A turn refused for a full context once its message is logged (the server still s
 full after compacting, or nothing could be dropped) is taken back (:meth:`Compactor.taking_back`):
 a Rewind to the turn before it, ``refused`` saying why. Its message and calls stay in the log
 but are never sent again, so a later request (after a larger context, say) does not answer a
-message typed while the conversation was full (issue 28).
+message typed while the conversation was full.
 
 The summary (``session.compaction``): ``summary`` asks the model on the warm slot: the live
 prompt (which the slot holds) plus :data:`SUMMARY_REQUEST`, thinking off, plain text under

@@ -1,6 +1,6 @@
 """What keeps a ZeroMQ server of loopd alive whatever its peers do with their connections.
 
-Two ways a peer could make libzmq abort a whole process (issue 27, seen on the daemon):
+Two ways a peer could make libzmq abort a whole process (seen on the daemon):
 
 - **Routing ids.** A ROUTER names a peer that brings no routing id ``\\x00`` + a 32-bit
   counter, and inserts that name without checking it is free (``router.cpp``,

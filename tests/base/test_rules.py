@@ -126,9 +126,9 @@ def test_what_a_session_or_always_answer_grants() -> None:
                                   "./.git/info/attributes", ".git", "loopd.toml",
                                   "conf/loopd.toml"])
 def test_writes_where_programs_find_code_are_asked_for_whatever_the_rules_say(path: str) -> None:
-    """The README's own example: write_file and "git status" allowed; a .git/config with a
-    core.fsmonitor made "git status" run anything. Such a write is asked for, and an answer
-    to it counts once."""
+    """The approval guide's own example (docs/configuration.md#approval): write_file and
+    "git status" allowed; a .git/config with a core.fsmonitor made "git status" run
+    anything. Such a write is asked for, and an answer to it counts once."""
     book = RuleBook.of(["write_file", "write_file: .git", "run_command: git status"])
     assert said(book, "write_file", path=path, content="x") is Verdict.ASK
     assert grant_for(book, "write_file", {"path": path}) is None

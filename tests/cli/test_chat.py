@@ -1,4 +1,4 @@
-"""``loopd chat`` as a person meets it (issue 28): a real process in a pseudo-terminal
+"""``loopd chat`` as a person meets it: a real process in a pseudo-terminal
 (pexpect) against the fake llama-server on loopback.
 
 Chat commands never reach the model; ``/new`` moves the chat to a new session and keeps the

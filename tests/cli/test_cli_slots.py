@@ -216,7 +216,7 @@ def test_log_show_and_the_summary_tell_what_the_keeper_did() -> None:
         "slot 0: nothing restored (no saved state)")
 
 
-# --- issue 27: saved state and its metadata are not trusted ----------------------------------
+# --- saved state and its metadata are not trusted ----------------------------------
 
 
 def _run(env: dict[str, Any], url: str, text: str = "Hi") -> subprocess.CompletedProcess[str]:

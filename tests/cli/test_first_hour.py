@@ -1,4 +1,4 @@
-"""What a newcomer met in their first hour (issue 28), as the person or a script receives it.
+"""What a newcomer met in their first hour, as the person or a script receives it.
 
 Each test runs the real command (``main`` in-process, or ``python -m actors.cli`` in its own
 process where a pipe or exit matters) against the fake llama-server on loopback, or against

@@ -1,4 +1,4 @@
-"""No sequence of connections or messages ends the daemon (issue 27, item 5).
+"""No sequence of connections or messages ends the daemon.
 
 A real ``loopd serve`` and real clients: raw DEALERs that claim routing ids, hundreds of
 idle connections, one client opening session after session. Each attack ended the daemon

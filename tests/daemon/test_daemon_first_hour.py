@@ -1,4 +1,4 @@
-"""What a newcomer meets with a daemon running (issue 28): the CLI in real processes against a
+"""What a newcomer meets with a daemon running: the CLI in real processes against a
 real ``loopd serve``, the fake llama-server (the agent script) on loopback."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Crafted config files: each is refused at start with a clear message and exit 2.
 
-Found by the attack review (issue 13): ``inference.timeout_s = 1e308`` (OverflowError
+Found by the attack review: ``inference.timeout_s = 1e308`` (OverflowError
 traceback), a file that is not UTF-8 (UnicodeDecodeError traceback), ``inference.parallel =
 100000`` (accepted: thousands of threads, never started), a host named ``"../../x"`` (its
 socket and log written outside the run directory), and an unknown key whose message lost

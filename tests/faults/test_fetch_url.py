@@ -1,6 +1,6 @@
 """fetch_url attacked: non-public addresses in every spelling, redirects, slow downloads.
 
-Found by the attack review (issue 13): fetch_url reached loopback and private addresses
+Found by the attack review: fetch_url reached loopback and private addresses
 (directly, via a redirect, via ``localhost``, ``0x7f000001``, ``2130706433``), and kept
 downloading after the host had answered "did not finish" (httpx's timeout is per read), so
 8 slow downloads wedged the web host. Every test here uses a real HTTP server on loopback;
@@ -339,7 +339,7 @@ def test_the_web_host_refuses_loopback_unless_the_setting_allows_it(server: Serv
         assert isinstance(answer, wire.Result if allowed == "1" else wire.Denied), answer
 
 
-# --- issue 27: a page's charset is a text encoding of the web, or not used ------------------
+# --- a page's charset is a text encoding of the web, or not used ------------------
 
 
 @pytest.mark.timeout(120)

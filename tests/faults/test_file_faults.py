@@ -1,6 +1,6 @@
 """Attacks on the file tools through a real tool host: a hostile workspace, a hostile pattern.
 
-Each test stands for one break found by the outside review (issue 13) and failed before its
+Each test stands for one break found by the outside review and failed before its
 fix: a FIFO (or a device, a socket) that blocked a worker forever, a host whose stuck
 workers made it answer "busy" for ever while still answering pings, a directory swapped for
 a symlink while the tools run (``renameat2(RENAME_EXCHANGE)`` in a loop), ``write_file``
@@ -179,8 +179,9 @@ def test_a_hardlink_to_a_file_outside_is_not_written(rig: Rig) -> None:
     text = _refusal(_call(port, "write_file", path="linked.txt", content="overwritten"))
     assert "linked.txt has 2 hard links" in text
     assert (outside / "f.txt").read_text() == f"{SECRET}\n"
-    # reading one is allowed (README, "What the tools can and cannot do"): whoever made the
-    # link could read the file already, and package stores (pnpm, ccache) are full of them
+    # reading one is allowed (docs/configuration.md#what-the-tools-can-and-cannot-do):
+    # whoever made the link could read the file already, and package stores (pnpm, ccache)
+    # are full of them
     read = _call(port, "read_file", path="linked.txt")
     assert read == wire.Result(read.id, f"{SECRET}\n")
 

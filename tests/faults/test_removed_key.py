@@ -1,6 +1,6 @@
 """A client key deleted from the host's allow directory is refused from its next connection.
 
-Found by the attack review (issue 13): the host re-read its ``--allow-keys`` directory only
+Found by the attack review: the host re-read its ``--allow-keys`` directory only
 when an unknown key knocked, so a removed key was still let in until something else made
 it look. Now the directory is looked at (names, sizes, times) at every handshake and read
 again when it changed. A connection already open stays open: ZAP checks a handshake.

@@ -1,6 +1,6 @@
 """A hostile model's response: too many calls, too large, nested too deep, never ending.
 
-Found by the attack review (issue 13): one response with 10,000 distinct calls ran them
+Found by the attack review: one response with 10,000 distinct calls ran them
 all; 70 MB of tool-call arguments escaped as RecordError; arguments nested 100,000 deep
 escaped as RecursionError. Now: ``loop.max_calls_per_response`` ends the turn before any
 call runs; a response longer than a log record can hold is stopped as it streams (a clean

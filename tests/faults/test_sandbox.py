@@ -1,6 +1,6 @@
 """run_command in bubblewrap, through a real tool host: each promise of the sandbox, attacked.
 
-Before the sandbox (issue 13) a command wrote outside the workspace, reached the network,
+Before the sandbox a command wrote outside the workspace, reached the network,
 saw the host's whole environment (secrets included), and a ``setsid`` child outlived the
 host. Each test here failed on the host run with ``--sandbox none`` (which is the old way of
 running commands). These need ``bwrap``; where it is missing they are skipped, except under
@@ -234,7 +234,7 @@ def test_the_pid_namespace_shows_only_the_commands_processes(host: Host) -> None
 
 
 
-# --- issue 27: the sandbox cannot undo itself, and each command is bounded ------------------
+# --- the sandbox cannot undo itself, and each command is bounded ------------------
 # Run as root (as CI and many containers do), a command kept every capability inside its
 # user namespace: it unmounted its private /tmp, reached the daemon's socket, started a turn
 # and answered its own approval "always". And nothing bounded its /tmp, memory, processes,

@@ -1,6 +1,6 @@
 """A hostile model server's numbers: every value is checked before it reaches a record.
 
-Found by the attack review (issue 13): a final chunk with ``timings.cache_n`` as a string
+Found by the attack review: a final chunk with ``timings.cache_n`` as a string
 was written into Usage, and every later turn of the session crashed with a traceback;
 ``prompt_tokens`` above 2**64 escaped as OverflowError. Now the bad value is left out, the
 answer is kept, and a log that already holds such a value still opens and runs.

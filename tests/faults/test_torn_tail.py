@@ -1,6 +1,6 @@
 """A torn last record: reopening says how many bytes it cut, and the scan is linear.
 
-Found by the attack review (issue 13): reopening after a crash cut a torn tail silently
+Found by the attack review: reopening after a crash cut a torn tail silently
 (the README promised it says how many bytes), and reading a crafted torn tail was quadratic
 (1 MB of a repeated short pattern: 14 s), because every plausible frame start had zlib run
 over its whole claimed payload.

@@ -137,7 +137,7 @@ def test_wrong_field_type_is_refused_naming_kind_and_field(
 
 def test_a_record_from_before_the_slot_keeper_decodes_with_the_new_fields_defaulted() -> None:
     usage, loss = wire(SAMPLES["usage"]), wire(SAMPLES["cache_loss"])
-    del usage["slot"], loss["cause"]  # the fields as logs written before issue 14 lack them
+    del usage["slot"], loss["cause"]  # the fields as logs written before these fields lack them
     assert decode(msgpack.packb(usage, datetime=True)) == dataclasses.replace(
         SAMPLES["usage"], slot=None)
     assert decode(msgpack.packb(loss, datetime=True)) == dataclasses.replace(

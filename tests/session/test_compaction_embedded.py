@@ -1,4 +1,4 @@
-"""Compaction on the real model (issue 24): a session driven past its context keeps answering.
+"""Compaction on the real model: a session driven past its context keeps answering.
 
 The embedded llama-server with a small context (``CTX`` tokens, one slot), the embedded
 model's own system prompt as the baseline, no tools, and turns of ~100 tokens of notes: the

@@ -12,8 +12,8 @@ the walk, each one opened without following anything right after it is made.
 Only regular files are opened, with ``O_NONBLOCK`` and checked again on the descriptor: a
 FIFO, socket or device is :class:`NotRegular` and nothing blocks. A file with more than one
 hard link is not opened for writing (:class:`MultiplyLinked`): its other names may be
-outside the workspace. Reading one is allowed (see the README, "What the tools can and
-cannot do").
+outside the workspace. Reading one is allowed (see
+docs/configuration.md#what-the-tools-can-and-cannot-do).
 """
 
 from __future__ import annotations

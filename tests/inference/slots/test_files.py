@@ -159,7 +159,7 @@ def test_deleting_a_session_deletes_its_files_everywhere(tmp_path: Path) -> None
     assert stores[0].meta(other) is not None  # another session's stays
 
 
-# --- issue 27: slot files and their metadata are not trusted ---------------------------------
+# --- slot files and their metadata are not trusted ---------------------------------
 
 
 def _good(key: str = "s-1") -> dict[str, object]:

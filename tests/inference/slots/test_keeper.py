@@ -416,7 +416,7 @@ def test_cancel_during_a_turn_leaves_the_slot_to_the_others(make: Any) -> None:
     assert rig.turn("c").content == "ok."  # the slot was given back
 
 
-# --- issue 27: nothing a save meets ends the saver -------------------------------------------
+# --- nothing a save meets ends the saver -------------------------------------------
 
 
 def test_bad_metadata_or_a_failing_save_never_ends_the_saver(

@@ -184,7 +184,7 @@ def test_a_call_only_when_text_is_not_allowed() -> None:
 
 
 
-# --- issue 27: schemas that attack the builder ---------------------------------------------
+# --- schemas that attack the builder ---------------------------------------------
 
 
 def _optional_members(n: int) -> dict[str, str]:

@@ -247,7 +247,7 @@ def test_an_overflow_nothing_can_be_dropped_from_is_session_full(rig: Make) -> N
 
 def test_a_turn_refused_after_its_calls_and_a_compaction_is_taken_back_whole(
         rig: Make) -> None:
-    """Issue 28: a message typed while full was answered once the context was raised. A turn
+    """A message typed while full was answered once the context was raised. A turn
     full again after compacting goes back to where it was asked: its question, call, result
     and compaction stay in the log; the next request sends turn 1 and the new message only."""
     replies: list[Reply] = [answer("one"), answer(tool_calls=[ECHO]),
