@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import math
 import secrets
 import time
@@ -411,6 +412,8 @@ class LoopdAgent:
         self._idle.clear()
         try:
             yield
+        except OSError as e:  # out of descriptors, a disk error: an answer, not a traceback
+            raise RequestError(INTERNAL, _os_error(e), {"loopd": type(e).__name__}) from None
         finally:
             self._busy -= 1
             if not self._busy:
@@ -436,6 +439,15 @@ class LoopdAgent:
         if self.backend is not None:
             await asyncio.to_thread(self.backend.close)
         self._pool.shutdown(wait=True)
+
+
+def _os_error(error: OSError) -> str:
+    """An OSError as the one line an editor shows; running out of descriptors says how."""
+    if error.errno == errno.EMFILE:
+        return (f"loopd acp has no file descriptor left ({error.strerror}): close sessions "
+                "(or lower daemon.max_sessions_per_client), or raise the process's limit "
+                "(ulimit -n)")
+    return f"loopd acp: {error}"
 
 
 def _version() -> str:

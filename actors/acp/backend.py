@@ -15,6 +15,7 @@ this command's own, as for ``loopd run``), the world is built in this process wi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import threading
@@ -125,15 +126,22 @@ class DaemonBackend:
 class LocalBackend:
     """Turns in this process: the world ``loopd run --local`` builds, kept for every session
     of this ``loopd acp``, and stopped (sessions, then KV state saved, then the server) at
-    the end."""
+    the end.
+
+    At most ``daemon.max_sessions_per_client`` sessions are open at once (each is a thread,
+    an open log and its lock): opening one more closes the one used least recently that runs
+    no turn (its log and KV state stay; it is opened again when next used), and when every
+    one runs a turn the open is refused with an error that names the key."""
 
     def __init__(self, config: Config, say: Callable[[str], None]) -> None:
         from actors.session.world import start_world
 
         self.workspace, self.where = config.workspace, "this process"
+        self.cap = config.daemon.max_sessions_per_client
         self._stack = contextlib.ExitStack()
         self.world = self._stack.enter_context(start_world(config, say))
-        self._sessions: dict[str, Any] = {}
+        self._sessions: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._turns: collections.Counter[str] = collections.Counter()  # sessions in a turn
         self._lock = threading.Lock()
 
     def open(self, name: str, create: bool) -> Opened:
@@ -141,16 +149,39 @@ class LocalBackend:
 
         with self._lock:
             if name in self._sessions:
+                self._sessions.move_to_end(name)
                 return Opened(False, 0)
             if not create and not session_path(self.world.config, name).exists():
                 raise SessionError(f"session {name} does not exist in "
                                    f"{self.world.config.log_dir}")
+            self._make_room(name)
             proxy = self.world.session(name)
             self._sessions[name] = proxy
         report = proxy.ready().get()
         return Opened(report.created, report.cut_bytes)
 
+    def _make_room(self, name: str) -> None:
+        """Close the least recently used idle sessions until one more fits the cap."""
+        while len(self._sessions) >= self.cap:
+            idle = next((n for n in self._sessions if not self._turns[n]), None)
+            if idle is None:
+                raise SessionError(
+                    f"{len(self._sessions)} sessions are open here and each is running a turn "
+                    f"(daemon.max_sessions_per_client = {self.cap}); open {name} when one "
+                    "ends, or raise the key")
+            proxy = self._sessions.pop(idle)
+            with contextlib.suppress(Exception):  # already stopped: nothing to close
+                proxy.actor_ref.stop(timeout=self.world.stop_timeout_s)
+            with contextlib.suppress(ValueError):
+                self.world.sessions.remove(proxy)
+
     def _proxy(self, name: str) -> Any:
+        with self._lock:
+            proxy = self._sessions.get(name)
+            if proxy is not None:
+                self._sessions.move_to_end(name)
+                return proxy
+        self.open(name, False)  # closed to keep the cap: opened again from its log
         with self._lock:
             return self._sessions[name]
 
@@ -166,7 +197,14 @@ class LocalBackend:
     def turn(self, name: str, text: str, sink: Sink, approver: Approver,
              cancel: CancelToken) -> TurnOutcome:
         runtime = self.world.runtime
-        outcome: TurnOutcome = self._proxy(name).turn(runtime, text, sink, cancel, approver).get()
+        with self._lock:
+            self._turns[name] += 1  # not closed to make room while it runs
+        try:
+            proxy = self._proxy(name)
+            outcome: TurnOutcome = proxy.turn(runtime, text, sink, cancel, approver).get()
+        finally:
+            with self._lock:
+                self._turns[name] -= 1
         return outcome
 
     def close(self) -> None:

@@ -9,6 +9,9 @@ than the SDK's byte-stream reader for three reasons:
   (-32700), a JSON value that is not one message (an array: ACP has no batches, a number,
   a message with neither a method nor a result) an invalid-request error (-32600), both
   with ``id: null`` unless the id could be read; then the next line is read as usual.
+- **Depth has a limit.** A line nested past what the parser follows (Python's recursion
+  limit: a 200 KB line of brackets) is answered with -32600, under its id when its first
+  bytes name one, never ends the agent.
 - **A line has a limit.** A line over :data:`MAX_MESSAGE_BYTES` is read through to its end
   and dropped (never held whole in memory) and answered with -32600 under the request's id
   when its first bytes name one, so the client's request fails instead of hanging.
@@ -227,6 +230,11 @@ class StdioTransport:
                 message = json.loads(item)
             except ValueError as e:
                 await self._answer(None, PARSE_ERROR, f"Parse error: not JSON ({e})")
+                continue
+            except RecursionError:  # brackets nested past what the parser follows
+                await self._answer(id_in_head(item[:HEAD_BYTES]), INVALID_REQUEST, (
+                    "Invalid request: the message nests deeper than loopd reads; send it "
+                    "flatter"))
                 continue
             problem = check_message(message)
             if problem is not None:
