@@ -45,6 +45,7 @@ __all__ = [
     "WebConfig",
     "allowed",
     "auto",
+    "files_read",
     "limits",
     "load",
     "parse",
@@ -601,6 +602,16 @@ def _table(value: Any, name: str) -> Mapping[str, Any]:
     return value
 
 
+# The config files this process was pointed at: loopd's own places, hidden from the tools
+# (actors.base.places) like the rules file, for an inference.api_key may be in one.
+_READ: dict[str, None] = {}
+
+
+def files_read() -> tuple[str, ...]:
+    """The absolute paths of the config files :func:`load` was given in this process."""
+    return tuple(_READ)
+
+
 def load(path: str | os.PathLike[str] | None = None,
          overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
     """The config from ``path``, else ``$LOOPD_CONFIG``, else the defaults, with a command's
@@ -610,6 +621,7 @@ def load(path: str | os.PathLike[str] | None = None,
     if chosen is None:
         return parse({}, overrides)
     p = Path(chosen).expanduser()
+    _READ.setdefault(os.path.abspath(p))
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -6,9 +6,10 @@ files are not theirs. :func:`private_places` names them, so the tool hosts can h
 a path into one): the daemon's runtime directory (its socket and pid file, wherever
 ``daemon.runtime_dir`` puts it) and an ipc ``daemon.endpoint``'s directory, the temporary
 directory where every loopd's tool hosts have their sockets, the sessions' logs, the
-embedded model's data (models, KV state), ``slots.save_dir``, the rules file and the CURVE
-key files. A command that reached the daemon's socket could start a turn and answer its own
-approval "always"; one that read the logs would see other sessions' conversations.
+embedded model's data (models, KV state), ``slots.save_dir``, the rules file, the config
+files this process read (an ``inference.api_key`` may be in one) and the CURVE key files.
+A command that reached the daemon's socket could start a turn and answer its own approval
+"always"; one that read the logs would see other sessions' conversations.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from actors.base.config import Config
+from actors.base.config import Config, files_read
 
 __all__ = ["private_places", "runtime_dir"]
 
@@ -46,4 +47,5 @@ def private_places(config: Config) -> tuple[str, ...]:
     keys = [d.curve_secret, d.allow_keys, d.client_key,
             *(h.client_key for h in config.tools.hosts)]
     places += [Path(k).expanduser() for k in keys if k]
+    places += [Path(f) for f in files_read()]  # an inference.api_key may be in one
     return tuple(dict.fromkeys(os.path.abspath(p) for p in places))

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from actors.base.config import parse
+from actors.base.config import load, parse
 from actors.base.places import private_places
 
 
@@ -30,3 +30,13 @@ def test_every_place_the_config_names(tmp_path: Path) -> None:
     assert tempfile.gettempdir() in places  # every loopd's tool hosts' sockets
     ipc = parse({"daemon": {"endpoint": "ipc:///srv/loopd/d.sock"}})
     assert "/srv/loopd" in private_places(ipc)
+
+
+def test_the_config_file_read_is_hidden(tmp_path: Path) -> None:
+    """An inference.api_key may be in it: the tools must not read it, wherever it is."""
+    path = tmp_path / "ws" / "my.toml"
+    path.parent.mkdir()
+    path.write_text('[inference]\napi_key = "sk-secret"\n')
+    config = load(path)
+    assert str(path) in private_places(config)
+    assert str(path) in private_places(parse({}))  # this process read it

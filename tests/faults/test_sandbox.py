@@ -277,25 +277,93 @@ def test_no_mount_of_the_sandbox_can_be_changed(host: Host) -> None:
     assert text.splitlines()[-1] == host.workspace.parent.name  # /tmp: only the way in
 
 
-def test_git_code_in_the_workspace_is_read_only(tmp_path: Path) -> None:
-    """A hook or a core.fsmonitor a command left in .git would run the next time the person
-    uses git, outside any sandbox; a loopd.toml there could allow every call of the next
-    loopd. The rest of .git stays writable (commits work)."""
+def _git(*args: str, cwd: Path) -> str:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_SYSTEM": "/dev/null",
+           "GIT_AUTHOR_NAME": "n", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "n",
+           "GIT_COMMITTER_EMAIL": "a@b", "GIT_ALLOW_PROTOCOL": "file"}
+    done = subprocess.run(["git", "-c", "protocol.file.allow=always", *args], cwd=cwd,
+                          env=env, check=True, capture_output=True, text=True)
+    return done.stdout
+
+
+def _snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every file, link and directory under ``root``, with its content."""
+    seen: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            seen[rel] = path.read_bytes()
+        else:
+            seen[rel] = "dir"
+    return seen
+
+
+_GIT_ATTACKS = (
+    "mv .git .git-old && mkdir .git && cp -a .git-old/. .git/ && echo moved;"
+    " rm -rf .git 2>/dev/null; test -d .git/objects || echo removed;"
+    " echo '[core] fsmonitor = touch /tmp/pwned' >> .git/config && echo config-written;"
+    " touch .git/hooks/post-checkout && echo hook-written;"
+    " touch .git/other && echo other-written;"
+    " git commit -q --allow-empty -m inside 2>/dev/null && echo committed;"
+    " echo '[core] fsmonitor = x' >> .git/modules/sub/config && echo module-written;"
+    " mv .git/modules .git/m2 && echo modules-moved;"
+    " echo 'gitdir: /tmp' > sub/.git && echo pointer-written;"
+    " mv sub/.git sub/g && echo pointer-moved;"
+    " echo x >> nested/.git/config && echo nested-written;"
+    " mv nested/.git nested/g && echo nested-moved;"
+    " echo 'gitdir: /tmp' > wt/.git && echo worktree-written;"
+    " echo '[tools]' > loopd.toml && echo config-made; echo end"
+)
+
+
+def test_git_code_in_the_workspace_stays_what_it_was(tmp_path: Path) -> None:
+    """A hook or a core.fsmonitor a command left in a repository of the workspace would run
+    the next time the person uses git, outside any sandbox; so would one in a .git a command
+    moved aside and rebuilt, a submodule's .git/modules/NAME/config, or a pointer file
+    redirected. The top .git as a whole, the submodules' and nested repositories' .git and
+    a worktree's pointer are read-only and cannot be moved; a loopd.toml made at the top is
+    removed after the command (it could allow every call of the next loopd)."""
     with _shell_host() as h:
-        subprocess.run(["git", "init", "-q", str(h.workspace)], check=True)
-        command = (
-            "git -c user.email=a@b -c user.name=n commit -q --allow-empty -m x && echo committed;"
-            " echo '[core] fsmonitor = touch /tmp/pwned' >> .git/config || echo config-ro;"
-            " touch .git/hooks/post-checkout || echo hooks-ro; touch .git/other && echo other-ok;"
-            " echo 'allow = [\"run_command\"]' >> loopd.toml || echo loopd-ro"
-        )
+        ws = h.workspace
+        src = h.workspace.parent / "src"
+        src.mkdir()
+        _git("init", "-q", str(src), cwd=src)
+        _git("commit", "-q", "--allow-empty", "-m", "sub", cwd=src)
+        _git("init", "-q", str(ws), cwd=ws)
+        _git("submodule", "-q", "add", str(src), "sub", cwd=ws)
+        _git("commit", "-q", "-m", "top", cwd=ws)
+        _git("worktree", "add", "-q", "wt", cwd=ws)
+        _git("init", "-q", "nested", cwd=ws)
+        before = {name: _snapshot(ws / name) for name in (".git", "sub/.git", "nested/.git")}
+        pointers = {name: (ws / name).read_text() for name in ("sub/.git", "wt/.git")}
+        status = _git("status", "--porcelain", cwd=ws)
+        text = _output(_run(h.endpoint, _GIT_ATTACKS))
+        for done in ("moved", "removed", "config-written", "hook-written", "other-written",
+                     "committed", "module-written", "modules-moved", "pointer-written",
+                     "pointer-moved", "nested-written", "nested-moved", "worktree-written"):
+            assert f"\n{done}\n" not in text, text
+        assert "config-made" in text  # it could be made, and is gone after the command
+        assert "[sandbox: the command made loopd.toml at the top of the workspace; it was " \
+            "removed]" in text
+        assert not (ws / "loopd.toml").exists()
+        after = {name: _snapshot(ws / name) for name in before}
+        assert after == before
+        assert {name: (ws / name).read_text() for name in pointers} == pointers
+        assert not (ws / ".git-old").exists()
+        assert _git("status", "--porcelain", cwd=ws) == status
+        assert not Path("/tmp/pwned").exists()
+
+
+def test_a_loopd_toml_at_the_top_is_read_only(tmp_path: Path) -> None:
+    with _shell_host() as h:
         (h.workspace / "loopd.toml").write_text("[tools]\n")
-        text = _output(_run(h.endpoint, command))
-        assert "committed" in text and "other-ok" in text
-        assert "config-ro" in text and "hooks-ro" in text and "loopd-ro" in text
+        text = _output(_run(h.endpoint, "echo 'allow = [\"run_command\"]' >> loopd.toml "
+                                        "|| echo loopd-ro; mv loopd.toml x || echo kept"))
+        assert "loopd-ro" in text and "kept" in text
         assert (h.workspace / "loopd.toml").read_text() == "[tools]\n"
-        assert "fsmonitor" not in (h.workspace / ".git" / "config").read_text()
-        assert not (h.workspace / ".git" / "hooks" / "post-checkout").exists()
+        assert "[sandbox:" not in text
 
 
 def test_loopd_places_are_hidden_wherever_they_are(host: Host) -> None:

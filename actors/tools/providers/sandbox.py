@@ -8,8 +8,10 @@ The sandbox (docs/sandbox.md) is bubblewrap's command line, built here and nowhe
   changed from inside (``umount /tmp``, ``mount -o remount,rw /`` fail) and nothing it can
   make (a nested namespace) unlocks one;
 - the root file system read-only (``--ro-bind / /``), the workspace read-write on top, its
-  ``.git/config`` and ``.git/hooks`` read-only again (git runs commands from them: a hook a
-  command left there would run the next time *you* use git, outside any sandbox);
+  repositories' ``.git`` read-only again as a whole, and the top ``loopd.toml``
+  (:func:`_git_code`: git runs commands from them: a hook a command left there would run
+  the next time *you* use git, outside any sandbox); a ``loopd.toml`` a command makes at
+  the top is removed after it (:func:`remove_new_config`);
   ``/proc/sys`` and the other kernel knobs under ``/proc`` read-only in its own ``/proc``;
 - a private ``/tmp``, ``/run`` and ``/dev/shm`` (tmpfs of ``tools.shell.tmpfs_mb`` each), a
   minimal read-only ``/dev``, a ``/proc`` of its own;
@@ -38,6 +40,7 @@ import dataclasses
 import fnmatch
 import json
 import os
+import re
 import resource
 import select
 import shutil
@@ -184,7 +187,8 @@ class Sandbox:
         for path in files:
             argv += ["--ro-bind", "/dev/null", path]
         for path in _git_code(workspace):
-            argv += ["--ro-bind", path, path]
+            if path not in files:  # a config kept there stays hidden
+                argv += ["--ro-bind", path, path]
         argv += ["--chdir", ws, "--unshare-all", "--unshare-user"]
         if os.geteuid() == 0:
             argv += ["--uid", _NOBODY, "--gid", _NOBODY]
@@ -297,25 +301,68 @@ def _under(path: str, dirs: Iterable[str]) -> bool:
 
 
 def _git_code(workspace: Path) -> list[str]:
-    """The workspace's ``.git/config`` and ``.git/hooks`` (git runs commands from them), or
-    its ``.git`` file (a worktree's pointer to its repository, which must not be changed),
-    and its ``loopd.toml`` (a config there could allow every call)."""
+    """What git and loopd find commands in, bound read-only as a whole: the workspace's
+    ``.git`` (a directory: config, hooks, ``modules/*`` of its submodules, everything; a
+    worktree's pointer file), the ``.git`` of each submodule (``.gitmodules``' paths) and of
+    each repository one level down, and the top ``loopd.toml`` (a config there could allow
+    every call). Each is a mount point inside, so it cannot be renamed, replaced or removed
+    either (``mv .git .git-old`` fails)."""
     found = []
     with contextlib.suppress(OSError):  # loopd's own config, when it is kept here
         if stat.S_ISREG(os.lstat(workspace / "loopd.toml").st_mode):
             found.append(str(workspace / "loopd.toml"))
-    git = workspace / ".git"
-    try:
-        mode = os.lstat(git).st_mode
-    except OSError:
-        return found
-    if stat.S_ISREG(mode):
-        return [*found, str(git)]
-    for name, kind in (("config", stat.S_ISREG), ("hooks", stat.S_ISDIR)):
+    repos = [workspace, *_submodules(workspace)]
+    with contextlib.suppress(OSError), os.scandir(workspace) as it:
+        repos += [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+    for repo in dict.fromkeys(repos):
+        git = repo / ".git"
         with contextlib.suppress(OSError):
-            if stat.S_ISDIR(mode) and kind(os.lstat(git / name).st_mode):
-                found.append(str(git / name))
+            mode = os.lstat(git).st_mode
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                found.append(str(git))
     return found
+
+
+_GITMODULE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def _submodules(workspace: Path) -> list[Path]:
+    """The worktrees of the submodules ``.gitmodules`` names (inside the workspace only)."""
+    try:
+        text = (workspace / ".gitmodules").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    paths = []
+    for found in _GITMODULE_PATH.findall(text):
+        rel = found.strip('"')
+        if rel and not os.path.isabs(rel) and ".." not in Path(rel).parts:
+            paths.append(workspace / rel)
+    return paths
+
+
+def config_present(workspace: Path) -> bool:
+    """Whether the top of the workspace holds a ``loopd.toml`` (anything by that name)."""
+    return os.path.lexists(workspace / "loopd.toml")
+
+
+def remove_new_config(workspace: Path, before: bool) -> str:
+    """After a command: a ``loopd.toml`` it made at the top of the workspace (there was none
+    ``before``) is removed; what to tell about it, "" when nothing."""
+    path = workspace / "loopd.toml"
+    if before:
+        return ""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return ""
+    try:
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError as e:
+        return f"the command made {path} and it could not be removed ({e}): remove it"
+    return "the command made loopd.toml at the top of the workspace; it was removed"
 
 
 class Launch:

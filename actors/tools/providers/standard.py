@@ -31,7 +31,7 @@ from actors.base.textcut import cut
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
 from actors.tools.providers.command import run_shell
-from actors.tools.providers.sandbox import Sandbox
+from actors.tools.providers.sandbox import Sandbox, config_present, remove_new_config
 from actors.tools.providers.web import fetch_url
 from actors.tools.providers.workspace import SKIP_DIRS, Opened, Refused, Workspace, kind_of
 
@@ -318,6 +318,7 @@ class StandardTools:
         limit = min(float(a.get("timeout_s", timeout_s)), timeout_s)
         bounds = self.sandbox.bounds
         launch = self.sandbox.launch(limit) if self.sandbox.mode == "bwrap" else None
+        had_config, made = config_present(self.workspace.root), ""
         try:
             out = run_shell(
                 self.sandbox.argv(self._bwrap, str(a["command"]), self.workspace.root, launch),
@@ -332,6 +333,7 @@ class StandardTools:
         finally:
             if launch is not None:
                 launch.close()
+                made = remove_new_config(self.workspace.root, had_config)
         text = out.output.decode("utf-8", "replace")
         if out.stopped == "refused":
             return Failed(message=f"run_command: {out.why}")
@@ -349,6 +351,8 @@ class StandardTools:
         if self.sandbox.mode == "bwrap" and (bound := bounds.stopped_by(out.exit_code, text,
                                                                          limit)):
             note += f"\n[sandbox bound: {bound}]"
+        if made:
+            note += f"\n[sandbox: {made}]"
         return Result(content=f"exit code: {out.exit_code}\n{text}{note}")
 
     def _fetch_url(self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event) -> Answer:

@@ -97,6 +97,17 @@ def test_hidden_places_around_and_inside_the_workspace(var_tmp: Path) -> None:
     assert all(not p.startswith("/tmp") for p in around + inside)  # fresh already
 
 
+def test_a_config_kept_at_the_top_stays_hidden(var_tmp: Path) -> None:
+    """loopd's config kept as the workspace's loopd.toml is hidden (an inference.api_key
+    may be in it), not bound back read-only over the empty file."""
+    ws = var_tmp / "ws"
+    ws.mkdir()
+    (ws / "loopd.toml").write_text('[inference]\napi_key = "sk-secret"\n')
+    argv = Sandbox(hide=(str(ws / "loopd.toml"),)).argv("bwrap", "x", ws)
+    binds = [argv[i + 1 : i + 3] for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert [["/dev/null", str(ws / "loopd.toml")]] == [b for b in binds if b[1].endswith(".toml")]
+
+
 def test_without_bwrap_the_check_says_how_to_install_it(tmp_path: Path) -> None:
     why = Sandbox().check({"PATH": str(tmp_path)}, tmp_path)
     assert f"bwrap is not on the PATH ({tmp_path})" in why
