@@ -74,6 +74,7 @@ Update: TypeAlias = (
 
 _KINDS: dict[str, ToolKind] = {
     "read_file": "read", "list_dir": "read", "search_files": "search", "find_tool": "search",
+    "outline_file": "read", "find_definition": "search",
     "write_file": "edit", "run_command": "execute", "fetch_url": "fetch",
 }  # fmt: skip
 _BRIEF = ("path", "command", "query", "url", "pattern", "text")  # the argument a title shows

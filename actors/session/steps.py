@@ -137,9 +137,11 @@ def _only_read(paths: tuple[str, ...], names: set[str]) -> tuple[Values, frozens
     return (*_READ, ("read_file", "path", paths)), frozenset(names - {"read_file", "call_tool"})
 
 
-# A held read starts at the file's start: the embedded model wrote the listing's size as
-# the offset ("offset": 176 for a 176-byte file) and read nothing.
-_READ: Values = (("read_file", "offset", ()),)
+# A held read starts at the file's start and reads it whole (a small workspace's file): the
+# embedded model wrote the listing's size as the offset ("offset": 176 for a 176-byte file)
+# and read nothing.
+_READ: Values = (("read_file", "offset", ()), ("read_file", "start_line", ()),
+                 ("read_file", "end_line", ()))
 
 
 def _anything_there(found: Holdings, terms: tuple[str, ...]) -> Values:

@@ -4,8 +4,9 @@ them all.
 :meth:`Toolbox.start` reads ``[tools]``:
 
 - the standard hosts (``tools.standard``), each a separate process: ``files`` (read_file,
-  list_dir, search_files, write_file), ``shell`` (run_command) and ``web`` (fetch_url), so
-  a runaway command cannot stall file reads, and fetched pages are handled apart;
+  list_dir, search_files, write_file, outline_file, find_definition), ``shell``
+  (run_command) and ``web`` (fetch_url), so a runaway command cannot stall file reads, and
+  fetched pages are handled apart;
 - each ``[[tools.hosts]]`` entry: ``local`` (standard tools by name) and ``mcp`` (an MCP
   server behind a tool host) run here as child processes on ``ipc://`` sockets in a private
   run directory (mode 0700); ``remote`` ones are reached at their ``tcp://`` endpoint with
@@ -60,7 +61,8 @@ __all__ = ["STANDARD_HOSTS", "Toolbox", "check_workspace", "host_argv", "uses_wo
 log = logging.getLogger("loopd.toolbox")
 
 STANDARD_HOSTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("files", ("read_file", "list_dir", "search_files", "write_file")),
+    ("files", ("read_file", "list_dir", "search_files", "write_file", "outline_file",
+               "find_definition")),
     ("shell", ("run_command",)),
     ("web", ("fetch_url",)),
 )

@@ -79,7 +79,8 @@ def test_the_standard_hosts_start_and_answer(make: Make) -> None:
     assert all(s.state is PortState.READY and s.pid for s in status.values())
     assert len({s.pid for s in status.values()}) == 3  # each host its own process
     assert {s.name for s in box.registry.specs()} == {
-        "read_file", "list_dir", "search_files", "write_file", "run_command", "fetch_url",
+        "read_file", "list_dir", "search_files", "write_file", "outline_file", "find_definition",
+        "run_command", "fetch_url",
     }  # fmt: skip
     answer = _run(box, "read_file", path="notes.txt")
     assert answer == wire.Result(answer.id, "hello from the workspace\n")

@@ -21,7 +21,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import re2
@@ -30,6 +30,7 @@ from actors.base.errors import UsageError
 from actors.base.textcut import cut
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Denied, Failed, Result
+from actors.tools.providers.code import Outline, describe, enclosing, outline, signature
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox, config_present, remove_new_config
 from actors.tools.providers.web import fetch_url
@@ -64,7 +65,8 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
         ToolSpec(
             "read_file",
             "Read a text file in the workspace and return its text. Long files are cut; "
-            "the note at the end says which offset to read on from.",
+            "the note at the end says which offset to read on from. With start_line (and "
+            "end_line) it returns only those lines, each after its number.",
             _schema(
                 ["path"],
                 path=_PATH,
@@ -73,6 +75,29 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
                     "minimum": 0,
                     "description": "byte offset to start at (default 0)",
                 },
+                start_line={"type": "integer", "minimum": 1,
+                            "description": "first line to read (1 is the first)"},
+                end_line={"type": "integer", "minimum": 1,
+                          "description": "last line to read (default: 200 lines on)"},
+            ),
+        ),
+        ToolSpec(
+            "outline_file",
+            "List what a file defines (classes, functions, methods, top-level names; a "
+            "Markdown file's headings), each with its lines, to read just that part with "
+            "read_file's start_line and end_line.",
+            _schema(["path"], path=_PATH),
+        ),
+        ToolSpec(
+            "find_definition",
+            "Find where a name (a class, function, method or top-level variable) is "
+            "defined in the workspace's files. Answers path:lines: its first line, and "
+            "what its docstring says.",
+            _schema(
+                ["name"],
+                name={"type": "string", "description": "the name, e.g. Parser or "
+                      "Parser.parse"},
+                path={**_PATH, "description": "directory (or file) to look in (default .)"},
             ),
         ),
         ToolSpec(
@@ -133,6 +158,9 @@ STANDARD_SPECS: dict[str, ToolSpec] = {
 }
 
 _MAX_MATCHES = 200
+_LINES = 200  # lines one read by line range shows at most
+_MAX_DEFINITIONS = 30
+_NAME = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*")
 _MAX_SEARCHED = 8 * 1024 * 1024  # a file larger than this is not searched
 
 
@@ -160,6 +188,8 @@ class StandardTools:
         self._bwrap = ""  # the bwrap that passed Sandbox.check (checked again until one does)
         self._run: dict[str, Callable[[Mapping[str, Any], float, threading.Event], Answer]] = {
             "read_file": self._read_file,
+            "outline_file": self._outline_file,
+            "find_definition": self._find_definition,
             "list_dir": self._list_dir,
             "search_files": self._search_files,
             "write_file": self._write_file,
@@ -221,6 +251,8 @@ class StandardTools:
         return text
 
     def _read_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
+        if "start_line" in a or "end_line" in a:
+            return self._read_lines(a)
         offset = int(a.get("offset", 0))
         opened = self.workspace.open_read(str(a["path"]))
         try:
@@ -229,6 +261,126 @@ class StandardTools:
         finally:
             opened.close()
         return Result(content=self._cut(data, total, offset))
+
+    def _read_lines(self, a: Mapping[str, Any]) -> Answer:
+        """Lines ``start_line`` to ``end_line`` (at most :data:`_LINES` of them), each after
+        its number; read line by line, so a range near the start of a huge file is quick."""
+        start = int(a.get("start_line", 1))
+        end = int(a.get("end_line", start + _LINES - 1))
+        if end < start:
+            return Failed(message=f"read_file: end_line {end} is before start_line {start}")
+        last = min(end, start + _LINES - 1)
+        opened = self.workspace.open_read(str(a["path"]))
+        shown: list[str] = []
+        more = False
+        number = 0
+        with os.fdopen(opened.fd, "rb") as f:
+            if b"\0" in f.read(8192):
+                return Failed(message=f"read_file: {_printable(opened.rel)} is not a text file "
+                              "(it holds binary data); read it by offset without lines")
+            f.seek(0)
+            for number, raw in enumerate(f, start=1):
+                if number > last:
+                    more = True
+                    break
+                if number >= start:
+                    shown.append(f"{number}: {raw.decode('utf-8', 'replace').rstrip()[:2000]}")
+        if not shown:
+            return Failed(message=f"read_file: {_printable(opened.rel)} has {number} lines; "
+                          f"start_line {start} is past its end")
+        text = "\n".join(shown)
+        if more:
+            text += f"\n[more lines follow; read on with start_line={last + 1}]"
+        data = text.encode()
+        return Result(content=self._cut(data, len(data)))
+
+    def _text_of(self, path: str) -> tuple[str, str] | Failed:
+        """A file's path (as the workspace names it) and its text; Failed for a file over
+        :data:`_MAX_SEARCHED` or one that holds binary data."""
+        opened = self.workspace.open_read(path)
+        try:
+            size = os.fstat(opened.fd).st_size
+            if size > _MAX_SEARCHED:
+                return Failed(message=f"{_printable(opened.rel)} is {size} bytes, too big to "
+                              f"read whole (at most {_MAX_SEARCHED}); read it by lines or "
+                              "search it")
+            lines = _text_lines(opened)
+            if not lines and size:
+                return Failed(message=f"{_printable(opened.rel)} is not a text file (it holds "
+                              "binary data)")
+        finally:
+            opened.close()
+        return _printable(opened.rel), "\n".join(line for _, line in lines)
+
+    def _outline_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
+        found = self._text_of(str(a["path"]))
+        if isinstance(found, Failed):
+            return Failed(message=f"outline_file: {found.message}")
+        rel, text = found
+        shape = outline(rel, text)
+        lines = text.splitlines()
+        head = f"{rel}: {shape.lines} lines" + (f" ({shape.note})" if shape.note else "")
+        if not shape.definitions:
+            return Result(content=f"{head}; no definitions found: read it with read_file")
+        rows = [head]
+        for d in shape.definitions:
+            first = d.name if d.kind == "heading" else signature(lines, d) or describe(d)
+            doc = f"  # {d.doc}" if d.doc else ""
+            rows.append(f"{'  ' * d.depth}{d.line}-{d.end}: {first}{doc}")
+        data = "\n".join(rows).encode()
+        return Result(content=self._cut(data, len(data)))
+
+    def _find_definition(
+        self, a: Mapping[str, Any], timeout_s: float, cancel: threading.Event
+    ) -> Answer:
+        wanted = str(a["name"]).strip().removesuffix("()")
+        if not _NAME.fullmatch(wanted):
+            return Failed(message=f"find_definition: {wanted[:80]!r} is not a name (letters, "
+                          "digits and _, parts joined by dots: Parser or Parser.parse); "
+                          "search_files finds any text")
+        last = wanted.rsplit(".", 1)[-1]
+        path = str(a.get("path", "."))
+        try:
+            top = self.workspace.open_dir(path)
+            files: Iterable[Opened] = self.workspace.files(top, SKIP_DIRS)
+        except NotADirectoryError:
+            top = self.workspace.open_read(path)
+            files = [top]
+        deadline = time.monotonic() + timeout_s * 0.9
+        exact: list[str] = []
+        alike: list[str] = []
+        note = ""
+        try:
+            for file in files:
+                if cancel.is_set() or time.monotonic() > deadline:
+                    note = "\n[stopped: the time limit was reached; look in a smaller directory]"
+                    break
+                lines = _text_lines(file)
+                text = "\n".join(line for _, line in lines)
+                if last.lower() not in text.lower():
+                    continue
+                rel = _printable(file.rel)
+                body = text.splitlines()
+                for d in outline(rel, text).definitions:
+                    if d.kind == "heading" or d.name.lower() != last.lower():
+                        continue
+                    same = d.name == last and (d.qualname == wanted or d.qualname.endswith(
+                        f".{wanted}") or "." not in wanted)
+                    doc = f"  # {d.doc}" if d.doc else ""
+                    row = f"{rel}:{d.line}-{d.end}: {signature(body, d) or describe(d)}{doc}"
+                    (exact if same else alike).append(row)
+                if len(exact) >= _MAX_DEFINITIONS:
+                    note = f"\n[stopped at {_MAX_DEFINITIONS} definitions; give a path]"
+                    break
+        finally:
+            top.close()
+        if exact:
+            return Result(content="\n".join(exact[:_MAX_DEFINITIONS]) + note)
+        if alike:
+            return Result(content=f"no definition of {wanted} itself; these differ in case or "
+                          "in the outer name:\n" + "\n".join(alike[:_MAX_DEFINITIONS]) + note)
+        return Result(content=f"no definition of {wanted} found in {path}; search_files "
+                      f"finds where the text is{note}")
 
     def _list_dir(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         path = str(a.get("path", "."))
@@ -392,6 +544,12 @@ def _has_capital(pattern: str) -> bool:
     return any(c.isupper() for c in _ESCAPES.sub("", pattern))
 
 
+# Files whose matches say the definition they are in (search_files).
+_CODE = (".py", ".pyi", ".js", ".mjs", ".ts", ".tsx", ".jsx", ".go", ".rs", ".java", ".kt",
+         ".swift", ".scala", ".rb", ".php", ".lua", ".sh", ".c", ".h", ".cc", ".cpp", ".hpp",
+         ".cs", ".pl", ".ex", ".exs")
+
+
 class _Found:
     """A search's matching lines, up to _MAX_MATCHES of them or ``limit`` bytes of output."""
 
@@ -403,10 +561,16 @@ class _Found:
         """Add ``file``'s matching lines; True when the output is full (a note says so)."""
         lines = _text_lines(file)
         header = _csv_header(file.rel, lines)
+        shape: Outline | None = None
         for line_no, line in lines:
             if pattern.search(line):
-                shown = _with_columns(header, line) if header and line_no > 1 else line
-                entry = f"{_printable(file.rel)}:{line_no}: {shown[:300]}"
+                shown = _with_columns(header, line) if header and line_no > 1 else line.strip()
+                where = ""
+                if file.rel.endswith(_CODE):  # the definition the line is in, read once
+                    shape = shape or outline(file.rel, "\n".join(t for _, t in lines))
+                    inside = enclosing(shape, line_no)
+                    where = f" (in {inside.qualname})" if inside else ""
+                entry = f"{_printable(file.rel)}:{line_no}{where}: {shown[:200]}"
                 self.lines.append(entry)
                 self._size += len(entry) + 1
                 if len(self.lines) >= _MAX_MATCHES or self._size > self._limit:

@@ -79,7 +79,8 @@ def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
 def test_required_then_optional_arguments() -> None:
     rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
     assert rules["read-file-args"] == (
-        '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? "}"'
+        '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? '
+        '( ", " "\\"start_line\\": " natural )? ( ", " "\\"end_line\\": " natural )? "}"'
     )
     # list_dir has no required argument: {} or {"path": ...}
     assert rules["list-dir-args"] == '"{" ( "\\"path\\": " list-dir-args-path )? "}"'
@@ -307,6 +308,7 @@ def test_held_values_hold_a_string_argument_and_none_leave_an_optional_one_out()
     """A step loopd holds: read_file's path one of the files that are there, no offset;
     search_files' pattern one of the question's words; the rest as the schemas say."""
     held = (("read_file", "path", ("a.txt", 'b "c".md')), ("read_file", "offset", ()),
+            ("read_file", "start_line", ()), ("read_file", "end_line", ()),
             ("search_files", "pattern", ("Omar",)))
     rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, values=held))
     assert rules["read-file-args-path"] == '"\\"a.txt\\"" | "\\"b \\\\\\"c\\\\\\".md\\""'
