@@ -166,7 +166,7 @@ def test_find_definition(port: tuple[ToolPort, Path]) -> None:
     found = _text(_call(p, "find_definition", name="Context")).splitlines()
     assert found == ["pkg/broken.py:7-8: class Context:",
                      "pkg/parser.py:6-18: class Context:  # Where the parser is."]
-    # a use, a string or a comment is no definition (cli.py only uses parse)
+    # a use, a string or a comment is no definition (the cli module only uses parse)
     assert _text(_call(p, "find_definition", name="parse")) == (
         "pkg/parser.py:21-24: def parse(text: str) -> Context:  # Parse text.")
     assert _text(_call(p, "find_definition", name="Context.left")) == (
