@@ -32,7 +32,17 @@ from actors.tools.protocol.spec import ToolSpec
 from actors.tools.search import find
 from actors.wire.fieldchecks import parse_json
 
-__all__ = ["META_TOOLS", "Local", "Registry", "Remote", "baseline_tools", "dispatch"]
+__all__ = [
+    "META_TOOLS",
+    "QUALIFIER",
+    "Local",
+    "Registry",
+    "Remote",
+    "Renamed",
+    "baseline_tools",
+    "dispatch",
+    "qualified",
+]
 
 log = logging.getLogger("loopd.registry")
 
@@ -77,6 +87,7 @@ META_TOOLS: tuple[dict[str, Any], ...] = (
     },
 )
 _META_NAMES = {"find_tool", "call_tool"}
+QUALIFIER = "__"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,18 +99,46 @@ class Local:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Remote:
-    """A call to make on a tool port: the tool and its (already checked) arguments."""
+    """A call to make on a tool port: the tool (as its host names it) and its checked arguments."""
 
     port: ToolPort
     tool: str
     arguments: Mapping[str, Any]
 
 
-class Registry:
-    """The tools of the given ports; the first port offering a name wins it.
+def qualified(host: str, tool: str) -> str:
+    """The name a tool is offered under when an earlier host already offers its name.
 
-    The table is rebuilt only when a host announces a new tool list (each port's specs are
-    one tuple per announcement, so comparing them by identity is enough).
+    ``host__tool``: two underscores, because a model's function names allow only letters,
+    digits, ``_`` and ``-`` (no dot), and pinned tools are offered as functions.
+    """
+    return f"{host}{QUALIFIER}{tool}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renamed:
+    """A tool offered under a qualified name because an earlier host has its name."""
+
+    name: str  # what the model calls it
+    host: str
+    tool: str  # what its host calls it
+    holder: str  # the host that keeps the bare name
+
+    def notice(self) -> str:
+        return (
+            f"tool {self.tool} of host {self.host} is offered as {self.name}: host "
+            f"{self.holder} also has a tool named {self.tool} and keeps that name"
+        )
+
+
+class Registry:
+    """The tools of the given ports; the first port offering a name keeps it.
+
+    A later host's tool of the same name is never hidden: it is offered as ``host__tool``
+    (:func:`qualified`) and listed in :meth:`renamed`, so the person can be told. The
+    standard hosts come first, so loopd's own tools keep the names pinned lists and system
+    prompts use. The table is rebuilt only when a host announces a new tool list (each
+    port's specs are one tuple per announcement, so comparing them by identity is enough).
     """
 
     def __init__(self, ports: Sequence[ToolPort]) -> None:
@@ -107,10 +146,26 @@ class Registry:
         self._checks: dict[tuple[str, int], tuple[Mapping[str, Any], ArgumentCheck | None]] = {}
         self._built_from: tuple[tuple[ToolSpec, ...], ...] | None = None
         self._table: dict[str, tuple[ToolSpec, ToolPort]] = {}
+        self._host_names: dict[str, str] = {}  # qualified name -> its host's name for it
+        self._renamed: tuple[Renamed, ...] = ()
 
     def entry(self, tool: str) -> tuple[ToolSpec, ToolPort] | None:
-        """The spec of ``tool`` and the port of the host that offers it, or None."""
+        """The spec of ``tool`` and the port of the host that offers it, or None.
+
+        For a qualified name the spec carries that name; :meth:`host_name` gives the name
+        to send to the host.
+        """
         return self._current().get(tool)
+
+    def host_name(self, tool: str) -> str:
+        """The name the host offering ``tool`` knows it by (differs for a qualified name)."""
+        self._current()
+        return self._host_names.get(tool, tool)
+
+    def renamed(self) -> tuple[Renamed, ...]:
+        """The tools offered under a qualified name, because an earlier host has theirs."""
+        self._current()
+        return self._renamed
 
     def _current(self) -> dict[str, tuple[ToolSpec, ToolPort]]:
         announced = tuple(port.specs() for port in self.ports)
@@ -119,19 +174,27 @@ class Registry:
         ):
             return self._table
         table: dict[str, tuple[ToolSpec, ToolPort]] = {}
+        host_names: dict[str, str] = {}
+        renamed: list[Renamed] = []
         for port, specs in zip(self.ports, announced, strict=True):
             for spec in specs:
                 if spec.name in _META_NAMES:
                     continue
-                if spec.name in table:
-                    other = table[spec.name][1].name
-                    if other != port.name:
-                        log.debug(
-                            "tool %s of host %s is hidden by host %s", spec.name, port.name, other
-                        )
+                holder = table.get(spec.name)
+                if holder is None:
+                    table[spec.name] = (spec, port)
                     continue
-                table[spec.name] = (spec, port)
+                name = qualified(port.name, spec.name)
+                if holder[1].name == port.name or name in table:
+                    continue  # a host listing a name twice: its first
+                table[name] = (dataclasses.replace(spec, name=name), port)
+                host_names[name] = spec.name
+                renamed.append(Renamed(name, port.name, spec.name, holder[1].name))
+        fresh = [r for r in renamed if r not in self._renamed]
+        for r in fresh:
+            log.warning("%s", r.notice())
         self._table, self._built_from = table, announced
+        self._host_names, self._renamed = host_names, tuple(renamed)
         return table
 
     def specs(self) -> list[ToolSpec]:
@@ -218,7 +281,7 @@ def _checked(registry: Registry, name: str, arguments: dict[str, Any]) -> Local 
             f"The arguments for {name} are not valid: at {where}: {what}. "
             f"Its arguments schema is {schema}. Call it again with arguments that match."
         )
-    return Remote(port, name, arguments)
+    return Remote(port, registry.host_name(name), arguments)
 
 
 def dispatch(registry: Registry, name: str, arguments: str) -> Local | Remote:

@@ -14,7 +14,11 @@ them all.
 
 It then waits, up to ``tools.start_timeout_s`` in all, for every host's tool list. A host
 that does not come up is not a hang and not fatal: it is named in :attr:`Toolbox.problems`
-(with the end of its log) and its port keeps trying, so its tools appear when it does.
+(with the end of its log) and its port keeps trying, so its tools appear when it does. A
+host that exits at once with its usage-error code (an MCP server refusing us, a closed
+port) is not restarted, so start-up stops waiting for it then. Tools offered under a
+qualified name (two hosts, one name: :class:`~actors.tools.registry.Registry`) are named in
+:attr:`Toolbox.warnings`.
 
 Each local host is supervised by its port actor (restarted with backoff when it dies, see
 :mod:`actors.tools.port.handle`), runs with ``--parent-pid`` so it exits if the daemon is killed,
@@ -203,6 +207,7 @@ class Toolbox:
             box._start_hosts(config, workspace)
             box.registry = Registry(box.ports)
             box._wait(tools.start_timeout_s)
+            box.warnings += [r.notice() for r in box.registry.renamed()]
         except BaseException:
             box.close()
             raise
@@ -258,9 +263,12 @@ class Toolbox:
             if port.wait_ready(max(0.0, deadline - time.monotonic())):
                 continue
             status = port.status()
-            why = f"no tool list within {timeout_s:g} s (tools.start_timeout_s): {status.state}"
-            if status.reason:
-                why += f", {status.reason}"
+            if port.gave_up:
+                why = f"its tool host {status.reason} at start and is not started again"
+            else:
+                why = f"no tool list within {timeout_s:g} s (tools.start_timeout_s): {status.state}"
+                if status.reason:
+                    why += f", {status.reason}"
             tail = self._log_tail(port.name)
             if port.settings.curve is not None:
                 why += (

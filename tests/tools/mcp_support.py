@@ -11,17 +11,27 @@ paths must stay under ~100 bytes), printed if the host does not come up.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 
-__all__ = ["TEST_SERVER", "TIME_SERVER", "mcp_host_argv", "mcp_port"]
+__all__ = [
+    "TEST_SERVER",
+    "TIME_SERVER",
+    "closed_port_url",
+    "mcp_host_argv",
+    "mcp_port",
+    "refusing",
+]
 
 TEST_SERVER = Path(__file__).with_name("mcp_test_server.py")
 TIME_SERVER = (sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC")
@@ -75,3 +85,38 @@ def mcp_port(
     finally:
         port.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def refusing(status: int = 401, challenge: str = 'Bearer realm="test"') -> Iterator[str]:
+    """The url of an HTTP server (a thread here) that answers every request with ``status``."""
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            self.send_response(status)
+            if challenge:
+                self.send_header("WWW-Authenticate", challenge)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_DELETE = _refuse
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def closed_port_url() -> str:
+    """A loopback url nothing listens on (a port just freed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/mcp"

@@ -24,10 +24,16 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import AudioContent, ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel
 
 __all__ = ["build"]
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+class Point(BaseModel):
+    x: int
+    y: int
 
 
 def _b64(data: bytes) -> str:
@@ -51,6 +57,27 @@ def build(record: str | None) -> MCPServer:
         return await call_next(ctx)
 
     server.middleware.append(record_cancel)
+
+    async def break_the_schema(
+        ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        result = await call_next(ctx)
+        params = ctx.params if isinstance(ctx.params, dict) else {}
+        if ctx.method == "tools/call" and params.get("name") == "bad_point":
+            return {**result, "structuredContent": {"x": "not a number"}}  # type: ignore[dict-item]
+        return result
+
+    server.middleware.append(break_the_schema)
+
+    @server.tool(annotations=_READ_ONLY)
+    def point() -> Point:
+        """A point, as structured output."""
+        return Point(x=1, y=2)
+
+    @server.tool(annotations=_READ_ONLY)
+    def bad_point() -> Point:
+        """A point whose answer breaks its own output schema (rewritten on the way out)."""
+        return Point(x=1, y=2)
 
     @server.tool(annotations=_READ_ONLY)
     def echo(text: str) -> str:

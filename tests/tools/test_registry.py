@@ -39,7 +39,7 @@ FILES = (
 )
 WEB = (
     _spec("fetch_url", "Fetch a web page over http.", url={"type": "string"}),
-    _spec("read_file", "A second read_file, hidden by the first host's.", path={"type": "string"}),
+    _spec("read_file", "A second read_file, offered qualified by host.", path={"type": "string"}),
 )
 
 
@@ -48,12 +48,12 @@ Hosts = tuple[Registry, ToolPort, ToolPort]
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    """Two hosts (files, web) and the registry of their ports."""
+    """Two hosts (files, net) and the registry of their ports."""
     ctx: zmq.Context[Any] = zmq.Context()
     ports: list[ToolPort] = []
     try:
         with contextlib.ExitStack() as stack:
-            for name, tools in (("files", FILES), ("web", WEB)):
+            for name, tools in (("files", FILES), ("net", WEB)):
                 endpoint = f"inproc://registry-{next(_n)}"
                 stack.enter_context(FakeHost(ctx, endpoint, tools=tools))
                 ports.append(start_port(PortSettings(name, endpoint, 5.0, 0.5), context=ctx))
@@ -66,17 +66,26 @@ def hosts() -> Iterator[Hosts]:
         ctx.destroy(linger=0)
 
 
-def test_specs_hold_every_tool_once_the_first_host_wins(hosts: Hosts) -> None:
+def test_the_first_host_keeps_a_name_a_later_one_offers_it_qualified(hosts: Hosts) -> None:
     registry, files, web = hosts
     assert [s.name for s in registry.specs()] == [
         "read_file",
         "list_dir",
         "write_file",
         "fetch_url",
+        "net__read_file",
     ]
     assert registry.entry("read_file") == (registry.spec("read_file"), files)
     assert registry.entry("fetch_url") == (registry.spec("fetch_url"), web)
+    assert registry.entry("net__read_file") == (registry.spec("net__read_file"), web)
+    assert registry.host_name("net__read_file") == "read_file"
+    assert [r.notice() for r in registry.renamed()] == [
+        "tool read_file of host net is offered as net__read_file: host files also has a tool "
+        "named read_file and keeps that name"
+    ]
     assert registry.entry("nope") is None
+    called = dispatch(registry, "net__read_file", '{"path": "a.txt"}')
+    assert isinstance(called, Remote) and (called.port, called.tool) == (web, "read_file")
 
 
 def test_find_ranks_by_name_and_description_and_shows_schemas(hosts: Hosts) -> None:
@@ -96,7 +105,7 @@ def test_find_with_no_match_lists_the_tools_and_an_empty_query_lists_all(hosts: 
         in registry.find("quantum chemistry")
     )
     listing = registry.find("")
-    assert listing.startswith("All 4 tools")
+    assert listing.startswith("All 5 tools")
     assert all(f"- {n}:" in listing for n in ("read_file", "list_dir", "write_file", "fetch_url"))
 
 
@@ -140,7 +149,8 @@ def _rf(arguments: str) -> str:
     ("name", "arguments", "says"),
     [
         ("call_tool", '{"name": "reed_file", "arguments": {}}',
-         "There is no tool named 'reed_file'. Similar tools: read_file, write_file."),
+         "There is no tool named 'reed_file'. Similar tools: read_file, write_file, "
+         "net__read_file."),
         ("frobnicate", "{}", "There is no tool named 'frobnicate'. Use find_tool"),
         ("call_tool", _rf('{"path": 3}'), "at path: 3 is not of type 'string'"),
         ("call_tool", _rf("{}"), "'path' is a required property"),
@@ -174,7 +184,7 @@ def test_empty_arguments_count_as_an_empty_object(hosts: Hosts) -> None:
     registry, _, _ = hosts
     result = dispatch(registry, "find_tool", "")
     assert isinstance(result, Local)
-    assert result.text.startswith("All 4 tools")
+    assert result.text.startswith("All 5 tools")
 
 
 def test_the_baseline_is_the_meta_tools_plus_the_pinned_ones_that_exist(hosts: Hosts) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,11 +20,13 @@ from actors.base.config import Config, HostConfig, ShellConfig
 from actors.base.errors import ConfigError
 from actors.tools.port import PortState, ToolPort
 from actors.tools.protocol import wire
+from actors.tools.registry import Remote, dispatch
 from actors.tools.toolbox import Toolbox, host_argv
 from actors.wire.curve import write_keypair
 from actors.wire.procs import is_alive
 from tests.support.watch import HANG_S
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
+from tests.tools.mcp_support import closed_port_url, refusing
 
 Make = Callable[..., Toolbox]
 
@@ -160,6 +163,7 @@ def test_close_stops_every_host_and_what_its_tools_started(make: Make) -> None:
 _DAEMON = """
 import json, sys, time
 from actors.base.config import Config
+from actors.tools.registry import Remote, dispatch
 from actors.tools.toolbox import Toolbox, host_argv
 box = Toolbox.start(Config().replace("tools", workspace=sys.argv[1]))
 print(json.dumps([s.pid for s in box.status().values()]), flush=True)
@@ -236,6 +240,39 @@ def test_an_mcp_host_runs_an_mcp_server_behind_a_tool_host(make: Make) -> None:
     assert box.problems == {}
     answer = _run(box, "echo", text="through MCP")
     assert answer == wire.Result(answer.id, "through MCP")
+
+
+@pytest.mark.parametrize("fault", ["401", "closed port"])
+def test_an_mcp_server_that_fails_at_once_fails_start_up_at_once(make: Make, fault: str) -> None:
+    pytest.importorskip("mcp")
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(refusing(401)) if fault == "401" else closed_port_url()
+        # start_timeout_s is HANG_S: a start-up that waited for it would say so
+        box = make(standard=False, hosts=(HostConfig(name="m", kind="mcp", url=url),))
+    problem = box.problems["m"]
+    assert "tools.start_timeout_s" not in problem
+    assert problem.startswith("its tool host exited (exit code 2) at start and is not started")
+    said = "answered HTTP 401" if fault == "401" else "is it running, and is url in"
+    assert said in problem  # the host's own words, from its log
+
+
+def test_a_tool_name_two_hosts_offer_is_qualified_by_host_and_the_person_told(
+    make: Make,
+) -> None:
+    box = make(hosts=(HostConfig(name="more", tools=("read_file", "echo")),))
+    assert box.problems == {}
+    assert box.warnings == [
+        "tool read_file of host more is offered as more__read_file: host files also has a "
+        "tool named read_file and keeps that name"
+    ]
+    names = [s.name for s in box.registry.specs()]
+    assert names.count("read_file") == 1 and "more__read_file" in names
+    assert box.registry.entry("read_file")[1].name == "files"  # type: ignore[index]
+    spec, port = box.registry.entry("more__read_file")  # type: ignore[misc]
+    assert (spec.name, port.name) == ("more__read_file", "more")
+    target = dispatch(box.registry, "call_tool",
+                      '{"name": "more__read_file", "arguments": {"path": "notes.txt"}}')
+    assert isinstance(target, Remote) and (target.port.name, target.tool) == ("more", "read_file")
 
 
 def test_the_shell_settings_reach_the_host_that_runs_run_command(workspace: Path) -> None:

@@ -55,6 +55,10 @@ class Connection:
         self.reason = "starting"
         self.specs: tuple[ToolSpec, ...] = ()
         self.ready = threading.Event()
+        # Set while READY, and for good once the supervisor gave the host up (exit code 2):
+        # what start-up waits on, so it never waits the whole limit for a host that is done.
+        self.settled = threading.Event()
+        self.gave_up = False
         self.stopped = False
         self.generation = 0  # bumped each time the host is given up on
         # Called in this thread, with why, when a connected host stops answering or says it
@@ -78,9 +82,12 @@ class Connection:
     def start(self) -> None:
         self._thread.start()
 
-    def host_exited(self, reason: str) -> None:
-        """The supervisor saw the host process end: give up on it now, not after heartbeats."""
-        self._loop.post(self._down, f"exited ({reason})")
+    def host_exited(self, reason: str, *, final: bool = False) -> None:
+        """The supervisor saw the host process end: give up on it now, not after heartbeats.
+
+        ``final``: it is not started again, so whoever waits for it stops waiting.
+        """
+        self._loop.post(self._exited, f"exited ({reason})", final)
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread.is_alive():
@@ -179,6 +186,10 @@ class Connection:
         self._down(why)
         self.on_unresponsive(why)
 
+    def _exited(self, why: str, final: bool) -> None:
+        self.gave_up = self.gave_up or final
+        self._down(why)  # settles, when final
+
     def _down(self, why: str) -> None:
         """The host is gone: end this generation and reconnect on a fresh socket."""
         self._ends[self.generation] = why
@@ -193,8 +204,13 @@ class Connection:
         self.state, self.reason = state, reason
         if state is PortState.READY:
             self.ready.set()
+            self.settled.set()
         else:
             self.ready.clear()
+            if self.gave_up:
+                self.settled.set()
+            else:
+                self.settled.clear()
         if changed:
             log.info(
                 "tool host %s: %s%s", self.s.name, state.value, f" ({reason})" if reason else ""

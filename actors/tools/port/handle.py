@@ -87,8 +87,15 @@ class ToolPort:
         return self.conn.state
 
     def wait_ready(self, timeout: float) -> bool:
-        """Wait until the host has answered with its tool list; False after ``timeout``."""
-        return self.conn.ready.wait(timeout)
+        """Wait until the host has answered with its tool list; False after ``timeout``,
+        or at once when the host was given up (it exited with its usage-error code)."""
+        self.conn.settled.wait(timeout)
+        return self.conn.ready.is_set()
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether the host exited with its usage-error code and is not started again."""
+        return self.conn.gave_up
 
     def status(self, timeout: float = 5.0) -> PortStatus:
         """State, reason, tools, pid and restarts (STOPPED once the port is closed)."""

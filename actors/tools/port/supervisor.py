@@ -189,7 +189,7 @@ class HostSupervisor(pykka.ThreadingActor):
             and not self._stopping
         ):
             reason = _exit_reason(message.returncode)
-            self._conn.host_exited(reason)
+            self._conn.host_exited(reason, final=message.returncode == _USAGE_EXIT)
             if self._proc is not None:
                 kill_session(self._proc.pid, wait_s=0.5)  # its tools' processes, orphaned
             if message.returncode == _USAGE_EXIT:

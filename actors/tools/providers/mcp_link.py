@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,9 +27,11 @@ from actors.wire.tether import tethered
 
 try:
     import anyio
+    import httpx2
     import mcp_types
     from mcp import Client, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
     from mcp.shared.exceptions import MCPError
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -99,6 +102,48 @@ class _WatchedRead:
         return result
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """An HTTP error status the server answered with (what a 401 says is lost in the SDK)."""
+
+    status: int
+    phrase: str
+    challenge: str  # its WWW-Authenticate header, "" when none
+
+    def advice(self, label: str) -> str:
+        """Why the server refused, and what to change in the config."""
+        said = f"MCP server {label} answered HTTP {self.status} {self.phrase}".rstrip()
+        if self.challenge:
+            said += f" (WWW-Authenticate: {self.challenge[:200]})"
+        if self.status in (401, 403):
+            return (
+                f"{said}: it wants authorization loopd did not give or it did not accept; "
+                'give it in this [[tools.hosts]] entry: bearer = "env:NAME" (or "file:PATH"), '
+                'headers = ["Name: env:NAME"], or oauth = "authorization_code" '
+                "(docs/tools.md, MCP servers)"
+            )
+        return f"{said}; check url in [[tools.hosts]]: is it the server's MCP endpoint?"
+
+
+@contextlib.asynccontextmanager
+async def _http(
+    url: str, headers: dict[str, str], auth: httpx2.Auth | None,
+    on_refusal: Callable[[Refusal], None],
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The streamable-HTTP transport on a client of our own: headers, auth, and a note of
+    each refusal (the SDK turns a 401 into "Server returned an error response")."""
+
+    async def note(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            on_refusal(Refusal(response.status_code, response.reason_phrase,
+                               response.headers.get("www-authenticate", "")))
+
+    client = create_mcp_http_client(headers=headers or None, auth=auth)
+    client.event_hooks = {"request": [], "response": [note]}
+    async with client, streamable_http_client(url, http_client=client) as streams:
+        yield streams
+
+
 @contextlib.asynccontextmanager
 async def _watched(inner: Any, ended: asyncio.Event) -> AsyncIterator[tuple[Any, Any]]:
     try:
@@ -136,8 +181,12 @@ class McpLink:
     def __init__(
         self, label: str, *, command: Sequence[str] | None = None, url: str | None = None,
         connect_timeout_s: float, probe_timeout_s: float,
+        headers: dict[str, str] | None = None, auth: httpx2.Auth | None = None,
     ) -> None:
         self.label = label
+        self.refusal: Refusal | None = None  # the last HTTP error status, for messages
+        self._headers = dict(headers or {})
+        self._auth = auth
         self.restarted = "restarted" if command is not None else "reconnected"
         self.closed = False
         self._command = list(command) if command is not None else None
@@ -163,7 +212,10 @@ class McpLink:
             params = StdioServerParameters(command=argv[0], args=argv[1:])
             return _watched(stdio_client(params), ended)
         assert self._url is not None
-        return _watched(streamable_http_client(self._url), ended)
+        return _watched(_http(self._url, self._headers, self._auth, self._refused), ended)
+
+    def _refused(self, refusal: Refusal) -> None:
+        self.refusal = refusal
 
     async def first_listing(self) -> list[mcp_types.Tool]:
         """Start the server and list its tools, or raise McpError saying why not."""
@@ -172,6 +224,8 @@ class McpLink:
             return await asyncio.wait_for(self._list_tools(conn), self._connect_timeout_s)
         except Exception as e:
             self._retire(conn)
+            if self.refusal is not None:
+                raise McpError(self.refusal.advice(self.label)) from e
             raise McpError(f"MCP server {self.label} did not list its tools: {reason(e)}") from e
 
     async def _list_tools(self, conn: _Connection) -> list[mcp_types.Tool]:
@@ -284,6 +338,12 @@ class McpLink:
                     f"the call to {tool}; it is {self.restarted} for the next call",
                 )
             return Failed(message=f"MCP server {self.label} refused the call to {tool}: {e}")
+        except RuntimeError as e:
+            if _breaks_its_schema(e, tool):  # the SDK checked the answer: a failed call
+                return Failed(message=f"MCP server {self.label}: {e}; the call to {tool} failed")
+            self._retire(conn)
+            log.info("MCP call %s on %s raised", tool, self.label, exc_info=True)
+            return Failed(message=f"MCP call {tool} on {self.label} failed: {reason(e)}")
         except Exception as e:
             # Not an MCP answer (a transport or protocol fault): start afresh next time.
             self._retire(conn)
@@ -326,19 +386,36 @@ class McpLink:
             await asyncio.wait(others, timeout=2)
 
     def _start_failure(self, e: Exception, timeout_s: float) -> str:
+        if self.refusal is not None:
+            return self.refusal.advice(self.label)
         if isinstance(e, TimeoutError):
             return (
                 f"MCP server {self.label} did not finish the MCP handshake within {timeout_s:g} s"
             )
-        if isinstance(e, OSError):
+        if isinstance(e, OSError) and self._url is None:
             return (
                 f"MCP server command {self.label} could not be started: {e}; "
                 "check the command in [[tools.hosts]] (is it installed and on PATH?)"
+            )
+        if self._url is not None:
+            return (
+                f"MCP server {self.label} did not answer: {reason(e)}; is it running, and is "
+                "url in [[tools.hosts]] its MCP endpoint?"
             )
         return (
             f"MCP server {self.label} did not start: {reason(e)}; "
             "run the command by hand to see its error output"
         )
+
+
+# What the SDK raises when a result breaks the tool's output schema (the server is fine).
+_SCHEMA_FAULTS = ("has an output schema but did not return", "Invalid structured content",
+                  "Invalid schema for tool")
+
+
+def _breaks_its_schema(e: RuntimeError, tool: str) -> bool:
+    text = str(e)
+    return tool in text and any(f in text for f in _SCHEMA_FAULTS)
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

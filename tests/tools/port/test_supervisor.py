@@ -39,7 +39,7 @@ class StandInConnection:
     def start(self) -> None:
         self.started = True
 
-    def host_exited(self, reason: str) -> None:
+    def host_exited(self, reason: str, *, final: bool = False) -> None:
         self.exits.append(reason)
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -49,7 +49,13 @@ from actors.tools.providers.mcp_mapping import (  # noqa: E402
     policy,
     tool_spec,
 )
-from tests.tools.mcp_support import TEST_SERVER, TIME_SERVER, mcp_port  # noqa: E402
+from tests.tools.mcp_support import (  # noqa: E402
+    TEST_SERVER,
+    TIME_SERVER,
+    closed_port_url,
+    mcp_port,
+    refusing,
+)
 
 pytestmark = pytest.mark.mcp
 
@@ -213,6 +219,38 @@ def test_a_server_that_never_answers_times_out_and_is_stopped(
         make_provider([sys.executable, "-c", "import time; time.sleep(600)"], connect_timeout_s=1)
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert all(_gone(p.pid) for p in left), left
+
+
+def test_a_401_is_said_with_its_status_and_a_fix_that_fits_an_http_server(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    with refusing(401) as url, pytest.raises(McpError) as refused:
+        make_provider(url=url)
+    said = str(refused.value)
+    assert "answered HTTP 401 Unauthorized" in said
+    assert 'WWW-Authenticate: Bearer realm="test"' in said
+    assert 'bearer = "env:NAME"' in said and 'oauth = "authorization_code"' in said
+    assert "run the command by hand" not in said  # advice for a command, not a url
+
+
+def test_a_closed_port_says_to_check_the_url_not_to_run_a_command(
+    make_provider: Callable[..., McpProvider],
+) -> None:
+    with pytest.raises(McpError) as refused:
+        make_provider(url=closed_port_url())
+    assert "is it running, and is url in [[tools.hosts]] its MCP endpoint?" in str(refused.value)
+
+
+def test_a_result_that_breaks_its_output_schema_fails_the_call_and_keeps_the_server(
+    test_server: McpProvider,
+) -> None:
+    before = test_server.run("pid", {}, CALL_S, NO_CANCEL)
+    answer = test_server.run("bad_point", {}, CALL_S, NO_CANCEL)
+    assert isinstance(answer, Failed)
+    assert "Invalid structured content returned by tool bad_point" in answer.message
+    # the same server process answers next: it was not taken for dead and restarted
+    assert test_server.run("pid", {}, CALL_S, NO_CANCEL) == before
+    assert test_server.run("point", {}, CALL_S, NO_CANCEL) != before
 
 
 # --- a real server from PyPI: mcp-server-time ------------------------------------------------
