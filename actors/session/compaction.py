@@ -23,8 +23,9 @@ from actors.log.records import Assistant, Compaction, Record, ToolResult, User
 from actors.session.messages import View
 
 __all__ = [
-    "ELIDE_HEADER", "OUTSIDE", "SUMMARY_REQUEST", "Choice", "choose_kept", "elide", "kept_turns",
-    "outside", "summary_words",
+    "CEILING", "ELIDE_HEADER", "OUTSIDE", "ROOM_TURNS", "SUMMARY_REQUEST", "Choice",
+    "choose_kept", "elide", "kept_turns", "outside", "summary_budget", "summary_words",
+    "threshold",
 ]  # fmt: skip
 
 SUMMARY_REQUEST = (
@@ -50,6 +51,31 @@ class Choice:
 
     kept: int
     turns: int
+
+
+ROOM_TURNS = 3  # turns the size of the current one that the room past the baseline holds
+CEILING = 0.8  # of the context: the highest the threshold is raised for that room
+
+
+def threshold(n_ctx: int, compact_at: float, fixed: int, turn: int) -> int:
+    """The prompt size (tokens) past which a request compacts first.
+
+    ``compact_at`` of the context, raised where what a compaction cannot free leaves too
+    little room after it: ``fixed`` (the baseline, the summary's frame and budget) and
+    :data:`ROOM_TURNS` turns of ``turn`` tokens (the current turn: one is sent with the
+    compaction, and the next two fit before the next one), never past :data:`CEILING` of
+    the context. A small model answers worse as its prompt grows, so where the baseline is
+    a small part of the context the share stays as measured (0.4 of 8,192 tokens with a
+    1,170-token baseline: 3,276, unchanged); where it is most of it (0.4 of 4,096 is
+    1,638, less than that baseline and one pasted page) every request would compact.
+    """
+    floor = int(compact_at * n_ctx)
+    return max(floor, min(fixed + ROOM_TURNS * turn, int(CEILING * n_ctx)))
+
+
+def summary_budget(summary_tokens: int, n_ctx: int) -> int:
+    """The summary's tokens at most: ``session.summary_tokens`` and a tenth of the context."""
+    return min(summary_tokens, n_ctx // 10)
 
 
 def summary_words(tokens: int) -> int:

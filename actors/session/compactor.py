@@ -9,8 +9,11 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   a request that fits by an upper bound of those counts (UTF-8 bytes) asks the server nothing.
   The messages it renders are the ones the request sends (:meth:`Compactor.messages_for`):
   a request renders its conversation once, as before compaction.
-  Past ``session.compact_at`` of the slot's context it compacts (``auto``). A new message
-  that alone does not fit the context is refused with SessionFull before it is logged.
+  Past the threshold (``session.compact_at`` of the slot's context, raised where the
+  baseline leaves no room for a few turns: :func:`~actors.session.compaction.threshold`) it
+  compacts (``auto``), except right after a request that did, unless the context is full.
+  A new message that alone does not fit the context is refused with SessionFull before it
+  is logged.
 - :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
   anyway: compacts (``overflow``) or raises SessionFull when nothing can be dropped.
   ``session.compaction = "off"``: neither (SessionFull once the context is full).
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,7 +69,9 @@ from actors.session.compaction import (
     choose_kept,
     elide,
     outside,
+    summary_budget,
     summary_words,
+    threshold,
 )
 from actors.session.limits import shown_usage
 from actors.session.messages import (
@@ -105,6 +111,7 @@ class _Prompt:
     messages: list[Message]
     tokens: int
     pending: int  # tokens of the pending message (0: none)
+    ends: list[int]  # ends[i]: the messages rendered once records[i] was read
 
 
 class Compactor:
@@ -125,7 +132,7 @@ class Compactor:
     # --- when --------------------------------------------------------------------------
 
     def make_room(self, pending: str | None = None) -> None:
-        """Before a request: compact when it would pass ``compact_at`` of the context;
+        """Before a request: compact when it would pass the threshold;
         ``pending``, the turn's message not logged yet: SessionFull when it cannot fit."""
         n_ctx = self.model.context(self.log.name)
         if n_ctx <= 0:
@@ -136,7 +143,10 @@ class Compactor:
         alone = self._baseline() + prompt.pending
         if alone > n_ctx:
             raise SessionFull(alone, n_ctx, message="not sent")
-        if self.settings.compaction != "off" and prompt.tokens > self.settings.compact_at * n_ctx:
+        if self.settings.compaction == "off":
+            return
+        limit = self._threshold(prompt, n_ctx, self._turn(prompt))
+        if prompt.tokens > limit and not (_fresh(prompt) and prompt.tokens <= n_ctx):
             self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
 
     def _fits(self, pending: str | None, n_ctx: int, *, exact: bool) -> bool:
@@ -150,7 +160,7 @@ class Compactor:
             alone = self._baseline() + prompt.pending
         finally:
             self._exact = True
-        return alone <= n_ctx and (self.settings.compaction == "off"
+        return alone <= n_ctx and (self.settings.compaction == "off"  # the threshold's floor:
                                    or prompt.tokens <= self.settings.compact_at * n_ctx)
 
     def overflowed(self, error: InferError, compact: bool = True) -> None:
@@ -187,18 +197,19 @@ class Compactor:
         previous = records[shown.epoch] if shown.epoch else None
         framed = OUTSIDE_FRAME if outside(records, shown.live, previous) else SUMMARY_FRAME
         frame = self._count(framed.format(summary="")) + 2 * PER_MESSAGE
-        budget = self.budget = min(self.settings.summary_tokens, n_ctx // 10)
+        budget = self.budget = summary_budget(self.settings.summary_tokens, n_ctx)
+        limit = self._threshold(prompt, n_ctx, max(self._pending(pending), self._turn(prompt)))
         fixed = self._baseline() + self._pending(pending) + frame + budget
-        room = int(self.settings.compact_at * n_ctx) - fixed
+        room = limit - fixed
         # The kept turns take at most half the room, so the turns after a compaction have
         # the other half: where the baseline is much of a small context, compact_keep alone
         # would fill what a compaction frees and the next turn would compact again.
         choice = choose_kept(prompt.records, prompt.shown, sizes, room=room,
                              keep=min(int(self.settings.compact_keep * n_ctx), room // 2),
                              pending=pending is not None)
-        if choice is None:  # the turn in progress alone passes compact_at (a long read in a
+        if choice is None:  # the turn in progress alone passes the threshold (a long read in a
             # small context): kept when it fits halfway to the context, the rest for the answer
-            wide = int((1 + self.settings.compact_at) / 2 * n_ctx) - fixed
+            wide = (limit + n_ctx) // 2 - fixed
             choice = choose_kept(prompt.records, prompt.shown, sizes, room=wide, keep=0,
                                  pending=pending is not None) if wide > room else None
         if choice is None:
@@ -230,7 +241,12 @@ class Compactor:
             written = self._written(prompt)
             if written:
                 return written
-        return elide(records, dropped, prompt.shown.summary, self.budget * 4)
+        cap = self.budget * 4  # characters: about 4 a token in prose, fewer in figures
+        summary = elide(records, dropped, prompt.shown.summary, cap)
+        while (counted := self._count(summary)) > self.budget and cap > 200:
+            cap = cap * self.budget // counted - 20  # held to its tokens, which the room counts
+            summary = elide(records, dropped, prompt.shown.summary, cap)
+        return summary
 
     def _written(self, prompt: _Prompt) -> str:
         """The model's summary, asked on the warm slot; "" when it could not write one."""
@@ -286,7 +302,7 @@ class Compactor:
                 then = ends[at]
             tokens = (previous.prompt_tokens + previous.completion_tokens
                       + self._messages(messages[then:]))
-        return _Prompt(records, shown, messages, tokens, self._pending(pending))
+        return _Prompt(records, shown, messages, tokens, self._pending(pending), ends)
 
     def shown_usage(
         self, records: Sequence[Record] | None = None, shown: View | None = None
@@ -338,6 +354,27 @@ class Compactor:
             done = len(upto)
         return sizes
 
+    def _threshold(self, prompt: _Prompt, n_ctx: int, turn: int) -> int:
+        """:func:`~actors.session.compaction.threshold` for this session: its baseline, the
+        summary's frame and budget, and ``turn`` (tokens of the turn in progress)."""
+        fixed = (self._baseline() + self._frame()
+                 + summary_budget(self.settings.summary_tokens, n_ctx))
+        return threshold(n_ctx, self.settings.compact_at, fixed, turn)
+
+    def _turn(self, prompt: _Prompt) -> int:
+        """Tokens of a turn as ``prompt`` sends them: the larger of the last two (the one in
+        progress, or the pending message, and the whole one before it)."""
+        records, ends = prompt.records, prompt.ends
+        starts = [i for i in prompt.shown.live if isinstance(records[i], User)][-2:]
+        bounds = [ends[i - 1] if i > 0 else 1 for i in starts] + [len(prompt.messages)]
+        return max((self._messages(prompt.messages[a:b]) for a, b in itertools.pairwise(bounds)),
+                   default=self._messages(prompt.messages[1:]))
+
+    def _frame(self) -> int:
+        """Tokens of a summary's frame (the longer one: either may come)."""
+        return max(self._count(f.format(summary="")) for f in (SUMMARY_FRAME, OUTSIDE_FRAME)) \
+            + 2 * PER_MESSAGE
+
     def _baseline(self) -> int:
         baseline = self.log.baseline
         return (self._count(baseline.system) + self._count(json.dumps(list(baseline.tools)))
@@ -379,6 +416,17 @@ def compact_session(log: SessionLog, config: Config, model: Model,
         raise UsageError(f"session {log.name}: nothing to compact (the conversation is its "
                          "last turn, or empty)")
     return done
+
+
+def _fresh(prompt: _Prompt) -> bool:
+    """Whether the request before this one was the first of its epoch (it compacted): one
+    Usage since the Compaction in effect. Compacting again at once frees little more and
+    loses what that compaction kept (a file just read), so only the context itself, not
+    ``compact_at``, may make this request compact (the threshold leaves room for a turn
+    after a compaction, so this only holds back one turn larger than that room)."""
+    epoch = prompt.shown.epoch
+    return epoch > 0 and sum(isinstance(prompt.records[i], Usage)
+                             for i in prompt.shown.live if i > epoch) == 1
 
 
 def _count(value: object) -> int:

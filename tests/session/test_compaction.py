@@ -5,7 +5,17 @@ from __future__ import annotations
 import datetime as dt
 
 from actors.log.records import Assistant, Baseline, Record, ToolCall, ToolResult, Usage, User
-from actors.session.compaction import ELIDE_HEADER, Choice, choose_kept, elide, kept_turns
+from actors.session.compaction import (
+    CEILING,
+    ELIDE_HEADER,
+    ROOM_TURNS,
+    Choice,
+    choose_kept,
+    elide,
+    kept_turns,
+    summary_budget,
+    threshold,
+)
 from actors.session.messages import view
 from actors.tools.protocol.spec import ResultClass
 
@@ -133,3 +143,26 @@ def test_elide_of_call_tool_shows_the_inner_arguments_and_a_missing_result() -> 
         "earlier line", "- The person asked: ls",
         """  - You called list_dir {"path": "src"}: no result""",
     ]
+
+
+def test_the_threshold_stays_compact_at_where_the_baseline_leaves_room() -> None:
+    """The embedded default's 0.4 at 8,192 tokens, a 1,170-token baseline, short turns: the
+    share measured on the long chat (3,276 tokens), unchanged."""
+    fixed = 1170 + 40 + summary_budget(512, 8192)
+    assert threshold(8192, 0.4, fixed, turn=60) == int(0.4 * 8192)
+    assert threshold(8192, 0.8, fixed, turn=60) == int(0.8 * 8192)
+
+
+def test_the_threshold_leaves_room_for_turns_after_what_a_compaction_cannot_free() -> None:
+    """0.4 of 4,096 is 1,638 tokens: less than the baseline (1,170) and one pasted page (456)
+    with the summary's budget (409). Raised to the baseline, the frame, the budget and three
+    turns of the current size: the one sent with the compaction and two more after it."""
+    budget = summary_budget(512, 4096)
+    assert budget == 409
+    fixed = 1170 + 40 + budget
+    assert threshold(4096, 0.4, fixed, turn=456) == fixed + ROOM_TURNS * 456 == 2987
+    assert threshold(4096, 0.4, fixed, turn=456) - fixed - 456 >= 2 * 456  # two turns after
+    # never past CEILING of the context, whatever the turn; never below compact_at
+    assert threshold(4096, 0.4, fixed, turn=2000) == int(CEILING * 4096)
+    assert threshold(4096, 0.9, fixed, turn=2000) == int(0.9 * 4096)
+    assert threshold(4096, 0.4, 0, turn=0) == int(0.4 * 4096)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ import pytest
 from actors.base.errors import SessionFull
 from actors.base.events import Compacted, Compacting
 from actors.inference.actor import Inference
+from actors.log.file import SessionLog
 from actors.log.records import (
     Assistant,
+    Baseline,
     CacheLoss,
     Compaction,
     CompactionBy,
@@ -23,6 +26,7 @@ from actors.log.records import (
     ToolResult,
     Usage,
     User,
+    now,
 )
 from actors.session import compactor as compactor_module
 from actors.session import limits as limits_module
@@ -31,7 +35,7 @@ from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
-from actors.tools.registry import Registry
+from actors.tools.registry import META_TOOLS, Registry
 from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import Reply, answer, context_full, render_prompt
 
@@ -292,3 +296,66 @@ def test_compaction_off_leaves_a_full_context_session_full(rig: Make) -> None:
     assert r.kinds()[-2:] == ["User", "Rewind"]  # the question is logged, nothing compacted
     assert not any(isinstance(x, Compaction) for x in r.records)
     assert r.path.read_bytes().startswith(before)
+
+
+def pasted(n: int) -> str:
+    """~450 of the fake's tokens of notes (a person pasting), ending "Reply with OK."."""
+    lines = " ".join(f"Item {n}-{j}: the red box on shelf {j} holds {n + j} screws."
+                     for j in range(1, 36))
+    return f"Notes, part {n}: {lines} Reply with OK."
+
+
+def test_ten_pasted_pages_on_a_small_context_never_compact_twice_in_a_row(
+        rig: Make, tmp_path: Path) -> None:
+    """A 4,096-token context whose baseline takes ~1,170 (the embedded model's share): at
+    compact_at 0.4 (1,638 tokens) every request passed the threshold and compacted, the
+    first of a turn and the one after its call alike. The threshold counts the room after
+    the baseline: every turn is answered, no request compacts right after one that did, and
+    at most every other turn compacts. Each turn makes a call first (as the
+    embedded model did, listing an empty workspace): before, both its requests compacted."""
+    def script(body: dict[str, Any]) -> Reply:  # a call first, as the small model did
+        last = body["messages"][-1]
+        return answer(tool_calls=[ECHO]) if last["role"] == "user" else answer("OK")
+
+    r = compacting(rig(script, props={"n_ctx": 4096}), compaction="elide", compact_at=0.4)
+    r.log.close()
+    r.log, _ = SessionLog.open(tmp_path / "paste" / "log.bin", fsync="never", name="s",
+                               baseline=Baseline(system="Be brief. " * 390, tools=META_TOOLS,
+                                                 model="fake", created=now()))
+    assert 900 < r.inference.tokens("s", r.log.baseline.system) < 1050  # tools: ~190 more
+    made = []
+    for n in range(1, 11):
+        assert 430 < len(pasted(n)) // 4 < 470
+        assert r.turn(pasted(n)).content == "OK"
+        made.append(sum(isinstance(x, Compaction) for x in r.records) - sum(made))
+    kinds = [type(x).__name__ for x in r.records if isinstance(x, Compaction | Usage)]
+    shape = "".join(map(str, made))
+    assert "CompactionUsageCompaction" not in "".join(kinds), shape  # not twice in a row
+    assert 1 <= shape.count("1") <= 4 and "2" not in shape and "11" not in shape, shape
+    # each compaction keeps the last turn verbatim: the context holds it, the turn sent with
+    # the compaction and the one after (before: 19 compactions in these 10 turns, "1222222222")
+    compacted = [e for e in r.events if isinstance(e, Compacted)]
+    assert compacted and all(e.turns_kept >= 2 for e in compacted), compacted
+
+
+def test_the_request_after_a_compaction_compacts_again_only_when_the_context_is_full(
+        rig: Make) -> None:
+    """A turn compacts before its first request, then reads a long result that takes the
+    next request past the threshold again: compacting at once would free little and drop
+    what the first compaction kept. It is sent as it is (it fits the context); the turn
+    after it may compact."""
+    big = ("result " * 180).strip()  # ~320 of the fake's tokens
+    replies: list[Reply] = [answer("noted")] * 5 + [answer(tool_calls=[ECHO]), answer("read"),
+                                                    answer("next")]
+    port = ScriptedPort(lambda tool, args: wire.Result(
+        id=0, content=big, class_=ResultClass.PUBLIC, untrusted=False))
+    r = compacting(rig(replies, Registry([port]), props={"n_ctx": 1000}), compaction="elide")
+    for n in range(5):
+        r.turn(f"question {n}{LONG}")
+    assert not any(isinstance(x, Compaction) for x in r.records)
+    assert r.turn(f"read it{LONG}").content == "read"
+    assert sum(isinstance(x, Compaction) for x in r.records) == 1
+    kinds = "".join(type(x).__name__[0] for x in r.records if isinstance(x, Compaction | Usage))
+    assert "CUC" not in kinds, kinds  # no request compacted right after one that did
+    assert big in str(r.fake.requests[-1]["messages"])
+    assert r.turn("and?").content == "next"
