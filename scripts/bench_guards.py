@@ -6,6 +6,9 @@
 - **grammar**: the answer grammar of the standard tools built, against the same grammar
   taken from the cache (what every request after a session's first pays); and the grammar's
   size for N optional properties at two N (linear: the ratio is N's).
+- **escaping**: what showing control characters as text costs per printed line: the
+  function alone on a plain line and on one with escape sequences, and a line printed
+  through loopd's console against rich's own (to a file, no terminal).
 - **sandbox**: ``run_command true`` through bubblewrap with its bounds set (``--block-fd``,
   prlimit, a pids cgroup as root), against the same sandbox without them. Skipped where
   bubblewrap cannot run.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import statistics
@@ -22,8 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from actors.base.rules import RuleBook, verdict
 from actors.base.spelling import split_words
+from actors.cli.view import SafeConsole, visible
 from actors.inference.smallmodel.grammar import build_grammar, cached_grammar
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox
@@ -36,7 +43,8 @@ WORD = 400_000  # characters of the long word
 GRAMMAR_N = 200  # builds timed
 PROPS = (40, 400)  # optional properties, two sizes (under the cap)
 COMMANDS = 20  # run_command calls timed, each way
-SMOKE = {"WORD": 2_000, "GRAMMAR_N": 3, "PROPS": (5, 50), "COMMANDS": 2}
+LINES = 20_000  # lines escaped / printed, each way
+SMOKE = {"WORD": 2_000, "GRAMMAR_N": 3, "PROPS": (5, 50), "COMMANDS": 2, "LINES": 20}
 
 
 def _best(fn: Callable[[], object], n: int) -> float:
@@ -84,6 +92,29 @@ def _grammar() -> list[dict[str, Any]]:
     ]
 
 
+def _escaping() -> list[dict[str, Any]]:
+    plain = "the answer streams as it comes, a line of about eighty characters: 12,345 tokens"
+    hostile = plain[:40] + "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[7;13H\x1b[1K\r" + plain[40:]
+
+    def each(fn: Callable[[], object]) -> float:
+        return _best(lambda: [fn() for _ in range(LINES)], 3) / LINES
+
+    bare, marked = each(lambda: visible(plain)), each(lambda: visible(hostile))
+    out = io.StringIO()
+    ours = SafeConsole(file=out, soft_wrap=True, width=200)
+    theirs = Console(file=out, soft_wrap=True, width=200)
+    safe = each(lambda: ours.print(plain, markup=False, highlight=False))
+    rich = each(lambda: theirs.print(plain, markup=False, highlight=False))
+    return [
+        {"name": "visible() on a plain line", "value": bare * 1e6, "unit": "us",
+         "note": f"{len(plain)} characters, nothing to show"},
+        {"name": "visible() on a line with escape sequences", "value": marked * 1e6,
+         "unit": "us", "ratio": marked / bare, "note": "OSC 52, a cursor move, erase-line, CR"},
+        {"name": "a line printed through loopd's console", "value": safe * 1e6, "unit": "us",
+         "ratio": safe / rich, "note": f"rich's own console: {rich * 1e6:.1f} us"},
+    ]
+
+
 def _sandbox() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as d:
         ws = Path(d)
@@ -116,4 +147,4 @@ def _sandbox() -> list[dict[str, Any]]:
 
 
 def run() -> list[dict[str, Any]]:
-    return [*_rules(), *_grammar(), *_sandbox()]
+    return [*_rules(), *_grammar(), *_escaping(), *_sandbox()]

@@ -9,7 +9,6 @@ Only LoopdError is caught here: anything else is a bug, and shows its traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -33,10 +32,13 @@ from actors.cli.view import (
     JsonView,
     LiveView,
     ReaderGone,
+    SafeConsole,
     describe,
+    json_line,
     quiet,
     summary,
     torn_tail_left,
+    visible,
 )
 from actors.log.file import read_log
 from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
@@ -159,7 +161,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def console(*, stderr: bool = False) -> Console:
     """A rich console that never breaks a line itself: the terminal wraps a long URL or
     path where it must, and a file or pipe gets every line whole."""
-    return Console(stderr=stderr, soft_wrap=True)
+    return SafeConsole(stderr=stderr, soft_wrap=True)
 
 
 def _load(args: argparse.Namespace) -> cfg.Config:
@@ -237,11 +239,12 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
         used = usage.prompt_tokens + usage.completion_tokens if usage is not None else 0
         workspace = kept_workspace(config, name)
         if args.json:
-            print(json.dumps({"name": name, "tokens": used, "context": context,
-                              "workspace": str(workspace or "")}))
+            print(json_line({"name": name, "tokens": used, "context": context,
+                             "workspace": str(workspace or "")}))
             continue
         share = f" of {context:,} ({used / context:.0%})" if context else ""
-        print(f"{name}  {used:,} tokens{share}" + (f"  {workspace}" if workspace else ""))
+        print(visible(f"{name}  {used:,} tokens{share}"
+                      + (f"  {workspace}" if workspace else "")))
     if not names:
         err.print(f"no sessions in {escape(str(config.log_dir))}")
     return OK
@@ -254,7 +257,7 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
                   soft_wrap=True)
     if args.json:
         for r in records:
-            print(json.dumps(to_json(r), ensure_ascii=False))
+            print(json_line(to_json(r)))
         return OK
     out = console()
     marks = {r.kept: n for n, r in enumerate(records, 1) if isinstance(r, Compaction)}
@@ -310,7 +313,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
                             "summary": line, "tokens": used, "context": context})
             return OK
         if live.answer is err:
-            print(outcome.content)
+            print(visible(outcome.content))
         err.print(f"[dim]{line}[/]")
         note = size_note(args.session, used, context, _COMMANDS, chat=False)
         if note is not None:
@@ -333,14 +336,21 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 # --- the daemon ------------------------------------------------------------------------
 
 
+class _VisibleFormatter(logging.Formatter):
+    """A log line on the terminal with its control characters shown (view.visible)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
 def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     from actors.daemon.client import find_daemon
     from actors.daemon.server.main import detach, serve
 
     if not args.detach:
-        logging.basicConfig(
-            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-        )
+        shown = logging.StreamHandler(sys.stderr)  # a log line quotes what clients sent
+        shown.setFormatter(_VisibleFormatter("%(asctime)s %(name)s %(message)s"))
+        logging.basicConfig(level=logging.INFO, handlers=[shown])
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
         return serve(config, lambda s: err.print(f"[dim]{escape(s)}[/]", highlight=False))
     running = find_daemon(config)
@@ -388,12 +398,12 @@ def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     with _daemon(config) as client:
         s = client.status()
     others = max(0, s.clients - 1)  # this command is a client of it too
-    print(f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
-          f"{others or 'no'} client{'s' if others != 1 else ''} besides this one")  # fmt: skip
-    print(f"  workspace {s.workspace or '(not said)'}")
-    print(f"  model {s.model or '(not said)'}")
-    for row in s.sessions:
-        print(f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}")
+    lines = [f"loopd daemon pid {s.pid} on {s.endpoint}, up {s.uptime_s:.0f} s, "
+             f"{others or 'no'} client{'s' if others != 1 else ''} besides this one",
+             f"  workspace {s.workspace or '(not said)'}", f"  model {s.model or '(not said)'}"]
+    lines += [f"  session {row['name']}: {'running a turn' if row['busy'] else 'attached'}"
+              for row in s.sessions]
+    print(visible("\n".join(lines)))  # the daemon's words: a server's, shown as text
     return OK
 
 
