@@ -61,8 +61,11 @@ TASKS = EVAL_DIR / "garden.toml"
 OUT = ROOT / "bench" / "eval.json"
 SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
+SERVERS = EVAL_DIR / "servers"  # the MCP servers a task file may run beside the standard tools
 # The sets, in the order they are reported; the first two make the overall rate.
-SETS = ("tuned", "never-tuned", "repo", "long", "overflow")
+# "never-tuned-repo" (a real project built from an installed package) and "own-tools" (MCP
+# servers of a person's own) are reported apart and never used to choose a default.
+SETS = ("tuned", "never-tuned", "repo", "never-tuned-repo", "own-tools", "long", "overflow")
 OVERALL = SETS[:2]
 OPT_IN = ("overflow",)  # run only when asked for: each file once per way, hours in all
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
@@ -102,15 +105,19 @@ class TaskFile:
     """One task file: its tasks, the workspace they run on and the set it belongs to."""
 
     name: str  # the file's name without .toml
-    workspace: str  # a folder of WORKSPACES; "" for this repository, copied (set "repo")
+    # a folder of WORKSPACES; "" for this repository, copied (set "repo"); "package:NAME"
+    # for the source of an installed package as its sdist holds it (the package's folder,
+    # PKG-INFO and README.md from its metadata); "empty" for an empty folder
+    workspace: str
     set: str
     tasks: tuple[Task, ...]
+    servers: tuple[str, ...] = ()  # MCP servers of SERVERS (file names) the session has
 
 
 def load_file(path: Path) -> TaskFile:
     """A task file; an unknown key, a repeated id, an unknown set or workspace is refused."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    unknown = set(data) - {"workspace", "set", "session", "task"}
+    unknown = set(data) - {"workspace", "set", "session", "task", "servers"}
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
     kind = data.get("set", "")
@@ -119,8 +126,13 @@ def load_file(path: Path) -> TaskFile:
     workspace = data.get("workspace", "")
     if kind == "repo" and workspace:
         raise ValueError(f"{path}: a repo file runs on this repository: no workspace")
-    if kind != "repo" and not (workspace and (WORKSPACES / workspace).is_dir()):
-        raise ValueError(f"{path}: workspace {workspace!r} is not a folder of {WORKSPACES}")
+    if kind != "repo" and not (workspace and _workspace_there(workspace)):
+        raise ValueError(f"{path}: workspace {workspace!r} is not a folder of {WORKSPACES}, "
+                         "an installed package (package:NAME) nor \"empty\"")
+    servers = tuple(data.get("servers", ()))
+    for server in servers:
+        if not (SERVERS / server).is_file():
+            raise ValueError(f"{path}: server {server!r} is not a file of {SERVERS}")
     fields = {f.name for f in dataclasses.fields(Task)}
     tasks: list[Task] = []
     for i, raw in enumerate(data.get("task", [])):
@@ -134,7 +146,24 @@ def load_file(path: Path) -> TaskFile:
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: task ids repeat")
-    return TaskFile(path.stem, workspace, kind, tuple(tasks))
+    return TaskFile(path.stem, workspace, kind, tuple(tasks), servers)
+
+
+def _workspace_there(workspace: str) -> bool:
+    if workspace == "empty":
+        return True
+    if workspace.startswith("package:"):
+        return _package_dir(workspace.removeprefix("package:")) is not None
+    return (WORKSPACES / workspace).is_dir()
+
+
+def _package_dir(name: str) -> Path | None:
+    """The folder of an installed package (its ``__init__.py``'s), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    origin = spec.origin if spec is not None else None
+    return Path(origin).parent if origin and origin.endswith("__init__.py") else None
 
 
 def load_tasks(path: Path = TASKS) -> list[Task]:
@@ -382,36 +411,55 @@ def run_tasks(
     names: list[str] = []
     rows: list[Row] = []
     try:
-        with start_world(config, say) as app:
-            for f in files:
-                for group in sessions(f.tasks):
-                    fill(workspace, f.workspace)
-                    name = f"eval-{group[0].id}-{int(time.time())}"
-                    names.append(name)
-                    session = app.session(name)
-                    for task in group:
-                        row, full = _run_one(app, session, task, workspace, timeout_s)
-                        if full and restart:  # a new session, as a person would start
-                            name = f"eval-{task.id}-{int(time.time())}"
-                            names.append(name)
-                            session = app.session(name)
-                            lost = row  # what the full session spent on it counts too
-                            row, _ = _run_one(app, session, task, workspace, timeout_s)
-                            row = dataclasses.replace(
-                                row, restarted=True, processed=row.processed + lost.processed,
-                                written=row.written + lost.written,
-                                compactions=row.compactions + lost.compactions,
-                                seconds=round(row.seconds + lost.seconds, 1))
-                        rows.append(dataclasses.replace(
-                            row, file=f.name, workspace=f.workspace or "loopd", set=f.set,
-                            way=way))
-                        say(_line(rows[-1]))
-                    app.close_sessions()
+        for servers in dict.fromkeys(f.servers for f in files):  # one app per set of servers
+            with start_world(with_servers(config, servers), say) as app:
+                _run_files(app, [f for f in files if f.servers == servers], workspace,
+                           timeout_s, restart, way, names, rows, say)
     finally:
         for name in names:
             remove_session_files(slot_dirs(config), session_path(config, name))
         shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def with_servers(config: cfg.Config, servers: Sequence[str]) -> cfg.Config:
+    """``config`` with the MCP servers of SERVERS (file names) as hosts of its own, each run
+    by this Python."""
+    if not servers:
+        return config
+    hosts = [{"name": Path(s).stem, "kind": "mcp", "command": [sys.executable, str(SERVERS / s)]}
+             for s in servers]
+    return config.replace("tools", hosts=hosts)
+
+
+def _run_files(app: Any, files: Sequence[TaskFile], workspace: Path, timeout_s: float,
+               restart: bool, way: str, names: list[str], rows: list[Row],
+               say: Callable[[str], None]) -> None:
+    """The sessions of ``files`` on ``app``, a row each turn (``run_tasks``)."""
+    for f in files:
+        for group in sessions(f.tasks):
+            fill(workspace, f.workspace)
+            name = f"eval-{group[0].id}-{int(time.time())}"
+            names.append(name)
+            session = app.session(name)
+            for task in group:
+                row, full = _run_one(app, session, task, workspace, timeout_s)
+                if full and restart:  # a new session, as a person would start
+                    name = f"eval-{task.id}-{int(time.time())}"
+                    names.append(name)
+                    session = app.session(name)
+                    lost = row  # what the full session spent on it counts too
+                    row, _ = _run_one(app, session, task, workspace, timeout_s)
+                    row = dataclasses.replace(
+                        row, restarted=True, processed=row.processed + lost.processed,
+                        written=row.written + lost.written,
+                        compactions=row.compactions + lost.compactions,
+                        seconds=round(row.seconds + lost.seconds, 1))
+                rows.append(dataclasses.replace(
+                    row, file=f.name, workspace=f.workspace or "loopd", set=f.set,
+                    way=way))
+                say(_line(rows[-1]))
+            app.close_sessions()
 
 
 def fill(workspace: Path, name: str) -> None:
@@ -423,6 +471,11 @@ def fill(workspace: Path, name: str) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
+    if name == "empty":
+        return
+    if name.startswith("package:"):
+        _unpack(workspace, name.removeprefix("package:"))
+        return
     if name:
         shutil.copytree(WORKSPACES / name, workspace, dirs_exist_ok=True)
         return
@@ -430,6 +483,24 @@ def fill(workspace: Path, name: str) -> None:
         target = workspace / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, target, follow_symlinks=False)
+
+
+def _unpack(workspace: Path, name: str) -> None:
+    """An installed package laid out as its sdist has it: the package's folder (without
+    compiled files), PKG-INFO (its metadata as installed) and README.md (the long
+    description in that metadata). Built at run time: no third-party code is committed."""
+    import importlib.metadata
+
+    source = _package_dir(name)
+    if source is None:
+        raise ValueError(f"package {name!r} is not installed")
+    shutil.copytree(source, workspace / name,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    meta = importlib.metadata.distribution(name).read_text("METADATA") or ""
+    (workspace / "PKG-INFO").write_text(meta, encoding="utf-8")
+    _, _, body = meta.partition("\n\n")
+    if body.strip():
+        (workspace / "README.md").write_text(body.lstrip(), encoding="utf-8")
 
 
 def _repo_files() -> list[str]:

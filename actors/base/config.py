@@ -293,32 +293,40 @@ class EmbeddedConfig:
     slots: int = field(default=2, metadata=limits(1, 64))
     # A new session's system prompt on the embedded model when session.system is empty, and
     # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
+    # Its worked examples are calls only: an answer's example text became answers ("2 plus 2
+    # is 4.", "written by William Shakespeare"), so the questions that need no tool are
+    # listed without an answer.
     system: str = (
-        "You are a helpful assistant. You can use tools to look at the files in the "
-        "workspace. Use a tool only when the question is about the workspace or its "
-        "files.\n"
+        "You are a helpful assistant with tools: the files and code of the workspace, and "
+        "any other tool find_tool finds (a person's own services: weather, tickets, "
+        "databases...). Use a tool when the answer is a fact you cannot know yourself: "
+        "what the files or the code say, or what a tool can look up. Answer everything "
+        "else yourself.\n"
         "\n"
-        "Examples of a first answer:\n"
+        "Start each answer with TOOL and one call, or with ANSWER and your own reply.\n"
+        "Examples of a first answer that needs a tool:\n"
         'Q: What files are there? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: How many bytes is a.txt? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: What does a.txt say? A: TOOL {"name": "read_file", "arguments": {"path": '
         '"a.txt"}}\n'
-        'Q: Show me b.md. A: TOOL {"name": "read_file", "arguments": {"path": "b.md"}}\n'
         'Q: When is the party? It is in a.txt. A: TOOL {"name": "read_file", '
         '"arguments": {"path": "a.txt"}}\n'
         'Q: Which file mentions apples? A: TOOL {"name": "search_files", "arguments": '
         '{"pattern": "apples", "path": "."}}\n'
+        'Q: Where is the class Parser defined? A: TOOL {"name": "find_definition", '
+        '"arguments": {"name": "Parser"}}\n'
         'Q: Write a file c.txt that says: hi A: TOOL {"name": "write_file", '
         '"arguments": {"path": "c.txt", "content": "hi"}}\n'
-        "Q: What is 2 plus 2? A: ANSWER 2 plus 2 is 4.\n"
-        "Q: What colour is grass? A: ANSWER Grass is green.\n"
-        "Q: How do you say thank you in Spanish? A: ANSWER In Spanish, thank you is "
-        "gracias.\n"
-        "Q: Who wrote Hamlet? A: ANSWER Hamlet was written by William Shakespeare.\n"
+        'Q: How many orders are open? A: TOOL {"name": "find_tool", "arguments": '
+        '{"query": "orders"}}\n'
+        "Questions like these need no tool: start with ANSWER and reply in your own words: "
+        "What is 2 plus 2? What colour is grass? How do you say thank you in Spanish? "
+        "Who wrote Hamlet? Hello! Reply with OK.\n"
         "\n"
         "After a tool's result, answer the question from it in one sentence."
     )
-    pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file")
+    pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file",
+                               "find_definition")
     # The workspace map after embedded.system: at most this many files and folders of the
     # workspace (names and sizes) taken when a session is made (actors/tools/workspace_map.py);
     # 0: none, the default: on the workspaces never used for tuning the embedded model

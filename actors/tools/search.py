@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from actors.tools.protocol.spec import ToolSpec
 
-__all__ = ["find"]
+__all__ = ["asked_for", "find"]
 
 
 def find(specs: Sequence[ToolSpec], query: str, limit: int = 5) -> str:
@@ -111,3 +111,31 @@ def _describe(head: str, specs: Iterable[ToolSpec]) -> str:
         lines.append(f"  arguments: {json.dumps(s.parameters, ensure_ascii=False, sort_keys=True)}")
     lines.append('Run one with call_tool(name="...", arguments={...}).')
     return "\n".join(lines)
+
+
+# Words that name many tools' verbs: a question's "get" or "list" says nothing about which.
+_GENERIC_WORDS = """
+get set list lists show create make add remove delete update change run runs check find
+search fetch read write query look give tell what which where when many much there their
+have does will would could should about into from your
+"""
+_GENERIC = frozenset(_GENERIC_WORDS.split())
+
+
+def asked_for(question: str, specs: Sequence[ToolSpec]) -> tuple[frozenset[str], ...]:
+    """The tools ``question`` names by a word of their names, grouped by that word, in the
+    question's order: "What is the weather in Oslo, and convert 20 C to F" names
+    ({get_weather}, {convert_units}); "How many tickets are open?" names ({list_tickets,
+    create_ticket}) once. A word of four letters or more, not a verb every kind of tool has
+    (get, list, search...), equal to a word of the name or the same up to an ending
+    (ticket/tickets)."""
+    groups: list[frozenset[str]] = []
+    names = [(s.name, _words(s.name)) for s in specs]
+    for w in _query_words(question):
+        if len(w) < 4 or w in _GENERIC:
+            continue
+        found = frozenset(n for n, parts in names
+                          if any(w == p or (len(p) >= 4 and _related(w, p)) for p in parts))
+        if found and found not in groups:
+            groups.append(found)
+    return tuple(groups)

@@ -1,0 +1,131 @@
+"""What a message asks, read from its words: nothing a tool could find, a name in the code,
+or the project itself. Pure functions of the message's text, for the step rules
+(:mod:`actors.session.steps`).
+
+- :func:`needs_no_tool`: the message's ask (its last sentence) wants no fact from anywhere
+  ("Reply with OK.", "What is 12 plus 30?", "Hello!"). Left the choice, the embedded model
+  listed an empty workspace before each of ten pasted notes ending "Reply with OK." and
+  answered "list_dir returned: (empty directory)"; such a message gets no call at all.
+- :func:`code_names`: the names of code a question asks about ("Where is the class Context
+  defined?" -> Context, "What does parse_value() do?" -> parse_value): on a workspace too big
+  to tell by its words, the embedded model answered these from nothing ("in the file
+  context" and a .py file name that is not there).
+- :func:`about_the_project`: a question about the workspace as a whole ("What does this
+  project do?", "What is the version?"), answered on a real repository with the text of
+  loopd's own tool descriptions.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+from actors.inference.smallmodel.decision import names_a_file
+
+__all__ = ["about_the_project", "code_names", "needs_no_tool", "the_ask"]
+
+# The ask: the message's last sentence (pasted notes come first, the request last).
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
+
+
+def the_ask(message: str) -> str:
+    """The last sentence of ``message`` (its request, after any pasted text)."""
+    parts = [p.strip() for p in _SENTENCE_END.split(message.strip()) if p.strip()]
+    return parts[-1] if parts else ""
+
+
+_REPLY = re.compile(r"(?:^|[,;:]\s*)(?:please\s+)?(?:just\s+|only\s+)?(?:reply|answer|"
+                    r"respond|say|write back|type)(?:\s+(?:with|only|just))*\b(?!\s+(?:what|"
+                    r"which|where|who|how|whether|if)\b)", re.IGNORECASE)
+_GREETING = re.compile(r"^(?:hi|hello|hey|thanks|thank you|good (?:morning|afternoon|evening|"
+                       r"night)|bye|goodbye|ok|okay|great|cool|nice)\b[\s\w,'!.]*$",
+                       re.IGNORECASE)
+_NUMBER = r"-?\d+(?:[.,]\d+)?"
+_ARITHMETIC = re.compile(
+    rf"{_NUMBER}\s*(?:[-+*/x×÷^]|plus|minus|times|divided by|multiplied by|over|to the "
+    rf"power of)\s*{_NUMBER}", re.IGNORECASE)
+# words that make a message about a file or a tool's world, whatever else it says
+_LOOKS = re.compile(r"\b(?:file|files|folder|directory|workspace|repo|repository|project|"
+                    r"code|tool|search|read|list|open|write|create|find|look)\b", re.IGNORECASE)
+
+
+def needs_no_tool(message: str) -> bool:
+    """Whether the message's ask wants no fact a tool could give: an instruction to reply
+    with given text ("Reply with OK."), arithmetic on numbers it gives ("What is 12 plus
+    30?"), or a greeting or thanks, with no file, folder or tool named in it."""
+    ask = the_ask(message)
+    if not ask or names_a_file(ask) or _LOOKS.search(ask):
+        return False
+    if _REPLY.search(ask) or _GREETING.fullmatch(ask.rstrip("?")):
+        return True
+    words = re.findall(r"[A-Za-z]+", _ARITHMETIC.sub(" ", ask))
+    return bool(_ARITHMETIC.search(ask)) and len(words) <= 6
+
+
+# A name as code writes it: snake_case, camelCase, CamelCase with an inner capital,
+# dotted.names, a call's (), or anything in backquotes.
+_BACKQUOTED = re.compile(r"`([^`\s]{1,80})`")
+_IDENT = re.compile(r"(?<![\w.])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(\(\))?")
+_AFTER_KIND = re.compile(r"\b(?:class|function|method|def|module|variable|constant|"
+                         r"attribute|decorator|exception|enum)\s+`?([A-Za-z_][\w.]*)",
+                         re.IGNORECASE)
+_BEFORE_KIND = re.compile(r"\b([A-Za-z_][\w.]*)`?(?=\s+(?:class|function|method|decorator|"
+                          r"exception)\b)", re.IGNORECASE)
+_WHAT_DOES = re.compile(r"\b(?:what|how) does\s+(?:the\s+)?`?([A-Za-z_][\w.]*)`?(?:\(\))?\s+"
+                        r"(?:do|work|return|mean)\b", re.IGNORECASE)
+_WHERE = re.compile(r"\bwhere\s+(?:is|are)\s+(?:the\s+)?`?([A-Za-z_][\w.]*)`?(?:\(\))?\s+"
+                    r"(?:defined|declared|implemented|made|set)\b", re.IGNORECASE)
+_USES = re.compile(r"\b(?:uses|use|calls|call|imports|import|raises|raise|subclasses|"
+                   r"subclass|inherits from)\s+`?([A-Za-z_][\w.]*)`?(?:\(\))?", re.IGNORECASE)
+_NOT_NAMES_WORDS = """
+a an the this that these those it its they them what which who whom how why when where is
+are was were be do does did done have has had use uses used call calls called class
+function method module variable constant attribute type enum code project file files repo
+repository package library any some all each every one here there my your our their
+for of in on at to by with from if as or and not no new own same other returns mean means
+work works
+"""
+_NOT_NAMES = frozenset(_NOT_NAMES_WORDS.split()) | frozenset(map(str.lower, keyword.kwlist))
+
+
+def _codelike(word: str) -> bool:
+    return ("_" in word or "." in word.strip(".") or re.search(r"[a-z][A-Z]", word) is not None
+            or re.search(r"[A-Z]{2,}[a-z]", word) is not None)
+
+
+def code_names(question: str) -> tuple[str, ...]:
+    """The names of code ``question`` asks about, as written: in backquotes, after or
+    before a kind (class Context, the parse function), in "what does X do", "where is X
+    defined" and "what uses X", or written as code (snake_case, camelCase, a.b, f())."""
+    found: list[str] = []
+    found += _BACKQUOTED.findall(question)
+    for pattern in (_AFTER_KIND, _BEFORE_KIND, _WHAT_DOES, _WHERE, _USES):
+        found += pattern.findall(question)
+    for m in _IDENT.finditer(question):
+        word = m.group(1)
+        if (m.group(2) or _codelike(word)) and not _is_file(word):
+            found.append(word)
+    names = [n.strip(".").removesuffix("()") for n in found]
+    return tuple(dict.fromkeys(n for n in names if n and n.lower() not in _NOT_NAMES
+                               and not n.isdigit()))
+
+
+def _is_file(word: str) -> bool:
+    """A dotted word that ends like a file name's extension (notes.txt, a .py file)."""
+    return bool(re.fullmatch(r"[\w-]+\.(?:py|pyi|md|txt|toml|cfg|ini|json|yaml|yml|csv|rst|"
+                             r"js|ts|go|rs|c|h|html|css|lock|log|sh)", word))
+
+
+_PROJECT = re.compile(
+    r"\b(?:this|the|your|our)\s+(?:project|repo|repository|package|library|codebase|code|"
+    r"module|program|app|application|tool)\b|\bcode\s*base\b|\b(?:version|versions|"
+    r"licen[cs]e|dependencies|depends on|entry point|tests?)\b|\b(?:defined|declared|"
+    r"implemented|implementation|subclass(?:es)?|imports?|raises?|exceptions?|class|"
+    r"classes|functions?|methods?|modules?)\b", re.IGNORECASE)
+
+
+def about_the_project(question: str) -> bool:
+    """Whether ``question`` asks about the workspace as a project: what it is or does, its
+    version, licence, dependencies or tests, where something is defined, or its classes,
+    functions and exceptions."""
+    return _PROJECT.search(question) is not None

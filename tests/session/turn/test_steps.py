@@ -1,0 +1,173 @@
+"""The step rules for any tools (actors/session/steps.py), against the fake llama-server:
+each request's grammar says what that response may be.
+
+- a message that needs no tool ("Reply with OK." after pasted notes, arithmetic, a
+  greeting) gets no call, on an empty workspace and on one whose files hold its words;
+- a tool found with find_tool can be called in the same turn, and only what it found;
+- a question that names tools of the person's own gets a call of each, one step each;
+- on a workspace too big to tell by its words, a question about the code or the project
+  gets a call of the tools that read the workspace first, the names it says held;
+- the embedded system prompt has no worked answer a model could copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from actors.base.config import EmbeddedConfig
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass, ToolSpec
+from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.registry import Registry
+from tests.session.turn.conftest import Rig, ScriptedPort
+from tests.support.fake_llama import answer
+
+Make = Callable[..., Rig]
+
+_ONE = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+OWN = [
+    ToolSpec("get_weather", "The weather now in a city.", _ONE),
+    ToolSpec("list_tickets", "Support tickets with a status.",
+             {"type": "object", "properties": {"status": {"type": "string"}}}),
+    ToolSpec("convert_units", "Convert a value between units.",
+             {"type": "object", "properties": {"value": {"type": "number"}}}),
+]
+
+
+def _ran(tool: str, arguments: Mapping[str, Any]) -> wire.Answer:
+    return wire.Result(id=0, content=f"{tool} ran", class_=ResultClass.PUBLIC, untrusted=False)
+
+
+def _rig(rig: Make, script: list[Any], workspace: Path, specs: list[ToolSpec],
+         cap: int = 65536) -> tuple[Rig, ScriptedPort]:
+    port = ScriptedPort(_ran, specs)
+    r = rig(script, Registry([port]))
+    workspace.mkdir(exist_ok=True)  # not the rig's folder: its log would count as a file
+    r.config = r.config.replace("inference", constrained_calls="on", bare_json_tool_calls="on",
+                                workspace_words=cap).replace("tools", workspace=str(workspace))
+    r.runtime = dataclasses.replace(r.runtime, config=r.config)
+    return r, port
+
+
+def _rules(body: Mapping[str, Any]) -> dict[str, str]:
+    return dict(line.split(" ::= ", 1) for line in str(body["grammar"]).splitlines()
+                if " ::= " in line)
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return "TOOL " + json.dumps({"name": name, "arguments": arguments})
+
+
+TEXT_ONLY, CALL_ONLY = '"ANSWER " text', '"TOOL " call'
+CHOICE = '"TOOL " call | "ANSWER " text'
+NOTES = ("Notes from Monday: the red box on shelf 12 holds 33 screws, the blue box on shelf "
+         "3 holds nails, and Omar Haddad checks the stock on Fridays. ")
+
+
+def test_a_message_that_needs_no_tool_gets_no_call(rig: Make, tmp_path: Path) -> None:
+    empty, small = tmp_path / "empty", tmp_path / "small"
+    small.mkdir()
+    (small / "staff.csv").write_text("name,city\nOmar Haddad,Lyon\n")
+
+    def first(question: str, workspace: Path) -> str:
+        r, _ = _rig(rig, [answer("ANSWER OK.")], workspace, list(STANDARD_SPECS.values()))
+        r.turn(question)
+        return _rules(r.fake.requests[0])["root"]
+
+    for workspace in (empty, small):
+        for question in (NOTES + "Reply with OK.", "What is 12 plus 30?", "Hello!",
+                         NOTES + "Good morning!", "Just answer with yes or no."):
+            assert first(question, workspace) == TEXT_ONLY, (question, workspace)
+    # a question about the notes' words is still about the files (a call first)
+    assert first("Where does Omar Haddad work?", small) == CALL_ONLY
+    # an ask that names a file or a tool's verb is not one that needs none
+    for question in ("Reply with what staff.csv says.", "Say which files are there.",
+                     "Read the notes, then reply with OK."):
+        assert first(question, small) != TEXT_ONLY, question
+
+
+def test_a_tool_found_with_find_tool_can_be_called_in_the_same_turn(
+    rig: Make, tmp_path: Path
+) -> None:
+    script = [answer(_call("find_tool", query="weather")),
+              answer(_call("get_weather", city="Oslo")), answer("ANSWER It rains in Oslo.")]
+    r, port = _rig(rig, script, tmp_path / "ws", OWN)
+    assert r.turn("Is it raining in Oslo?").content == "It rains in Oslo."
+    assert [c[2] for c in port.calls] == ["get_weather"]
+    first, second, third = (_rules(body) for body in r.fake.requests)
+    assert first["root"] == CHOICE  # "raining" names no tool: the model looks one up
+    # what find_tool found (its answer names get_weather) may be called, and nothing else
+    assert second["root"] == CALL_ONLY
+    assert second["call"] == "call-call-tool | call-get-weather"
+    assert third["root"] == TEXT_ONLY
+    # a lookup that found nothing: the model may answer, or call anything but find_tool
+    r2, _ = _rig(rig, [answer(_call("find_tool", query="zzz")), answer("ANSWER No such tool.")],
+                 tmp_path / "ws", OWN)
+    r2.turn("Is there a tool for zzz?")
+    after = _rules(r2.fake.requests[1])
+    assert after["root"] == CHOICE and "call-find-tool" not in after["call"]
+
+
+def test_a_question_naming_tools_of_its_own_gets_a_call_of_each(
+    rig: Make, tmp_path: Path
+) -> None:
+    script = [answer(_call("get_weather", city="Paris")), answer(_call("list_tickets")),
+              answer("ANSWER Cloudy; 3 tickets.")]
+    r, port = _rig(rig, script, tmp_path / "ws", OWN)
+    r.turn("What is the weather in Paris, and how many tickets are open?")
+    assert [c[2] for c in port.calls] == ["get_weather", "list_tickets"]
+    first, second, third = (_rules(body) for body in r.fake.requests)
+    assert first["root"] == second["root"] == CALL_ONLY
+    assert first["call"] == "call-call-tool | call-get-weather | call-list-tickets"
+    assert second["call"] == "call-call-tool | call-list-tickets"  # the one not yet called
+    assert third["root"] == TEXT_ONLY
+    # a question that names none of them keeps the choice
+    r2, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "ws", OWN)
+    r2.turn("What is the capital of Japan?")
+    assert _rules(r2.fake.requests[0])["root"] == CHOICE
+
+
+def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
+    rig: Make, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "parser.py").write_text("class Context:\n    pass\n")
+    (ws / "README.md").write_text("A parser.\n")
+    specs = [*STANDARD_SPECS.values(), *OWN]
+
+    def first(question: str) -> dict[str, str]:
+        # workspace_words 10: too big to tell by its words, as a real repository is
+        r, _ = _rig(rig, [answer(_call("list_dir")), answer("ANSWER Done.")], ws, specs, cap=10)
+        r.turn(question)
+        return _rules(r.fake.requests[0])
+
+    where = first("Where is the class Context defined?")
+    assert where["root"] == CALL_ONLY
+    assert set(where["call"].split(" | ")) == {
+        "call-call-tool", "call-find-definition", "call-list-dir", "call-outline-file",
+        "call-read-file", "call-search-files"}  # not a write, a lookup nor a tool of its own
+    assert where["find-definition-args-name"] == '"\\"Context\\""'
+    assert where["read-file-args-path"] == '"\\"README.md\\"" | "\\"pkg/parser.py\\""'
+    project = first("What does this project do?")
+    assert project["root"] == CALL_ONLY and "call-write-file" not in project["call"]
+    assert first("What is the capital of France?")["root"] == CHOICE
+    assert first("What is 3 plus 4?")["root"] == TEXT_ONLY
+    # a file the question names is read as named (it may not be there)
+    assert first("Show me docs/roadmap.md.")["read-file-args-path"].startswith('"\\"" [')
+
+
+def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
+    system = EmbeddedConfig().system
+    examples = [line for line in system.splitlines() if line.startswith("Q: ")]
+    assert len(examples) >= 6
+    assert all(" A: TOOL {" in line for line in examples)  # calls, never an answer's text
+    assert "A: ANSWER" not in system and not re.search(r"ANSWER [A-Z0-9]", system)
+    for leaked in ("2 plus 2 is 4", "Shakespeare", "Grass is green", "gracias", "Hamlet was"):
+        assert leaked not in system
+    assert "only when the question is about the workspace" not in system
