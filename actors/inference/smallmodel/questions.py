@@ -121,11 +121,12 @@ _PROJECT = re.compile(
     r"module|program|app|application|tool)\b|\bcode\s*base\b|\b(?:version|versions|"
     r"licen[cs]e|dependencies|depends on|entry point|tests?)\b|\b(?:defined|declared|"
     r"implemented|implementation|subclass(?:es)?|imports?|raises?|exceptions?|class|"
-    r"classes|functions?|methods?|modules?)\b", re.IGNORECASE)
+    r"classes|functions?|methods?|modules?|workspace|folders?|director(?:y|ies)|files?)\b",
+    re.IGNORECASE)
 
 
 def about_the_project(question: str) -> bool:
     """Whether ``question`` asks about the workspace as a project: what it is or does, its
-    version, licence, dependencies or tests, where something is defined, or its classes,
-    functions and exceptions."""
+    version, licence, dependencies or tests, where something is defined, its classes,
+    functions and exceptions, or its files and folders."""
     return _PROJECT.search(question) is not None

@@ -156,6 +156,9 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
     assert where["read-file-args-path"] == '"\\"README.md\\"" | "\\"pkg/parser.py\\""'
     project = first("What does this project do?")
     assert project["root"] == CALL_ONLY and "call-write-file" not in project["call"]
+    folder = first("Which files are in the pkg folder?")
+    assert folder["root"] == CALL_ONLY
+    assert folder["list-dir-args-path"] == '"\\".\\"" | "\\"pkg\\""'
     assert first("What is the capital of France?")["root"] == CHOICE
     assert first("What is 3 plus 4?")["root"] == TEXT_ONLY
     # a file the question names is read as named (it may not be there)
