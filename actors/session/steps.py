@@ -27,6 +27,8 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   name ("the weather in Oslo": get_weather) gets a call of one of those tools, one step per
   tool it names (:func:`~actors.tools.search.asked_for`): left the choice, the embedded model
   made up 17 of 19 such answers.
+- A short follow-up ("And in Lyon?") after a turn that called such a tool gets a call of
+  that tool again.
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
   (twice at most): the next one may call what it found, and only that (a tool found with
   ``find_tool`` can be called in the same turn).
@@ -51,7 +53,12 @@ from actors.inference.smallmodel.decision import (
     refers_back,
 )
 from actors.inference.smallmodel.grammar import Values
-from actors.inference.smallmodel.questions import about_the_project, code_names, needs_no_tool
+from actors.inference.smallmodel.questions import (
+    about_the_project,
+    code_names,
+    follows_on,
+    needs_no_tool,
+)
 from actors.log.records import Assistant, Record, ToolResult, User
 from actors.session.listing import listed_entry
 from actors.tools.protocol.spec import ToolSpec
@@ -93,7 +100,11 @@ def next_step(
             return Step(calls=True, text=False,
                         exclude=frozenset(names - found - {"call_tool"}))
         return Step(calls=True, exclude=frozenset({"find_tool"}))
-    own = asked_for(question, [s for s in specs if s.name not in STANDARD_SPECS])
+    mine = [s for s in specs if s.name not in STANDARD_SPECS]
+    own = asked_for(question, mine)
+    again = turn.before & {s.name for s in mine}
+    if again and follows_on(question):  # "And in Lyon?" after get_weather: get_weather
+        own = (frozenset(again), *own)
     asked = asked_steps(question)
     planned = len(asked) if len(asked) >= 2 and set(asked) <= names else 0
     calls = steps < max(config.inference.constrained_tool_steps, planned, len(own))
@@ -130,10 +141,14 @@ class _SoFar:
     lookups: int
     called: frozenset[str]
     found: frozenset[str] | None
+    before: frozenset[str] = frozenset()  # the tools the turn before this one called
 
 
 def _so_far(records: Sequence[Record]) -> _SoFar:
-    start = max((i for i, r in enumerate(records) if isinstance(r, User)), default=-1)
+    users = [i for i, r in enumerate(records) if isinstance(r, User)]
+    start = users[-1] if users else -1
+    before = frozenset(c.tool for r in records[users[-2] if len(users) > 1 else 0:start]
+                       if isinstance(r, Assistant) for c in r.tool_calls) if users else frozenset()
     lookups, called = 0, set()
     last: list[str] = []  # the last calling response's find_tool call ids
     found: frozenset[str] | None = None
@@ -146,7 +161,7 @@ def _so_far(records: Sequence[Record]) -> _SoFar:
             found = None
         elif isinstance(r, ToolResult) and r.tool_call_id in last:
             found = (found or frozenset()) | frozenset(_LISTED.findall(r.content))
-    return _SoFar(lookups, frozenset(called), found)
+    return _SoFar(lookups, frozenset(called), found, before)
 
 
 _LISTED = re.compile(r"^- ([^\s:]+): ", re.MULTILINE)  # a tool in find_tool's answer

@@ -22,7 +22,7 @@ import re
 
 from actors.inference.smallmodel.decision import names_a_file
 
-__all__ = ["about_the_project", "code_names", "needs_no_tool", "the_ask"]
+__all__ = ["about_the_project", "code_names", "follows_on", "needs_no_tool", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -130,3 +130,13 @@ def about_the_project(question: str) -> bool:
     version, licence, dependencies or tests, where something is defined, its classes,
     functions and exceptions, or its files and folders."""
     return _PROJECT.search(question) is not None
+
+
+_FOLLOW = re.compile(r"^(?:and|and what about|what about|how about|same for|now for|and for)\b",
+                     re.IGNORECASE)
+
+
+def follows_on(question: str) -> bool:
+    """Whether ``question`` is a short follow-up asking the last question again of
+    something else ("And in Lyon?", "What about Paris?"): the same tool, other arguments."""
+    return _FOLLOW.match(question.strip()) is not None and len(question.split()) <= 8

@@ -126,6 +126,15 @@ def test_a_question_naming_tools_of_its_own_gets_a_call_of_each(
     assert first["call"] == "call-call-tool | call-get-weather | call-list-tickets"
     assert second["call"] == "call-call-tool | call-list-tickets"  # the one not yet called
     assert third["root"] == TEXT_ONLY
+    # a short follow-up asks the last turn's tool again ("And in Lyon?")
+    r3, port3 = _rig(rig, [answer(_call("get_weather", city="Oslo")), answer("ANSWER Rain."),
+                           answer(_call("get_weather", city="Lyon")), answer("ANSWER Sun.")],
+                     tmp_path / "ws", OWN)
+    r3.turn("What is the weather in Oslo?")
+    r3.turn("And in Lyon?")
+    again = _rules(r3.fake.requests[2])
+    assert again["root"] == CALL_ONLY and again["call"] == "call-call-tool | call-get-weather"
+    assert [c[3] for c in port3.calls] == [{"city": "Oslo"}, {"city": "Lyon"}]
     # a question that names none of them keeps the choice
     r2, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "ws", OWN)
     r2.turn("What is the capital of Japan?")
