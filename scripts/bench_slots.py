@@ -4,7 +4,12 @@
     new llama-server process) continues it. Time to the first token of the answer and the
     prompt tokens processed, with the session's saved state restored against the same
     turn with the file deleted first (what every command paid before the keeper).
-(b) **Round-robin**: 8 sessions take turns on a 2-slot server. Prompt tokens processed per
+(b) **A new session**: its first turn's time to first token and prompt tokens processed,
+    with the baseline's saved state restored into its slot (``slots.warm_start``, a new
+    command on a new server process, so only the file can help) against the same turn with
+    warm starts off (every new session processed its system prompt and tools), side by
+    side in one run; and a second new session in the same command.
+(c) **Round-robin**: 8 sessions take turns on a 2-slot server. Prompt tokens processed per
     request after the first round: with the keeper (leases, save, restore) against the old
     behaviour (every session on slot 0, nothing saved; the server's own RAM cache of idle
     prompts, ``--cache-ram``, is all that helps it) and against the new tokens of each
@@ -47,11 +52,12 @@ SMOKE = {"SESSIONS": 2, "SLOTS": 1, "ROUNDS": 1, "HISTORY": 1, "SHELF": 1, "ANSW
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
-    names = ["resume", *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
+    names = ["resume", "new-first", "new-cold", "new-warm", "new-second",
+             *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
     embedded, session = {"slots": SLOTS, "threads": THREADS}, {"system": SYSTEM}
     with scratch("loopd-bench-slots-", names, ANSWER, embedded=embedded,
                  session=session) as config:
-        return _resume(config) + _round_robin(config)
+        return _resume(config) + _new_session(config) + _round_robin(config)
 
 
 def _name(i: int) -> str:
@@ -65,6 +71,7 @@ def _resume(config: cfg.Config) -> list[dict[str, Any]]:
     for variant in ("restored", "not restored"):
         if variant == "not restored":
             remove_session_files(slot_dirs(config), session_path(config, "resume"))
+            config = config.replace("slots", warm_start=False)  # nor the baseline's
         with start_world(config) as app:  # a new command: a new server process
             times[variant] = timed_turn(app, app.runtime, "resume", "What does item 7 weigh?")
     (fast, kept), (slow, cold) = times["restored"], times["not restored"]
@@ -84,6 +91,41 @@ def _resume(config: cfg.Config) -> list[dict[str, Any]]:
         {"name": "resume, not restored: prompt tokens processed",
          "value": int(cold.timings.get("prompt_n", 0)), "unit": "tokens",
          "ratio": int(cold.timings.get("prompt_n", 0)) / max(1, int(kept.timings["prompt_n"]))},
+    ]
+
+
+def _new_session(config: cfg.Config) -> list[dict[str, Any]]:
+    question = "What does item 2 weigh?"
+    with start_world(config) as app:  # the baseline processed and saved, if it was not yet
+        timed_turn(app, app.runtime, "new-first", question)
+    runs: dict[str, tuple[float, Usage]] = {}
+    with start_world(config.replace("slots", warm_start=False)) as app:
+        runs["cold"] = timed_turn(app, app.runtime, "new-cold", question)
+    with start_world(config) as app:  # a new command: only the saved file can help
+        runs["restored"] = timed_turn(app, app.runtime, "new-warm", question)
+        runs["second"] = timed_turn(app, app.runtime, "new-second", question)
+    (cold, cold_use), (warm, warm_use) = runs["cold"], runs["restored"]
+    second, second_use = runs["second"]
+
+    def processed(usage: Usage) -> int:
+        return int(usage.timings.get("prompt_n", 0))
+
+    how = warm_use.slot.reason if warm_use.slot else ""
+    return [
+        {"name": "new session, cold: time to first token", "value": cold, "unit": "s",
+         "ratio": cold / warm, "note": f"{processed(cold_use):,} prompt tokens processed"},
+        {"name": "new session, baseline restored: time to first token", "value": warm,
+         "unit": "s", "ratio": 1.0,
+         "note": f"{processed(warm_use):,} prompt tokens processed; "
+                 f"restored {warm_use.slot.restored if warm_use.slot else 0:,} tokens in "
+                 f"{warm_use.slot.restore_ms if warm_use.slot else 0:.0f} ms ({how})"},
+        {"name": "second new session, same command: time to first token", "value": second,
+         "unit": "s", "ratio": second / warm,
+         "note": f"{processed(second_use):,} prompt tokens processed"},
+        {"name": "new session, cold: prompt tokens processed", "value": processed(cold_use),
+         "unit": "tokens", "ratio": processed(cold_use) / max(1, processed(warm_use))},
+        {"name": "new session, baseline restored: prompt tokens processed",
+         "value": processed(warm_use), "unit": "tokens", "ratio": 1.0},
     ]
 
 

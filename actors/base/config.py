@@ -163,6 +163,9 @@ class SlotsConfig:
     # and when a command ends).
     save_after_turn: bool = field(default=True, metadata=AUTO_SWITCH)
     save_dir: str = ""  # the --slot-save-path of the named servers, when on this machine
+    # The baseline's KV state (system prompt and tools) saved once and restored into the
+    # slot of every new session, so its first request processes only its message.
+    warm_start: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -140,10 +140,12 @@ class Inference:
                 self._flying.add(token)
             try:
                 while True:
-                    lease = self._lease(request.session, sink, token, deadline)
+                    lease = self._warm(self._lease(request.session, sink, token, deadline),
+                                       request, token, deadline)
                     outcome = self._stream(lease, request, sink, token, deadline)
                     if isinstance(outcome, Completion):
-                        return dataclasses.replace(outcome, slot=lease.use)
+                        return dataclasses.replace(outcome, slot=lease.use,
+                                                   baseline=lease.baseline)
                     if not self.keeper.server_failed(lease, outcome):
                         raise outcome
             finally:
@@ -168,6 +170,20 @@ class Inference:
         """Save ``session``'s KV state now if it changed (a fork copies it next:
         :meth:`SlotKeeper.save_now`)."""
         self.keeper.save_now(session)
+
+    def _warm(self, lease: Lease, request: ChatRequest, cancel: CancelToken,
+              deadline: float) -> Lease:
+        """``lease`` with the baseline in its slot when the slot holds none of the session's
+        state (:meth:`SlotKeeper.warm_start`): a new session's first request processes
+        only its message. Cancelled or out of time: the lease is given up."""
+        if not request.messages:
+            return lease
+        try:
+            return self.keeper.warm_start(lease, request.messages[0], request.tools, cancel,
+                                          deadline)
+        except BaseException:
+            self.keeper.abandon(lease)
+            raise
 
     def _lease(self, session: str, sink: Sink, cancel: CancelToken, deadline: float) -> Lease:
         ticket = self.keeper.enter(session)

@@ -41,7 +41,7 @@ import enum
 import json
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpcore
@@ -279,13 +279,47 @@ class LlamaClient:
         body = {"filename": filename} if filename else {}
         return self._json("POST", f"/slots/{slot}?action={action}", body)
 
-    def _json(self, method: str, path: str, body: Any = None) -> Mapping[str, Any]:
+    def render(self, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]]) -> str:
+        """``POST /apply-template``: the prompt text the server's chat template makes of
+        ``messages`` and ``tools`` (nothing is processed). InferError as for :meth:`props`;
+        PROTOCOL when the answer holds no prompt text."""
+        body: dict[str, Any] = {"messages": list(messages)}
+        if tools:
+            body["tools"] = list(tools)
+        prompt = self._json("POST", "/apply-template", body).get("prompt")
+        if not isinstance(prompt, str):
+            raise InferError(InferErrorKind.PROTOCOL, f"{self._url}/apply-template: no prompt")
+        return prompt
+
+    def prefill(self, prompt: str, slot: int, cancel: CancelToken,
+                deadline: float) -> Mapping[str, Any]:
+        """``POST /completion`` of ``prompt`` on ``slot`` with one token generated (the
+        fewest llama-server makes): the slot then holds the prompt's KV state, ready to be
+        saved. Cancel and ``deadline`` end it at once (the watchdog shuts the socket);
+        InferError as for :meth:`props`."""
+        body = {"prompt": prompt, "n_predict": 1, "id_slot": slot, "cache_prompt": True,
+                "stream": False}
+        with self._watchdog.watch(cancel, deadline) as watch:
+            try:
+                return self._json("POST", "/completion", body,
+                                  read_s=max(self._config.read_timeout_s,
+                                             deadline - time.monotonic()))
+            except InferError:
+                if cancel.cancelled or watch.expired == "cancelled":
+                    raise InferError.cancelled() from None
+                if watch.expired == "deadline":
+                    raise self._timed_out() from None
+                raise
+
+    def _json(self, method: str, path: str, body: Any = None,
+              read_s: float | None = None) -> Mapping[str, Any]:
         """One small JSON exchange (not streamed, not retried); InferError on any failure."""
         where = self._url + path
         try:
             r = self._http.request(
                 method, where, json=body, headers={"Accept": "application/json"},
-                timeout=httpx.Timeout(self._config.read_timeout_s,
+                timeout=httpx.Timeout(read_s or self._config.read_timeout_s,
                                       connect=self._config.connect_timeout_s),
             )
         except httpx.ConnectError as e:

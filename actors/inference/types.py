@@ -14,6 +14,7 @@ from actors.log.records import Assistant, SlotUse, ToolCall, Usage
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "BaselineUse",
     "ChatRequest",
     "Completion",
     "InferError",
@@ -42,6 +43,16 @@ class ChatRequest:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BaselineUse:
+    """The baseline's prefix (system prompt and tools) a request's slot held before it:
+    restored, still there, or processed first (docs/slots.md#a-new-session-starts-warm).
+    Not logged itself: the request's SlotUse says it in words, and a CacheLoss its loss."""
+
+    tokens: int  # its tokens in the slot (expected from its saved state, when that failed)
+    loss: str = ""  # why its saved state could not be restored; "" when it was or none existed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Completion:
     content: str | None
     reasoning: str | None
@@ -52,6 +63,7 @@ class Completion:
     thinking_capped: bool
     finish_reason: str
     slot: SlotUse | None = None  # what the slot keeper did for this request
+    baseline: BaselineUse | None = None  # the baseline it gave the slot first, if any
 
     @property
     def prompt_tokens(self) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.base.textcut import cut
+from actors.inference.types import BaselineUse
 from actors.log.records import CacheLoss, Record, SlotState, SlotUse, Usage
 from actors.session.messages import View, view
 from actors.tools.protocol import wire
@@ -23,6 +24,7 @@ __all__ = [
     "Answered",
     "Repeats",
     "answer_text",
+    "baseline_outcome",
     "cache_outcome",
     "call_key",
     "cap_result",
@@ -30,6 +32,8 @@ __all__ = [
     "result_failed",
     "shown_usage",
 ]
+
+BASELINE_SLACK = 8  # tokens of the template's marks a first request may not reuse
 
 REPEAT_NOTICE = (
     "Not run: this exact call ({name} with these arguments) was already made in this turn. "
@@ -90,17 +94,40 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
 
 
 def cache_outcome(
-    previous: Mapping[str, Any] | None, new: Mapping[str, Any], slot: SlotUse | None = None
+    previous: Mapping[str, Any] | None, new: Mapping[str, Any], slot: SlotUse | None = None,
+    baseline: BaselineUse | None = None,
 ) -> CacheLoss | None:
     """A CacheLoss when the new request reused fewer tokens than the previous prompt held;
-    its cause from what the slot keeper did for the request (``slot``)."""
-    if not previous or "cache_n" not in new:
+    its cause from what the slot keeper did for the request (``slot``). A session's first
+    request (no ``previous``) expects the baseline the keeper gave its slot."""
+    if not previous:
+        return baseline_outcome(new, slot, baseline)
+    if "cache_n" not in new:
         return None
     expected = int(previous.get("cache_n", 0)) + int(previous.get("prompt_n", 0))
     got = int(new["cache_n"])
     if got >= expected:
         return None
-    return CacheLoss(expected=expected, got=got, cause=loss_cause(slot))
+    return CacheLoss(expected=expected, got=got, cause=loss_cause(slot, baseline))
+
+
+def baseline_outcome(new: Mapping[str, Any], slot: SlotUse | None,
+                     baseline: BaselineUse | None) -> CacheLoss | None:
+    """A CacheLoss for a request that started without its session's state, when the
+    baseline's saved state could not be restored (its cause), or when the server reused
+    fewer of the baseline's tokens than the slot held, less the template's few marks."""
+    if baseline is None or not baseline.tokens:
+        return None
+    if baseline.loss:
+        return CacheLoss(expected=baseline.tokens, got=0, cause=baseline.loss)
+    if "cache_n" not in new:
+        return None
+    got = int(new["cache_n"])
+    if got + BASELINE_SLACK >= baseline.tokens:
+        return None
+    why = slot.reason if slot is not None else ""
+    return CacheLoss(expected=baseline.tokens, got=got,
+                     cause="; ".join(r for r in (why, "the server did not keep its tokens") if r))
 
 
 def shown_usage(records: Sequence[Record], shown: View | None = None) -> Usage | None:
@@ -126,10 +153,12 @@ def shown_usage(records: Sequence[Record], shown: View | None = None) -> Usage |
     return usage if isinstance(usage, Usage) else None
 
 
-def loss_cause(slot: SlotUse | None) -> str:
+def loss_cause(slot: SlotUse | None, baseline: BaselineUse | None = None) -> str:
     """Why the cache was short, as far as the keeper's record of the request tells."""
     if slot is None:
         return ""
+    if slot.state is SlotState.RESTORED and baseline is not None:  # the baseline stood in
+        return slot.reason
     if slot.state is SlotState.RESTORED:
         took = f"the restore of {slot.restored} tokens did not take"
         return f"{slot.reason}; {took}" if slot.reason else took

@@ -198,9 +198,8 @@ class _Turn:
     def _record(self, completion: Completion, previous: Usage | None) -> Usage:
         """The response, its usage and a cache loss (if the prompt cache was lost) logged."""
         assistant, usage = completion.assistant(), completion.usage_record()
-        loss = cache_outcome(
-            previous.timings if previous else None, completion.timings, completion.slot
-        )
+        loss = cache_outcome(previous.timings if previous else None, completion.timings,
+                             completion.slot, completion.baseline)
         self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
         if loss is not None:
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))

@@ -133,7 +133,7 @@ def start_world(
         keeper = KeeperSettings(
             log_dir=config.log_dir, meta_dir=meta_dir(config),
             disk_bytes=config.slots.disk_mb * 1024 * 1024,
-            save_after_turn=config.slots.save_after_turn,
+            save_after_turn=config.slots.save_after_turn, warm_start=config.slots.warm_start,
         )
         status("starting tool hosts")
         # The rules file's deny rules keep its tools asking the session

@@ -336,9 +336,9 @@ def test_a_stop_that_outlasts_its_grace_kills_what_the_daemon_started_and_exits(
                                        "inference": {"read_timeout_s": 3600}})  # fmt: skip
         try:
             with Daemon(path) as daemon:
-                fake.slot_gate.clear()  # from now on every slot action waits for the test
-                with daemon.client() as client:
+                with daemon.client() as client:  # its baseline saved for new sessions
                     client.turn("s", "t1 :: list_dir {}").run(lambda e: None)
+                fake.slot_gate.clear()  # from now on every slot action waits for the test
                 started = daemon.children()
                 assert started, "the daemon runs its tool host"
                 with contextlib.suppress(ProcessLookupError):

@@ -19,6 +19,10 @@ not honour the budget, on a request with ``reasoning_control``, waits (up to 5 s
 the first delta past the budget for the client's control call, so the race is settled.
 
 ``POST /tokenize`` counts a token per 4 characters of ``content``, as the prompts do.
+``POST /apply-template`` answers the prompt :func:`render_prompt` makes of the body, and
+``POST /completion`` (a raw ``prompt``, not streamed) puts it in its ``id_slot`` like a chat
+request does and answers its timings, without a script reply (``prefills`` keeps the
+bodies); ``fail_slots("apply-template")`` and ``fail_slots("completion")`` fail them.
 
 Slots like llama-server's (docs/llama-server.md#saving-and-restoring-a-slot): ``GET /props``
 (``total_slots``, per-slot ``n_ctx``, ``model_path``, ``build_info``: the ``props``
@@ -220,6 +224,10 @@ class _Handler(BaseHTTPRequestHandler):
                 conn.json(200, {"tokens": list(range(len(str(body.get("content", ""))) // 4))})
             elif self.path.startswith("/slots/"):
                 fake._slot_action(conn, self.path)
+            elif self.path == "/apply-template":
+                fake._apply_template(conn)
+            elif self.path == "/completion":
+                fake._completion(conn)
             else:
                 conn.json(404, _error(404, "File Not Found", "not_found_error"))
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
@@ -266,6 +274,7 @@ class FakeLlama:
         self.requests: list[dict[str, Any]] = []  # chat request bodies, in order
         self.headers: list[dict[str, str]] = []  # their HTTP headers
         self.control_calls: list[dict[str, Any]] = []
+        self.prefills: list[dict[str, Any]] = []  # POST /completion bodies, in order
         self.connections = 0  # TCP connections accepted
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -431,6 +440,34 @@ class FakeLlama:
             with self._lock:
                 text = self._slots.pop(slot, "")
             conn.json(200, {"id_slot": slot, "n_erased": len(text) // 4})
+
+    def _fault(self, action: str) -> tuple[int, str] | None:
+        with self._lock:
+            faults = self._slot_faults.get(action) or []
+            return faults.pop(0) if faults else None
+
+    def _apply_template(self, conn: Conn) -> None:
+        fault = self._fault("apply-template")
+        if fault is not None:
+            conn.json(fault[0], _error(fault[0], fault[1], "server_error"))
+            return
+        conn.json(200, {"prompt": render_prompt(conn.body)})
+
+    def _completion(self, conn: Conn) -> None:
+        with self._lock:
+            self.prefills.append(conn.body)
+        fault = self._fault("completion")
+        if fault is not None:
+            conn.json(fault[0], _error(fault[0], fault[1], "server_error"))
+            return
+        prompt = str(conn.body.get("prompt", ""))
+        slot_field = conn.body.get("id_slot")
+        slot = slot_field if isinstance(slot_field, int) else -1
+        total = len(prompt) // 4
+        cache = min(self._cache(slot, prompt) // 4, max(0, total - 1))
+        conn.json(200, {"content": "", "tokens_evaluated": total, "timings": {
+            "cache_n": cache, "prompt_n": total - cache, "prompt_ms": 1.0,
+            "predicted_n": 1, "predicted_ms": 1.0}})
 
     def slot_text(self, slot: int) -> str:
         """What slot ``slot`` holds now (its cached text)."""

@@ -44,6 +44,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import queue
@@ -53,9 +54,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from actors.base.cancel import CancelToken
 from actors.inference.llama import LlamaClient
-from actors.inference.slots.files import SlotFile, SlotStore, restore_problem, slot_key
-from actors.inference.types import Completion, InferError, InferErrorKind
+from actors.inference.slots import baseline
+from actors.inference.slots.files import (
+    NO_STATE,
+    SlotFile,
+    SlotStore,
+    restore_problem,
+    slot_key,
+)
+from actors.inference.types import BaselineUse, Completion, InferError, InferErrorKind
 from actors.log import server_values
 from actors.log.records import SlotState, SlotUse
 
@@ -80,6 +89,16 @@ SAVE_FAILED = "the last save failed: {message}"
 TOO_LARGE = "its saved state was larger than slots.disk_mb and was deleted"
 SERVER_CHANGED = "server changed: {url} did not answer"
 FORKED = "the saved state of session {origin}, which this one was forked from"
+BASE_RESTORED = "the baseline (system prompt and tools) saved for new sessions"
+BASE_HELD = "the slot held the baseline (system prompt and tools)"
+BASE_PROCESSED = ("the baseline (system prompt and tools) processed first: {tokens:,} tokens "
+                  "in {ms:.0f} ms")
+BASE_SAVED = "saved for new sessions"
+BASE_NOT_SAVED = "not saved: {message}"
+BASE_LOST = "the saved baseline could not be restored: {why}"
+BASE_NOT_PROCESSED = "the baseline could not be processed first: {message}"
+BASE_NO_TEMPLATE = "the baseline's prompt could not be rendered: {message}"
+RESTORED_NOTHING = "the server restored no tokens"
 
 _SAVE_WAIT_S = 60.0  # save_now: how long a save in flight is waited for (a hang guard)
 _PROBE = "loopd-probe"  # an action no server knows: 400 with a save path, 501 without
@@ -102,6 +121,7 @@ class KeeperSettings:
     meta_dir: Path | None = None  # metadata of unreachable servers; None: no persistence
     disk_bytes: int = 2048 * 1024 * 1024
     save_after_turn: bool = False
+    warm_start: bool = False  # the baseline's state restored into a new session's slot
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,6 +133,7 @@ class _Slot:
     lessee: str = ""  # the session whose request has the slot leased
     saving: bool = False
     used: int = 0  # logical time of its last lease (least recently used goes first)
+    base: tuple[str, int] | None = None  # the baseline (key, tokens) its state starts with
 
 
 @dataclasses.dataclass(slots=True)
@@ -125,6 +146,8 @@ class _Server:
     n_ctx: int = 0  # tokens of context per slot (/props); 0: unknown
     why_not: str = ""  # why there is no store
     alive: bool = True
+    prefixes: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # the rendered baseline prefix and its key, by the baseline as sent (JSON)
 
 
 @dataclasses.dataclass(slots=True)
@@ -133,6 +156,7 @@ class _Session:
     key: str
     home: int | None = None  # the server it keeps
     note: str = ""  # what its next restore should tell (a failed save, a server change)
+    base: tuple[str, int] | None = None  # its baseline (key, tokens), once known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +223,7 @@ class Lease:
     slot: int
     client: LlamaClient
     use: SlotUse
+    baseline: BaselineUse | None = None  # what warm_start gave the slot
 
 
 class SlotKeeper:
@@ -217,6 +242,7 @@ class SlotKeeper:
         self._saves: queue.SimpleQueue[tuple[int, int, str] | None] = queue.SimpleQueue()
         self._saver: threading.Thread | None = None
         self._closed = False
+        self._base_locks: dict[str, threading.Lock] = {}  # one warm start per baseline at once
 
     @classmethod
     def start(cls, servers: Sequence[tuple[ServerSpec, LlamaClient]], settings: KeeperSettings,
@@ -339,7 +365,13 @@ class SlotKeeper:
         (a cancelled request keeps the part of its prompt already processed) or nothing
         (after a failed restore; saving nothing leaves the older file in place).
         """
-        self._release(lease.server, lease.slot, self._session(lease.session).key)
+        session = self._session(lease.session)
+        self._release(lease.server, lease.slot, session.key, session.base)
+
+    def abandon(self, lease: Lease) -> None:
+        """``lease`` ends before its request was sent (cancelled while warming its slot):
+        what the slot holds is not known, so it holds nobody's state."""
+        self._release(lease.server, lease.slot, None)
 
     def turn_ended(self, session: str) -> None:
         """``session``'s turn is over (answered or not): with ``save_after_turn`` its changed
@@ -390,12 +422,14 @@ class SlotKeeper:
                         slot.dirty = False
                     self._cond.notify_all()
 
-    def _release(self, target: int, index: int, holder: str | None) -> None:
+    def _release(self, target: int, index: int, holder: str | None,
+                 base: tuple[str, int] | None = None) -> None:
         with self._cond:
             server = self._servers[target]
             slot = server.slots[index]
             slot.leased, slot.lessee = False, ""
             slot.holder, slot.dirty = holder, holder is not None and server.alive
+            slot.base = base if holder is not None else None
             for other in server.slots:
                 if other is not slot and holder is not None and other.holder == holder:
                     other.holder, other.dirty = None, False  # its state moved here
@@ -413,7 +447,7 @@ class SlotKeeper:
                 return bool(others)
             server.alive = False
             for slot in server.slots:
-                slot.holder, slot.dirty = None, False
+                slot.holder, slot.dirty, slot.base = None, False, None
             for s in self._sessions.values():
                 if s.home == lease.server:
                     s.home, s.note = None, SERVER_CHANGED.format(url=server.url)
@@ -469,12 +503,17 @@ class SlotKeeper:
             return False
         with self._cond:
             session.note = ""
+        self._bound(store, key)
+        return True
+
+    def _bound(self, store: SlotStore, key: str) -> None:
+        """Keep ``store`` under ``slots.disk_mb`` after ``key``'s save; tell the sessions
+        whose files went."""
         for gone in store.bound(self._settings.disk_bytes):
             lost = self._by_key(gone)
             if lost is not None:
                 with self._cond:
                     lost.note = TOO_LARGE if gone == key else ""
-        return True
 
     def _restore(self, target: int, index: int, session: _Session, note: str) -> SlotUse:
         server = self._servers[target]
@@ -495,6 +534,8 @@ class SlotKeeper:
             note = "; ".join(r for r in (note, FORKED.format(origin=meta.origin)) if r)
         if problem or meta is None:
             return none(problem)
+        with self._cond:
+            server.slots[index].base = None  # a failed restore leaves the slot empty
         try:
             answer = server.client.slot_action(index, "restore", meta.file)
             tokens = server_values.count(answer.get("n_restored")) or 0
@@ -507,9 +548,156 @@ class SlotKeeper:
         store.touch(session.key, meta)
         with self._cond:
             slot = server.slots[index]
-            slot.holder, slot.dirty = session.key, False
+            slot.holder, slot.dirty, slot.base = session.key, False, session.base
         return SlotUse(server.url, index, SlotState.RESTORED, restored=tokens, restore_ms=ms,
                        reason=note)
+
+    # --- the baseline: a new session starts warm (actors.inference.slots.baseline) ------
+
+    def warm_start(self, lease: Lease, system: Mapping[str, Any],
+                   tools: Sequence[Mapping[str, Any]], cancel: CancelToken,
+                   deadline: float) -> Lease:
+        """``lease`` with its slot holding the baseline (``system``, the system message, and
+        ``tools``) when it holds none of its session's state: the slot keeps it when it
+        already starts with it, else its saved state is restored, else it is processed now
+        and saved for the next new session. The one way a new session or a fresh child
+        agent starts warm; :class:`actors.inference.actor.Inference` calls it before every
+        request. A baseline that cannot be restored says why (``SlotUse.baseline_loss``,
+        the request's CacheLoss); the request then runs as it would have. Raises only
+        InferError CANCELLED or TIMEOUT (``cancel``, ``deadline``); the caller then
+        abandons the lease."""
+        use = lease.use
+        if (use.state is not SlotState.NONE or not self._settings.warm_start
+                or system.get("role") != "system"):
+            return lease
+        server = self._servers[lease.server]
+        session = self._session(lease.session)
+        own = "; ".join(r for r in use.reason.split("; ") if r and r != NO_STATE)
+        try:
+            prefix, key = self._prefix(server, system, tools)
+        except InferError as e:
+            if e.kind is InferErrorKind.CANCELLED:
+                raise
+            why = BASE_NO_TEMPLATE.format(message=_said(e))
+            return dataclasses.replace(lease, use=dataclasses.replace(use, reason=_join(
+                own, why)))
+        lock = self._base_lock(key)
+        while not lock.acquire(timeout=0.05):  # another new session warms this baseline
+            if cancel.cancelled:
+                raise InferError.cancelled()
+            if time.monotonic() >= deadline:
+                raise InferError(InferErrorKind.TIMEOUT, "the baseline's warm start took "
+                                 "longer than inference.timeout_s")
+        try:
+            use, base = self._warm(server, lease.slot, session, prefix, key, use, own, cancel,
+                                   deadline)
+        finally:
+            lock.release()
+        return dataclasses.replace(lease, use=use, baseline=base)
+
+    def _base_lock(self, key: str) -> threading.Lock:
+        with self._cond:
+            return self._base_locks.setdefault(key, threading.Lock())
+
+    def _prefix(self, server: _Server, system: Mapping[str, Any],
+                tools: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+        """The baseline's rendered prefix on ``server`` and its key (rendered once each)."""
+        sent = json.dumps([system, list(tools)], sort_keys=True, default=str)
+        with self._cond:
+            known = server.prefixes.get(sent)
+        if known is not None:
+            return known
+        a, b = (server.client.render(baseline.baseline_messages(system, text), tools)
+                for text in baseline.PROBES)
+        prefix = baseline.common_prefix(a, b)
+        if not prefix:
+            raise InferError(InferErrorKind.PROTOCOL, "the chat template shares no prefix")
+        found = (prefix, baseline.baseline_key(prefix))
+        with self._cond:
+            server.prefixes[sent] = found
+        return found
+
+    def _warm(self, server: _Server, index: int, session: _Session, prefix: str, key: str,
+              use: SlotUse, own: str, cancel: CancelToken,
+              deadline: float) -> tuple[SlotUse, BaselineUse | None]:
+        slot = server.slots[index]
+        with self._cond:
+            held = slot.base
+        if held is not None and held[0] == key:
+            with self._cond:
+                session.base = held
+            return (dataclasses.replace(use, reason=_join(own, BASE_HELD)),
+                    BaselineUse(held[1]))
+        store = server.store
+        if store is None:  # no file to restore nor to save into: the request processes it
+            return use, None
+        meta = store.meta(key)
+        found = (store.size_crc(key, meta.bytes) if meta is not None and store.reachable
+                 else None)
+        problem = restore_problem(meta, server.fingerprint, found, store.reachable,
+                                  server.n_ctx)
+        if meta is not None and not problem:
+            with self._cond:
+                slot.base = None  # a failed restore leaves the slot empty
+            try:
+                answer = server.client.slot_action(index, "restore", meta.file)
+                tokens = server_values.count(answer.get("n_restored")) or 0
+                ms = float(server_values.timings(answer.get("timings")).get("restore_ms", 0.0))
+                problem = "" if tokens > 0 else RESTORED_NOTHING
+            except InferError as e:
+                problem = (REFUSED if e.status == 400 else RESTORE_FAILED).format(
+                    message=_said(e))
+            except (ValueError, TypeError) as e:
+                problem = RESTORE_FAILED.format(message=str(e))
+            if not problem:
+                store.touch(key, meta)
+                with self._cond:
+                    slot.base = session.base = (key, tokens)
+                return (dataclasses.replace(use, state=SlotState.RESTORED, restored=tokens,
+                                            restore_ms=ms, reason=_join(own, BASE_RESTORED)),
+                        BaselineUse(tokens))
+        loss = "" if problem == NO_STATE else BASE_LOST.format(why=problem)
+        expected = meta.tokens if meta is not None else 0
+        try:
+            done = server.client.prefill(prefix, index, cancel, deadline)
+        except InferError as e:
+            if e.kind in (InferErrorKind.CANCELLED, InferErrorKind.TIMEOUT):
+                raise
+            with self._cond:
+                slot.base = None
+            use = dataclasses.replace(use, reason=_join(
+                own, loss, BASE_NOT_PROCESSED.format(message=_said(e))))
+            return use, (BaselineUse(expected, loss) if loss else None)
+        timings = server_values.timings(done.get("timings"))
+        tokens = int(timings.get("cache_n", 0)) + int(timings.get("prompt_n", 0))
+        processed = BASE_PROCESSED.format(tokens=int(timings.get("prompt_n", 0)),
+                                          ms=float(timings.get("prompt_ms", 0.0)))
+        with self._cond:
+            slot.base = session.base = (key, tokens)
+        saved = self._save_baseline(server, store, index, key)
+        return (dataclasses.replace(use, reason=_join(own, loss, processed, saved)),
+                BaselineUse(tokens, loss))
+
+    def _save_baseline(self, server: _Server, store: SlotStore, index: int, key: str) -> str:
+        """Save slot ``index`` (holding just the baseline) as ``key``; what happened."""
+        try:
+            answer = server.client.slot_action(index, "save", store.save_name(key))
+            tokens = server_values.count(answer.get("n_saved")) or 0
+            if tokens <= 0:
+                store.discard_save(key)
+                return BASE_NOT_SAVED.format(message="the slot was empty")
+            now = time.time()
+            store.commit(key, SlotFile(
+                session=baseline.BASELINE_SESSION, file=store.file_name(key), tokens=tokens,
+                fingerprint=server.fingerprint, server=server.url, saved=now, used=now,
+                bytes=server_values.count(answer.get("n_written")) or 0,
+            ))
+        except (InferError, OSError, ValueError, TypeError) as e:
+            return BASE_NOT_SAVED.format(message=_said(e))
+        for unused in baseline.unused_baselines(store.all(), server.fingerprint):
+            store.remove(unused)
+        self._bound(store, key)
+        return BASE_SAVED
 
     def _save_loop(self) -> None:
         while (job := self._saves.get()) is not None:
@@ -549,6 +737,10 @@ class SlotKeeper:
             if self._save(target, index, key):
                 with self._cond:
                     self._servers[target].slots[index].dirty = False
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def _said(e: Exception) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ class Slots:
         self, tmp: Path, *, slots: int = 1, servers: int = 1, save: bool = True,
         reachable: bool = True, after_turn: bool = False, disk_bytes: int = 1 << 30,
         parallel: int = 8, script: Callable[[dict[str, Any]], Reply] | None = None,
-        props: dict[str, Any] | None = None,
+        props: dict[str, Any] | None = None, warm: bool = False,
     ) -> None:
         self.tmp = tmp
         self.save_dir = tmp / "save"
@@ -36,7 +37,7 @@ class Slots:
         self.props = props or {}
         self.settings = KeeperSettings(
             log_dir=tmp / "sessions", meta_dir=tmp / "meta", disk_bytes=disk_bytes,
-            save_after_turn=after_turn,
+            save_after_turn=after_turn, warm_start=warm,
         )
         self.config = parse({"inference": dict(
             url="http://unused", retries=1, backoff_s=0.001, timeout_s=20.0, read_timeout_s=10.0,
@@ -68,10 +69,14 @@ class Slots:
         for f in self.fakes:
             f.close()
 
-    def log(self, name: str) -> SessionLog:
+    def log(self, name: str, system: str = "") -> SessionLog:
+        """``name``'s log; a new one's system prompt is ``system`` (default: the rig's)."""
         if name not in self.logs:
             path = self.settings.log_dir / name / "log.bin"  # type: ignore[operator]
-            self.logs[name], _ = SessionLog.open(path, fsync="never", baseline=baseline(),
+            base = baseline()
+            if system:
+                base = dataclasses.replace(base, system=system)
+            self.logs[name], _ = SessionLog.open(path, fsync="never", baseline=base,
                                                  name=name)
         return self.logs[name]
 

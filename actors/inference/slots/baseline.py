@@ -1,0 +1,86 @@
+"""The baseline's KV state: saved once, restored into the slot of every new session.
+
+Every new session of a model and config starts with the same prompt prefix: the system
+prompt and the tools, as the server's chat template renders them (the *baseline*, ~1,170
+tokens on the embedded model). Its KV state is saved once, like a session's, in the same
+save directory and under the same ``slots.disk_mb``, and restored into the slot of a new
+session (or of any session whose own state cannot be restored), so its first request
+processes only its message (docs/slots.md#a-new-session-starts-warm).
+
+The key has two parts. The file's name hashes the rendered prefix (:func:`baseline_key`):
+the system prompt, the tools and the chat template, so a config that changes any of them
+gets another file. Its metadata holds the rest: the model and the server build that saved
+it (the fingerprint); a file of another model or build under the same name is *stale*,
+never restored, and replaced by the next save. Baselines no config uses any more go: those
+of another model or build when a new one is saved, and all but the :data:`KEPT` most
+recently used (:func:`unused_baselines`), besides the least-recently-used bound the
+sessions' files share.
+
+The prefix is where two renderings of the baseline with different user messages part
+(:func:`common_prefix`): it ends with the template's opening of the user turn, which every
+first request shares. The pure parts are here; the keeper does the HTTP and file work
+(:meth:`actors.inference.slots.keeper.SlotKeeper.warm_start`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from actors.inference.slots.files import SlotFile, same_server
+
+__all__ = [
+    "BASELINE_SESSION",
+    "KEPT",
+    "PROBES",
+    "baseline_key",
+    "baseline_messages",
+    "common_prefix",
+    "is_baseline",
+    "unused_baselines",
+]
+
+PREFIX = "_baseline-"  # no session's key starts with "_" (a session name starts with [A-Za-z0-9])
+BASELINE_SESSION = "(baseline)"  # the metadata's session field of a baseline's file
+KEPT = 4  # baselines kept at most (least recently used beyond go): one per config in use
+
+# Two user messages that part at their first character: where their renderings part is the
+# end of the prefix every first request shares.
+PROBES = ("a", "b")
+
+
+def baseline_messages(system: Mapping[str, Any], user: str) -> list[Mapping[str, Any]]:
+    """The messages whose rendering holds the baseline's prefix: its system prompt, then a
+    user message ``user``."""
+    return [system, {"role": "user", "content": user}]
+
+
+def common_prefix(a: str, b: str) -> str:
+    """The longest text both ``a`` and ``b`` start with."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def baseline_key(prefix: str) -> str:
+    """The name (``KEY.bin``, ``KEY.json``) of the saved state of the rendered ``prefix``."""
+    return PREFIX + hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
+
+
+def is_baseline(key: str) -> bool:
+    return key.startswith(PREFIX)
+
+
+def unused_baselines(files: Iterable[tuple[str, SlotFile]], fingerprint: str,
+                     keep: int = KEPT) -> list[str]:
+    """The baselines no config here uses any more: those saved by another model or server
+    build than ``fingerprint``'s (never restored on it), then all but the ``keep`` most
+    recently used of the rest."""
+    bases = [(key, meta) for key, meta in files if is_baseline(key)]
+    stale = [key for key, meta in bases if not same_server(meta.fingerprint, fingerprint)]
+    live = sorted((b for b in bases if b[0] not in stale), key=lambda b: (-b[1].used, b[0]))
+    return stale + [key for key, _ in live[keep:]]
