@@ -359,6 +359,13 @@ class DaemonConfig:
     max_clients: int = field(default=64, metadata=limits(1, 65536))
     # the daemon: sessions one client may have open
     max_sessions_per_client: int = field(default=32, metadata=limits(1, 65536))
+    # the daemon: requests (turns included) one client may have in progress, and all
+    # clients together; one more is answered with an error naming the key
+    max_requests_per_client: int = field(default=48, metadata=limits(1, 65536))
+    max_requests: int = field(default=256, metadata=limits(1, 65536))
+    # the daemon: bytes of answers it holds for a client that does not read them; past a
+    # tenth its new requests are refused, past the whole it is given up (the bytes freed)
+    max_client_bytes: int = field(default=64 * 1024 * 1024, metadata=limits(1024 * 1024, 1024**4))
     # how long a stop may take (the daemon's, and a run/chat/acp's own world's); past it,
     # what the process started is killed, it exits 1 (actors/wire/deadline.py)
     stop_grace_s: float = field(default=60.0, metadata=seconds(1))

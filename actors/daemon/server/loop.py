@@ -6,6 +6,17 @@ thread of its own (opening a session reads its log; a turn waits on its session 
 Those threads post their answers, and a turn's events as they happen, to the loop
 (:class:`actors.wire.loop.Loop`), which sends them in order.
 
+Request work is bounded: a client has at most ``daemon.max_requests_per_client`` requests
+in progress (turns included) and all clients together ``daemon.max_requests``, each in a
+thread; one more is answered with an error that names the key, and a thread the system
+will not start is such an error too, so no sequence of requests ends the daemon.
+
+What the daemon holds for one client is bounded in bytes: ZeroMQ queues at most
+:data:`SEND_QUEUE` messages for it (log pages are at most :data:`PAGE_BYTES`), and what
+does not fit waits in the client's own queue here, counted. Past a tenth of
+``daemon.max_client_bytes`` the client's new requests are refused; past the whole it is
+given up (like a client gone silent) and its queue freed.
+
 A client is known by its ZeroMQ routing id. One silent for three ``daemon.heartbeat_s``
 (or whose socket stops taking messages) is gone: its turns are cancelled like Ctrl-C and
 its sessions detached once their turns end. A frame that is not a valid message is
@@ -19,6 +30,7 @@ The whole stop is bounded by ``daemon.stop_grace_s`` (:mod:`actors.wire.deadline
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -46,12 +58,14 @@ from .approvals import RemoteApprover, TurnRules
 from .listening import Listening
 from .sessions import Sessions
 
-__all__ = ["SEND_QUEUE", "Server"]
+__all__ = ["PAGE_BYTES", "SEND_QUEUE", "Server"]
 
 log = logging.getLogger("loopd.daemon")
 
 _WIND_DOWN_S = 30.0  # at stop: how long turns in flight get to end after their cancel
-SEND_QUEUE = 10_000  # messages queued for one client that does not read: it is gone
+SEND_QUEUE = 64  # messages ZeroMQ queues for one client; more wait in its counted queue
+PAGE_BYTES = 512 * 1024  # a read_log page, at most (a record larger goes alone)
+_FLUSH_S = 0.02  # how often answers waiting for a slow client are offered to ZeroMQ again
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,6 +73,9 @@ class _Client:
     heartbeat: Heartbeat
     turns: dict[int, CancelToken] = dataclasses.field(default_factory=dict)
     approvers: dict[int, RemoteApprover] = dataclasses.field(default_factory=dict)
+    jobs: int = 0  # requests in progress (turns too)
+    queued: collections.deque[bytes] = dataclasses.field(default_factory=collections.deque)
+    queued_bytes: int = 0  # what ``queued`` holds: answers ZeroMQ had no room for yet
 
 
 class Server:
@@ -67,6 +84,8 @@ class Server:
     def __init__(
         self, app: Any, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
         max_frame_bytes: int, max_clients: int = 64, max_sessions_per_client: int = 32,
+        max_requests_per_client: int = 48, max_requests: int = 256,
+        max_client_bytes: int = 64 * 1024 * 1024,
         fd_limit: int | None = None, on_stopping: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self.app = app
@@ -75,6 +94,10 @@ class Server:
         self.heartbeat_s = heartbeat_s
         self.max_frame = max_frame_bytes
         self.max_clients = max_clients
+        self.max_requests_per_client, self.max_requests = max_requests_per_client, max_requests
+        self.max_client_bytes = max_client_bytes
+        self._jobs = 0  # requests in progress, all clients
+        self._flushing: Any = None  # the timer that offers queued answers again
         self.sessions = Sessions(app, max_sessions_per_client)
         self.on_stopping = on_stopping  # called as the stop begins (the stop's deadline)
         self.started = time.monotonic()
@@ -98,7 +121,8 @@ class Server:
     def _post(self, peer: bytes, msg: p.Message) -> None:
         self._loop.post(self._send, peer, p.encode(msg))
 
-    def _spawn(self, name: str, fn: Callable[[], None]) -> None:
+    def _spawn(self, name: str, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` in a thread; False when the system would not start one."""
         def run() -> None:
             try:
                 fn()
@@ -109,7 +133,62 @@ class Server:
         thread = threading.Thread(target=run, name=name, daemon=True)
         with self._lock:
             self._threads.add(thread)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread": a process or memory limit
+            with self._lock:
+                self._threads.discard(thread)
+            return False
+        return True
+
+    def _admit(self, peer: bytes, client: _Client, rid: int) -> bool:
+        """Count a request in, or answer it with the limit it is past (False)."""
+        refused: str | None = None
+        with self._lock:
+            if client.queued_bytes > self.max_client_bytes // 10:
+                refused = (f"the daemon holds {client.queued_bytes:,} bytes of answers this "
+                           "client has not read (daemon.max_client_bytes = "
+                           f"{self.max_client_bytes:,}: past a tenth, new requests wait); "
+                           "read them first")
+            elif client.jobs >= self.max_requests_per_client:
+                refused = (f"this client has {client.jobs} requests in progress, the most one "
+                           f"client may (daemon.max_requests_per_client = "
+                           f"{self.max_requests_per_client}); wait for their answers")
+            elif self._jobs >= self.max_requests:
+                refused = (f"the daemon has {self._jobs} requests in progress, the most it "
+                           f"takes (daemon.max_requests = {self.max_requests}); try again "
+                           "when some have been answered")
+            else:
+                client.jobs += 1
+                self._jobs += 1
+                return True
+        self._complain("request of client %s refused: %s", short(peer), refused)
+        self._send(peer, p.encode(_error(rid, DaemonError(refused))))
+        return False
+
+    def _done(self, client: _Client) -> None:
+        with self._lock:
+            client.jobs -= 1
+            self._jobs -= 1
+
+    def _run_request(self, peer: bytes, client: _Client, rid: int, name: str,
+                     fn: Callable[[], None]) -> bool:
+        """``fn`` in a thread of its own, counted (admitted already); its end counts out."""
+        def counted() -> None:
+            try:
+                fn()
+            finally:
+                self._done(client)
+
+        if not self._spawn(name, counted):
+            self._done(client)
+            self._complain("no thread for a request of client %s", short(peer))
+            self._send(peer, p.encode(_error(rid, DaemonError(
+                f"the daemon cannot start a thread for this request now (a process limit: "
+                f"{threading.active_count()} threads run); try again, or lower "
+                "daemon.max_requests"))))
+            return False
+        return True
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -205,10 +284,13 @@ class Server:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
-                self._start_turn(peer, client, msg)
+                if self._admit(peer, client, msg.id):
+                    self._start_turn(peer, client, msg)
             case (p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind()
                   | p.Compact()):
-                self._spawn(f"daemon-{type(msg).__name__.lower()}", lambda: self._job(peer, msg))
+                if self._admit(peer, client, msg.id):
+                    self._run_request(peer, client, msg.id, f"daemon-{type(msg).__name__.lower()}",
+                                      lambda: self._job(peer, msg))
             case p.Stop(id=rid):
                 log.info("stop asked by client %s", short(peer))
                 self._send(peer, p.encode(p.Ok(rid)))
@@ -220,25 +302,70 @@ class Server:
                 self._send(peer, p.encode(_error(rid, refused)))
 
     def _send(self, peer: bytes, frame: bytes) -> None:
+        client = self._clients.get(peer)
+        if client is not None and client.queued:  # in order: after what waits already
+            self._queue(peer, client, frame)
+            return
         try:
             self.sock.send_multipart([peer, frame], zmq.NOBLOCK)
-        except zmq.Again:
-            self._gone(peer, "is not reading its messages")
+        except zmq.Again:  # ZeroMQ's queue for it is full (SEND_QUEUE): it reads slowly
+            if client is not None:
+                self._queue(peer, client, frame)
         except zmq.ZMQError:  # EHOSTUNREACH (ROUTER_MANDATORY): disconnected
             self._gone(peer, "disconnected")
 
+    def _queue(self, peer: bytes, client: _Client, frame: bytes) -> None:
+        """Keep ``frame`` for a client ZeroMQ has no room for; past daemon.max_client_bytes
+        the client is given up and what it was sent is freed."""
+        with self._lock:
+            client.queued.append(frame)
+            client.queued_bytes += len(frame)
+            over = client.queued_bytes > self.max_client_bytes
+        if over:
+            self._gone(peer, f"has not read {client.queued_bytes:,} bytes of answers "
+                             f"(daemon.max_client_bytes = {self.max_client_bytes:,})")
+        elif self._flushing is None:
+            self._flushing = self._loop.every(_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        """Offer the queued answers to ZeroMQ again, in order, as far as it takes them."""
+        waiting = False
+        for peer, client in list(self._clients.items()):
+            while client.queued:
+                try:
+                    self.sock.send_multipart([peer, client.queued[0]], zmq.NOBLOCK)
+                except zmq.Again:
+                    waiting = True
+                    break
+                except zmq.ZMQError:
+                    self._gone(peer, "disconnected")
+                    break
+                with self._lock:
+                    client.queued_bytes -= len(client.queued.popleft())
+        if not waiting:
+            self._loop.cancel(self._flushing)
+            self._flushing = None
+
     def _gone(self, peer: bytes, why: str) -> None:
-        client = self._clients.pop(peer, None)
+        client = self._clients.get(peer)
         if client is None:
             return
         client.heartbeat.cancel()
         with self._lock:
+            client.queued.clear()  # given up: what it did not read is freed
+            client.queued_bytes = 0
             tokens = list(client.turns.values())
+        del self._clients[peer]
         if tokens:
             log.info("client %s %s: cancelling its %d turn(s)", short(peer), why, len(tokens))
         for token in tokens:
             token.cancel()
-        self._spawn("daemon-release", lambda: self.sessions.release_client(peer))
+        self._release(peer)
+
+    def _release(self, peer: bytes) -> None:
+        """Close a gone client's sessions in a thread; later when none can start now."""
+        if not self._spawn("daemon-release", lambda: self.sessions.release_client(peer)):
+            self._loop.call_later(1.0, self._release, peer)
 
     def _status(self, rid: int) -> p.StatusReply:
         return p.StatusReply(
@@ -294,7 +421,7 @@ class Server:
         if not path.is_file():  # reader never waits for a session's turn to end
             raise SessionError(f"session {name} does not exist ({path})")
         records = read_records(path, name=name)
-        budget = self.max_frame // 2
+        budget = min(self.max_frame // 2, PAGE_BYTES)
         page: list[bytes] = []
         size, n = 0, start
         while n < len(records):
@@ -310,15 +437,18 @@ class Server:
         token = CancelToken()
         with self._lock:
             if msg.id in client.turns:
+                client.jobs -= 1
+                self._jobs -= 1
                 self._post(peer, _error(msg.id, WireError(f"turn id {msg.id} is already running")))
                 return
             client.turns[msg.id] = token
             approver = client.approvers[msg.id] = RemoteApprover(
                 msg.id, lambda m: self._post(peer, m)
             )
-        self._spawn(
-            f"daemon-turn-{msg.session}", lambda: self._turn(peer, client, msg, token, approver)
-        )
+        started = self._run_request(peer, client, msg.id, f"daemon-turn-{msg.session}",
+                                    lambda: self._turn(peer, client, msg, token, approver))
+        if not started:
+            self._end_turn(client, msg.id)
 
     def _turn(
         self, peer: bytes, client: _Client, msg: p.Turn, token: CancelToken,

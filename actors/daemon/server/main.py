@@ -151,6 +151,9 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
                         max_frame_bytes=config.daemon.max_frame_bytes,
                         max_clients=config.daemon.max_clients,
                         max_sessions_per_client=config.daemon.max_sessions_per_client,
+                        max_requests_per_client=config.daemon.max_requests_per_client,
+                        max_requests=config.daemon.max_requests,
+                        max_client_bytes=config.daemon.max_client_bytes,
                         fd_limit=fd_limit, on_stopping=deadline.arm,
                     ))  # fmt: skip
                     if stop.is_set():
