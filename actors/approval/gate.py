@@ -26,7 +26,10 @@ socket). It is any callable::
 **The gate** (:class:`Gate`) is what the turn calls for every call that goes to a tool
 host. A deny rule stops the call before it is sent. Otherwise the call is sent; when the
 host answers ``PendingApproval``, an allow rule, an earlier "for this session" answer, or
-the approver decides, and an allowed call is sent again with ``approved`` set. Every
+the approver decides, and an allowed call is sent again with ``approved`` set. A write is
+decided on where it lands (the host's ``landing``: symlinks walked), never on the words of
+its path, and sent again approved for that landing only; a protected landing (``.git``, a
+``loopd.toml``) is asked of the approver whatever the rules or earlier answers say. Every
 decision is an :class:`~actors.log.records.Approval` record, appended before the call's
 ToolResult, and an :class:`~actors.base.events.ApprovalDecided` event.
 """
@@ -75,7 +78,8 @@ def session_grants(records: Iterable[Record]) -> tuple[Rule, ...]:
     return tuple(grants)
 
 
-Send = Callable[[bool], wire.Answer]  # send the call; True: it was approved
+# send the call: approved?, and where the approved write lands ("": no landing named)
+Send = Callable[[bool, str], wire.Answer]
 
 
 class Gate:
@@ -105,25 +109,53 @@ class Gate:
             self._decide(call, tool, ApprovalDecision.DENY, ApprovalScope.ALWAYS, "rule",
                          reason, str(rule))
             return wire.Denied(reason=reason)
-        answer = send(False)
+        answer = send(False, "")
         if not isinstance(answer, wire.PendingApproval):
             return answer
+        landing = answer.landing
+        if landing:  # the rules reach where the write lands, not the words of its path
+            arguments = {**arguments, "path": landing}
+            said, rule = verdict(rules, tool, arguments)
+            if said is Verdict.DENY:
+                reason = (f'it writes {landing}, which the rule "{rule}" (tools.deny or the '
+                          "rules file) forbids")
+                self._decide(call, tool, ApprovalDecision.DENY, ApprovalScope.ALWAYS, "rule",
+                             reason, str(rule))
+                return wire.Denied(reason=reason)
+        if self._allowed(call, tool, arguments, answer, rules, said, rule):
+            done = send(True, landing)
+        else:
+            done = self._ask(call, tool, arguments, answer.prompt,
+                             grant_for(rules, tool, arguments), send, landing)
+        if isinstance(done, wire.PendingApproval):  # the write would land elsewhere now
+            return wire.Denied(reason=(
+                f"where the write lands changed while it was approved ({landing or 'its path'}"
+                f" -> {done.landing}); nothing was written: call it again"))
+        return done
+
+    def _allowed(
+        self, call: int, tool: str, arguments: Mapping[str, Any], pending: wire.PendingApproval,
+        rules: RuleBook, said: Verdict, rule: Rule | None,
+    ) -> bool:
+        """True when a rule or an earlier answer allows the call (recorded); False: ask. A
+        protected write (the host said why) is always asked for."""
+        if pending.protected:
+            return False
         if said is Verdict.ALLOW:
             self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.ALWAYS, "rule",
                          "", str(rule))
-            return send(True)
+            return True
         granted = RuleBook(session_grants(self.records()), rules.deny)
         said, rule = verdict(granted, tool, arguments)
         if said is Verdict.ALLOW:
             self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.SESSION, "session",
                          "", str(rule))
-            return send(True)
-        return self._ask(call, tool, arguments, answer.prompt, grant_for(rules, tool, arguments),
-                         send)
+            return True
+        return False
 
     def _ask(
         self, call: int, tool: str, arguments: Mapping[str, Any], prompt: str,
-        grant: Rule | None, send: Send,
+        grant: Rule | None, send: Send, landing: str,
     ) -> wire.Answer:
         timeout = self.tools.approval_timeout_s
         request = ApprovalRequested(
@@ -165,7 +197,7 @@ class Gate:
         elif scope is ApprovalScope.SESSION:
             rule = str(grant)
         self._decide(call, tool, ApprovalDecision.ALLOW, scope, decision.by, note, rule)
-        return send(True)
+        return send(True, landing)
 
     def _keep(self, grant: Rule, *, deny: bool) -> tuple[ApprovalScope, str, str]:
         """An "always" (allow) or "never" (deny) answer saved as a rule: its scope, rule and

@@ -47,10 +47,10 @@ __all__ = [
     "doubt",
     "grant_for",
     "has_shell_operators",
-    "host_allow",
     "parse_rule",
     "parse_rules",
     "protected",
+    "protected_path",
     "subject",
     "verdict",
 ]
@@ -153,14 +153,22 @@ def subject(tool: str, arguments: Mapping[str, Any]) -> tuple[str, ...] | None:
 
 def protected(tool: str, arguments: Mapping[str, Any]) -> str:
     """Why a call that needs approval must be asked for whatever the rules say ("" if not):
-    its ``path`` leads into a place where programs find code to run (:data:`PROTECTED`)."""
+    its ``path`` leads into a place where programs find code to run (:func:`protected_path`).
+    The tool host decides the same on where the write lands (symlinks walked)."""
     path = arguments.get("path")
     if tool == COMMAND_TOOL or not isinstance(path, str):
         return ""
-    hit = next((p for p in PurePosixPath(path).parts if p in PROTECTED), None)
+    return protected_path(path)
+
+
+def protected_path(path: str) -> str:
+    """Why a write to ``path`` must be asked for every time ("" if not): a part of it is
+    :data:`PROTECTED` (``.git`` at any depth, a ``loopd.toml``), in any letter case (a
+    file system that ignores case finds ``.GIT/config`` where git reads ``.git/config``)."""
+    hit = next((p for p in path.split("/") if p.casefold() in PROTECTED), None)
     if hit is None:
         return ""
-    where = f"is inside {hit}" if hit == ".git" else f"is a {hit}"
+    where = f"is inside {hit}" if hit.casefold() == ".git" else f"is a {hit}"
     return (f"{path} {where}, where programs find what to run (a write there can make an "
             "allowed command run anything), so it is asked for every time")
 
@@ -270,12 +278,3 @@ def grant_for(book: RuleBook, tool: str, arguments: Mapping[str, Any]) -> Rule |
     if tool == COMMAND_TOOL or "path" in arguments:
         return None if words is None else Rule(tool, words, exact=True)
     return Rule(tool)
-
-
-def host_allow(allow: Iterable[str], deny: Iterable[str]) -> tuple[str, ...]:
-    """The ``--allow`` names a local tool host may be given: plain rules of tools that no deny
-    rule names (those calls go through the session's :func:`verdict` instead)."""
-    denied = {r.tool for r in parse_rules(deny)}
-    return tuple(
-        r.tool for r in parse_rules(allow) if r.prefix is None and r.tool not in denied
-    )

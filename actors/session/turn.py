@@ -281,9 +281,9 @@ class _Turn:
         if isinstance(target, Local):
             return Answered(target.text, outcome="local")
         port, tool, arguments = target.port, target.tool, target.arguments
-        return answer_text(self.gate.run(number, tool, arguments, lambda approved: port.call(
+        return answer_text(self.gate.run(number, tool, arguments, lambda approved, lands: port.call(
             session=self.log.name, call=number, tool=tool, arguments=arguments,
-            cancel=self.cancel, approved=approved,
+            cancel=self.cancel, approved=approved, landing=lands,
         )))
 
 

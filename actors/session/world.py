@@ -136,10 +136,7 @@ def start_world(
             save_after_turn=config.slots.save_after_turn, warm_start=config.slots.warm_start,
         )
         status("starting tool hosts")
-        # The rules file's deny rules keep its tools asking the session
-        # (actors.base.rules.host_allow).
-        denied = tuple(str(r) for r in rules.book().deny)
-        toolbox = Toolbox.start(config.replace("tools", deny=config.tools.deny + denied))
+        toolbox = Toolbox.start(config)
         stack.callback(toolbox.close)
         for host, problem in toolbox.problems.items():
             status(f"tool host {host} is not available: {problem}")

@@ -44,7 +44,6 @@ import psutil
 from actors.base.config import Config, HostConfig, ToolsConfig
 from actors.base.errors import ConfigError, KeyFileError
 from actors.base.places import private_places
-from actors.base.rules import host_allow
 from actors.tools.port import (
     CurveClient,
     HostLauncher,
@@ -105,9 +104,9 @@ def host_argv(
                  "--cpu-s", repr(shell.cpu_s)]
         if shell.network:
             argv.append("--network")
-    allow = host_allow(tools.allow, tools.deny)  # the rest is decided by the session's rules
-    if allow:
-        argv += ["--allow", *allow]
+    # no --allow: every call that needs approval is decided by the session's gate, on where
+    # it lands (a host-side allow would skip what the gate asks: a protected write, a call
+    # a deny rule cannot check)
     if mcp_command:
         argv += ["--mcp", shlex.join(mcp_command)]
     if mcp_url:

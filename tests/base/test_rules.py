@@ -19,7 +19,6 @@ from actors.base.rules import (
     doubt,
     grant_for,
     has_shell_operators,
-    host_allow,
     parse_rule,
     protected,
     subject,
@@ -218,11 +217,6 @@ def test_the_config_refuses_a_bad_rule_naming_the_key() -> None:
         parse({"tools": {"deny": ["run_command: ls | sh"]}})
     tools = parse({"tools": {"allow": ["run_command: git status"], "approval_timeout_s": 0}})
     assert tools.tools.allow == ("run_command: git status",)
-
-
-def test_hosts_are_given_only_plain_rules_of_tools_no_deny_rule_names() -> None:
-    assert host_allow(["write_file", "run_command", "run_command: git status", "echo"],
-                      ["run_command: rm"]) == ("write_file", "echo")
 
 
 # --- the property --------------------------------------------------------------------------

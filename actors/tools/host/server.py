@@ -37,7 +37,7 @@ from actors.base.errors import UsageError, WireError
 from actors.base.textcut import cut
 from actors.tools.protocol import wire
 from actors.tools.protocol.argcheck import ArgumentCheck
-from actors.tools.protocol.provider import ToolProvider
+from actors.tools.protocol.provider import APPROVED_LANDING, ToolProvider, landing_of
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import (
     Cancel,
@@ -73,6 +73,7 @@ class _Tool:
     spec: ToolSpec
     provider: ToolProvider
     check: ArgumentCheck
+    allowed: bool = False  # named by --allow: runs unasked, but for a protected write
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -82,6 +83,7 @@ class _Call:
     tool: str
     deadline: float
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    landing: str | None = None  # where it was approved to write (APPROVED_LANDING)
 
 
 class Host:
@@ -107,16 +109,15 @@ class Host:
             for spec in provider.specs():
                 if spec.name in self.tools:
                     raise UsageError(f"two providers in tool host {name} offer {spec.name!r}")
-                spec = dataclasses.replace(
-                    spec, needs_approval=spec.needs_approval and spec.name not in allow
-                )
+                allowed = spec.needs_approval and spec.name in allow
+                spec = dataclasses.replace(spec, needs_approval=spec.needs_approval and not allowed)
                 try:
                     check = ArgumentCheck(spec.parameters)
                 except UsageError as e:
                     raise UsageError(
                         f"tool {spec.name}: its argument schema is invalid: {e}"
                     ) from None
-                self.tools[spec.name] = _Tool(spec, provider, check)
+                self.tools[spec.name] = _Tool(spec, provider, check, allowed)
         self.providers = providers
         self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
         self._active: dict[tuple[bytes, int], _Call] = {}
@@ -237,13 +238,9 @@ class Host:
                 ),
             )
             return
-        if tool.spec.needs_approval and not req.approved:
-            args = json.dumps(req.arguments, ensure_ascii=False)
-            prompt = (
-                f"Allow {req.tool} to run with {args[:500]}? (To let it run without asking, "
-                f'add "{req.tool}" to tools.allow in the config.)'
-            )
-            self._send(peer, PendingApproval(req.id, prompt))
+        pending = self._pending(tool, req)
+        if pending is not None:
+            self._send(peer, pending)
             return
         key = (peer, req.id)
         if key in self._active:
@@ -263,7 +260,8 @@ class Host:
                 ),
             )
             return
-        call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S)
+        call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S,
+                     landing=req.landing if req.approved and req.landing else None)
         self._active[key] = call
         self._expire_at(call.deadline)
         self._busy.add(call)
@@ -272,6 +270,35 @@ class Host:
             self._threads += 1
             threading.Thread(target=self._worker, name=f"tool-{self._threads}", daemon=True).start()
         self._jobs.put((call, tool, req.arguments))
+
+    def _pending(self, tool: _Tool, req: ToolRequest) -> PendingApproval | None:
+        """The answer to a call that must wait for approval, None when it may run: one not
+        approved (unless --allow names it); a write that lands in a protected place, unless
+        approved for exactly there; an approved write that no longer lands where it was
+        seen to (wire: where a write lands)."""
+        if not (tool.spec.needs_approval or tool.allowed):
+            return None
+        try:
+            landing, protected = landing_of(tool.provider, req.tool, req.arguments)
+        except Exception as e:  # a path the tool's own walk refuses: it will say why
+            log.debug("no landing for %s: %s", req.tool, e)
+            landing, protected = "", ""
+        if protected:
+            if req.approved and req.landing == landing:
+                return None
+        elif not req.approved:
+            if tool.allowed:
+                return None
+        elif not req.landing or req.landing == landing:
+            return None
+        args = json.dumps(req.arguments, ensure_ascii=False)
+        lands = f" It writes {landing}." if landing and landing != req.arguments.get("path") else ""
+        why = f" {protected}." if protected else ""
+        prompt = (
+            f"Allow {req.tool} to run with {args[:500]}?{lands}{why} (To let it run without "
+            f'asking, add "{req.tool}" to tools.allow in the config.)'
+        )
+        return PendingApproval(req.id, prompt, landing, protected)
 
     def _worker(self) -> None:
         """A worker thread: runs calls one after another until it gets None.
@@ -288,11 +315,14 @@ class Host:
 
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
+        approved = APPROVED_LANDING.set(call.landing)
         try:
             answer = tool.provider.run(call.tool, arguments, self.timeout_s, call.cancel)
         except BaseException as e:  # a tool must not take its worker (or the host) down
             log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
             answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
+        finally:
+            APPROVED_LANDING.reset(approved)
         try:
             frame = self._frame(call, tool.spec, answer)
         except Exception as e:  # pragma: no cover - a bug here must not lose the call

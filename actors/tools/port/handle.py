@@ -61,16 +61,19 @@ class ToolPort:
         arguments: Mapping[str, Any],
         cancel: CancelToken | None = None,
         approved: bool = False,
+        landing: str = "",
     ) -> Answer:
         """Run ``tool`` on the host; the answer, or Failed on timeout, cancel, or a dead host.
 
-        ``approved``: the call was approved after the host answered PendingApproval.
+        ``approved``: the call was approved after the host answered PendingApproval;
+        ``landing``: where the approved write was seen to land (it runs only there).
         """
         cid = next(self._ids)
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
         try:
-            frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved))
+            frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved,
+                                             landing))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer
 
-__all__ = ["ToolProvider"]
+__all__ = ["APPROVED_LANDING", "ToolProvider", "landing_of"]
+
+# Where the call being run was approved to write (wire: ``request.landing``), set by the
+# host around ``run`` in its worker thread; None when no landing was approved. A provider
+# that writes checks where the write really lands against it (docs/approval.md).
+APPROVED_LANDING: ContextVar[str | None] = ContextVar("approved_landing", default=None)
 
 
 class ToolProvider(Protocol):
@@ -29,3 +35,14 @@ class ToolProvider(Protocol):
     ) -> Answer: ...
 
     def close(self) -> None: ...
+
+
+def landing_of(provider: ToolProvider, tool: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
+    """Where a call of ``tool`` would write and why that is protected (("", "") when it
+    writes no path, or the provider does not say): a provider says it with an optional
+    ``landing(tool, arguments)`` method."""
+    said = getattr(provider, "landing", None)
+    if said is None:
+        return "", ""
+    found: tuple[str, str] = said(tool, arguments)
+    return found

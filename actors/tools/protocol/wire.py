@@ -30,14 +30,17 @@ kind                 direction   fields
                                  ``untrusted`` bool (results come from outside)
 ``request``          port->host  ``id``, ``session`` text, ``call`` int (the session's call
                                  number), ``tool`` text, ``arguments`` map (JSON data, at
-                                 most 64 deep), ``approved`` bool (see below)
+                                 most 64 deep), ``approved`` bool (see below),
+                                 ``landing`` text (see below)
 ``result``           host->port  ``id``, ``content`` text, ``class`` text (as
                                  ``result_class``), ``untrusted`` bool
 ``failed``           host->port  ``id``, ``message`` text (the call failed, or the message
                                  was refused)
 ``denied``           host->port  ``id``, ``reason`` text (e.g. a path outside the workspace)
 ``pending_approval`` host->port  ``id``, ``prompt`` text: the tool needs approval and the
-                                 request was not approved; nothing ran
+                                 request was not approved; nothing ran. ``landing`` text:
+                                 where a write would land; ``protected`` text: why it must
+                                 be asked for whatever the rules say ("" when not)
 ``cancel``           port->host  ``id``: the caller gave up on that call; stop it (its
                                  answer is not wanted)
 ``ping``             port->host  (none): a heartbeat every ``tools.heartbeat_s``
@@ -52,6 +55,16 @@ request's ``id``. A call of a tool whose ``needs_approval`` is true runs only wh
 request says ``approved: true``: the person (or a rule) allowed it after the host answered
 ``pending_approval``. ``approved`` never loosens anything else the host checks.
 
+Where a write lands: for a call with a ``path`` (``write_file``) the host walks the path as
+the write would (every symlink followed, dangling ones and those in a parent directory too)
+and answers ``pending_approval`` with ``landing``, the path it reaches relative to the
+workspace: rules are decided on that, never on the words of ``path``. A landing inside any
+``.git`` or at a ``loopd.toml`` is *protected*: the host answers ``pending_approval`` with
+``protected`` set even to a tool its ``--allow`` names or an ``approved`` request, unless
+the request's ``landing`` names exactly that landing (the person saw it and said yes). An
+approved request with a ``landing`` runs only if the write still lands there; else the host
+answers ``pending_approval`` again, and nothing was written.
+
 Fields added later
 ------------------
 A field added to a message that peers already send has a default, and a message without
@@ -61,6 +74,9 @@ version changes only for what an older peer cannot read.
 - ``request.approved`` (default ``false``: not approved), added with approvals (22fd1a9).
   A port written before it sends no ``approved``: its calls of tools that need no
   approval run; the others are answered ``pending_approval``.
+- ``request.landing`` (default ``""``: none named), ``pending_approval.landing`` and
+  ``pending_approval.protected`` (default ``""``), added with where a write lands. An older
+  port sends no landing: its protected writes are answered ``pending_approval`` every time.
 
 In Python, the answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default
 their ``id`` to 0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build
@@ -126,6 +142,8 @@ class ToolRequest:
     # The person (or a rule) approved this call after the host answered PendingApproval:
     # the host runs it. It never loosens anything else the host checks.
     approved: bool = added(False, "approvals (22fd1a9)")
+    # Where the approved write was seen to land (PendingApproval.landing): it runs only there.
+    landing: str = added("", "where a write lands")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +170,8 @@ class Denied:
 class PendingApproval:
     id: Natural = 0
     prompt: str = ""
+    landing: str = added("", "where a write lands")  # relative to the workspace
+    protected: str = added("", "where a write lands")  # why it is asked for every time
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

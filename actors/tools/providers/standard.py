@@ -15,6 +15,7 @@ or the call comes approved (the session's rules or the person said yes: actors.a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import os
@@ -27,9 +28,11 @@ from typing import Any
 import re2
 
 from actors.base.errors import UsageError
+from actors.base.rules import protected_path
 from actors.base.textcut import cut
+from actors.tools.protocol.provider import APPROVED_LANDING
 from actors.tools.protocol.spec import ToolSpec
-from actors.tools.protocol.wire import Answer, Denied, Failed, Result
+from actors.tools.protocol.wire import Answer, Denied, Failed, PendingApproval, Result
 from actors.tools.providers.code import Outline, describe, enclosing, outline, signature
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox, config_present, remove_new_config
@@ -452,9 +455,38 @@ class StandardTools:
             file.close()
         return found.result()
 
+    def landing(self, tool: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
+        """Where a ``write_file`` would land (every symlink walked) and why that place is
+        protected; ("", "") for other tools."""
+        if tool != "write_file" or tool not in self.names:
+            return "", ""
+        landing = self.workspace.landing(str(arguments["path"]))
+        return landing, protected_path(landing)
+
     def _write_file(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         data = str(a["content"]).encode("utf-8", "surrogateescape")
-        opened = self.workspace.open_write(str(a["path"]))
+        path = str(a["path"])
+        expect = APPROVED_LANDING.get()
+
+        def guard(rel: str, leaf: bool) -> None:
+            """Stop before a directory is made or the file opened anywhere the call was
+            not approved for (the host checked the landing; a symlink may have changed)."""
+            if expect is None:
+                if protected_path(rel):
+                    raise _Unapproved(rel)
+            elif not (rel == expect if leaf else expect.startswith(rel + "/")):
+                raise _Unapproved(rel)
+
+        try:
+            opened = self.workspace.open_write(path, guard)
+        except _Unapproved as e:
+            landing = e.rel
+            with contextlib.suppress(Refused, OSError):
+                landing = self.workspace.landing(path)
+            return PendingApproval(
+                prompt=f"Allow write_file to write {landing} (asked as {path!r})? "
+                f"{protected_path(landing)}".rstrip(),
+                landing=landing, protected=protected_path(landing))
         with os.fdopen(opened.fd, "wb") as f:
             f.write(data)
         return Result(content=f"wrote {len(data)} bytes to {_printable(opened.rel)}")
@@ -511,6 +543,14 @@ class StandardTools:
         return fetch_url(
             str(a["url"]), timeout_s=timeout_s, max_output=self.max_output, cancel=cancel
         )
+
+
+class _Unapproved(Exception):
+    """A write about to reach a place it was not approved for (``rel``)."""
+
+    def __init__(self, rel: str) -> None:
+        super().__init__(rel)
+        self.rel = rel
 
 
 def _printable(name: str) -> str:

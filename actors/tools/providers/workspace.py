@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import stat
 from collections import deque
@@ -34,6 +35,7 @@ __all__ = [
     "MAX_DEPTH",
     "SKIP_DIRS",
     "Entry",
+    "Guard",
     "MultiplyLinked",
     "NotRegular",
     "Opened",
@@ -55,6 +57,9 @@ _WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY 
 
 
 _Leaf: TypeAlias = Callable[[int, str], int]  # opens the last name of a walk in a directory
+# Told each directory a write is about to make (False) and the file it opens (True), by its
+# path relative to the root, before either happens; raises to stop the write there.
+Guard: TypeAlias = Callable[[str, bool], None]
 
 
 class Refused(Exception):
@@ -138,10 +143,80 @@ class Workspace:
         """A read-only, non-blocking descriptor of a regular file in the workspace."""
         return self._walk(path, leaf=_open_read)
 
-    def open_write(self, path: str) -> Opened:
+    def open_write(self, path: str, guard: Guard | None = None) -> Opened:
         """A descriptor to write a regular file (created, or emptied once it passed every
-        check), its missing directories made inside the walk."""
-        return self._walk(path, leaf=_open_write, make_dirs=True)
+        check), its missing directories made inside the walk; ``guard`` is asked before
+        each directory is made and before the file is opened, on where they are."""
+        if guard is None:
+            return self._walk(path, leaf=_open_write, make_dirs=True)
+
+        def leaf(dfd: int, name: str, rel: str) -> int:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    raise _Symlink  # walked on: the guard sees where it leads
+            guard(rel, True)
+            return _open_write(dfd, name)  # a link made since: ELOOP, walked on, guarded
+
+        return self._walk(path, leaf=_open_write, make_dirs=True, guard=guard, guarded=leaf)
+
+    def landing(self, path: str) -> str:
+        """Where a write of ``path`` would land, relative to the root ("." for the root):
+        every symlink on the way followed as the write's walk follows it (one in a parent
+        directory, a dangling one at the end), missing directories taken as they are named.
+        Nothing is made or opened for writing. The write itself walks again: compare what it
+        reaches (:meth:`open_write`'s ``guard``) when the two must agree."""
+        parts = deque(self._parts(path))
+        fds = [os.open(self.root, _DIR)]
+        names: list[str] = []  # past len(fds) - 1: missing directories, taken as named
+        links = 0
+        try:
+            while parts:
+                name = parts.popleft()
+                if name == "..":
+                    if not names:
+                        raise self._outside(path)
+                    if len(names) == len(fds) - 1:
+                        os.close(fds.pop())
+                    names.pop()
+                    continue
+                if len(names) > len(fds) - 1:
+                    names.append(name)
+                    continue
+                target = None
+                if parts:
+                    try:
+                        fds.append(os.open(name, _DIR, dir_fd=fds[-1]))
+                        names.append(name)
+                        continue
+                    except OSError as e:
+                        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                            target = _readlink(fds[-1], name)
+                        elif e.errno != errno.ENOENT:
+                            raise
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        target = _readlink(fds[-1], name)
+                if target is None:
+                    names.append(name)
+                    continue
+                links += 1
+                if links > _MAX_LINKS:
+                    raise Refused(f"{path!r}: more than {_MAX_LINKS} symlinks on the way")
+                if os.path.isabs(target):
+                    try:
+                        inside = self._parts(target)
+                    except OutsideWorkspace:
+                        raise self._outside(path, target) from None
+                    for fd in fds[1:]:
+                        os.close(fd)
+                    del fds[1:], names[:]
+                    parts.extendleft(reversed(inside))
+                else:
+                    parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+            return "/".join(names) or "."
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def is_hidden(self, rel: str) -> bool:
         """True when ``rel`` (relative to the root) is, or is inside, one of loopd's places."""
@@ -242,7 +317,9 @@ class Workspace:
             )
         return [p for p in norm[len(root) :].split("/") if p not in ("", ".")]
 
-    def _walk(self, path: str, *, leaf: _Leaf | None, make_dirs: bool = False) -> Opened:
+    def _walk(self, path: str, *, leaf: _Leaf | None, make_dirs: bool = False,
+              guard: Guard | None = None,
+              guarded: Callable[[int, str, str], int] | None = None) -> Opened:
         parts = deque(self._parts(path))
         fds = [os.open(self.root, _DIR)]
         names: list[str] = []
@@ -257,16 +334,19 @@ class Workspace:
                     names.pop()
                     continue
                 self._refuse_hidden(path, _join("/".join(names), name))
+                rel = _join("/".join(names), name)
                 if leaf is not None and not parts:
                     try:
-                        fd = leaf(fds[-1], name)
+                        fd = leaf(fds[-1], name) if guarded is None else guarded(
+                            fds[-1], name, rel)
                     except _Symlink:
                         pass
                     else:
-                        return Opened(fd, _join("/".join(names), name))
+                        return Opened(fd, rel)
                 else:
                     try:
-                        fds.append(_open_dir(fds[-1], name, make=make_dirs))
+                        made = None if guard is None else functools.partial(guard, rel, False)
+                        fds.append(_open_dir(fds[-1], name, make=make_dirs, before=made))
                         names.append(name)
                         continue
                     except OSError as e:
@@ -332,12 +412,15 @@ def _entries(dfd: int) -> list[tuple[str, int | None]]:
     return out
 
 
-def _open_dir(dfd: int, name: str, *, make: bool) -> int:
+def _open_dir(dfd: int, name: str, *, make: bool,
+              before: Callable[[], None] | None = None) -> int:
     try:
         return os.open(name, _DIR, dir_fd=dfd)
     except FileNotFoundError:
         if not make:
             raise
+    if before is not None:
+        before()
     with contextlib.suppress(FileExistsError):  # made meanwhile: opened (and checked) below
         os.mkdir(name, 0o777, dir_fd=dfd)
     return os.open(name, _DIR, dir_fd=dfd)

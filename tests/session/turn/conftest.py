@@ -50,7 +50,8 @@ class ScriptedPort:
         return self._specs
 
     def call(self, *, session: str, call: int, tool: str, arguments: Mapping[str, Any],
-             cancel: CancelToken | None = None, approved: bool = False) -> wire.Answer:
+             cancel: CancelToken | None = None, approved: bool = False,
+             landing: str = "") -> wire.Answer:
         """Like a host: a tool whose spec needs approval answers PendingApproval until the
         call comes again approved; only calls that run are recorded."""
         spec = next((s for s in self._specs if s.name == tool), None)
