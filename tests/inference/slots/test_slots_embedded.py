@@ -1,4 +1,5 @@
 """A session comes back in a new command and its KV state is restored: the real model.
+And a new session starts warm: its first request restores the saved baseline.
 
 Real ``loopd run`` processes on the embedded llama-server, one after the other, on one
 session with more than 500 tokens of history (a short system prompt and one long user
@@ -18,13 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from actors.inference.slots.keeper import BASE_RESTORED
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
+from tests.daemon.daemonkit import Daemon, cli
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
+from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 HISTORY_TOKENS = 500  # a cold request processes all of it, a restored one ~25
 SHORT_SYSTEM = "Answer in a few words."  # not embedded.system's ~450 tokens: fewer to process
+BASELINE_TOKENS = 200  # SHORT_SYSTEM and the tools without the standard ones: ~300 tokens
 
 
 def long_message(facts: int = 20) -> str:  # 20: ~680 tokens with SHORT_SYSTEM
@@ -169,3 +174,52 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
         assert cause in flat(runs[3].stderr), runs[3].stderr
     finally:
         assert loopd(config(2048), "sessions", "rm", "small").returncode == 0
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(900)
+def test_new_sessions_start_warm_from_the_saved_baseline_also_after_the_daemon_restarts(
+    tmp_path: Path,
+) -> None:
+    """Three new sessions through the daemon, the third after it restarted (a new
+    llama-server process: only the saved file can help): each first request restores the
+    baseline (system prompt and tools, ~300 tokens here) and processes only its message and
+    the template's few tokens. The first new session of the baseline may have processed it
+    (it then saved it), or restored what an earlier run saved."""
+    require_embedded()
+    with short_dir() as d:
+        config = tmp_path / "loopd.toml"
+        config.write_text(
+            f'[log]\ndir = "{tmp_path / "sessions"}"\n'
+            f'[session]\nsystem = "{SHORT_SYSTEM}"\n'
+            "[tools]\nstandard = false\n"
+            "[loop]\nmax_tokens = 8\n"
+            "[inference]\ntemperature = 0\nseed = 1\n"
+            f"[embedded]\nthreads = {THREADS}\n"
+            f'[daemon]\nruntime_dir = "{d / "run"}"\nconnect_timeout_s = 5\n',
+            encoding="utf-8",
+        )
+        asked = {"one": "Name three colours.", "two": "Name three fruits.",
+                 "three": "Name three birds."}
+        for daemon_run in (("one", "two"), ("three",)):
+            with Daemon(config) as daemon:
+                for name in daemon_run:
+                    run = cli(config, "run", "--session", name, asked[name], timeout=400)
+                    assert run.returncode == 0, run.stderr + daemon.text()
+                assert cli(config, "stop").returncode == 0
+    for name in asked:
+        records = read_records(tmp_path / "sessions" / name / "log.bin")
+        usage = next(r for r in records if isinstance(r, Usage))
+        assert not [r for r in records if isinstance(r, CacheLoss)], name
+        assert usage.slot is not None, name
+        if name == "one" and usage.slot.state is not SlotState.RESTORED:
+            assert "processed first" in usage.slot.reason and "saved" in usage.slot.reason
+            continue
+        assert usage.slot.state is SlotState.RESTORED, (name, usage.slot)
+        assert BASE_RESTORED in usage.slot.reason
+        assert usage.slot.restored >= BASELINE_TOKENS, (name, usage.slot)
+        message = usage.prompt_tokens - usage.slot.restored  # its message and template marks
+        assert usage.timings["prompt_n"] <= message + FEW, (name, usage.timings, message)
+        assert usage.timings["prompt_n"] < BASELINE_TOKENS // 5, (name, usage.timings)
+        said = f"restored {usage.slot.restored:,} tokens in"
+        assert said in flat(loopd(config, "log", "show", name).stdout)
