@@ -25,7 +25,9 @@ The sandbox (docs/sandbox.md) is bubblewrap's command line, built here and nowhe
 - **bounds** (:class:`Bounds`) set on the sandbox's first process before the command runs
   (bwrap waits on ``--block-fd`` while the host sets them with ``prlimit``), inherited by
   everything it starts: data memory, file size and CPU time per process, and processes in
-  the sandbox (counted per user namespace, so only the sandbox's own);
+  the sandbox (counted per user namespace, so only the sandbox's own); the memory of all
+  its processes together in a memory cgroup of its own where one can be made, else the
+  address space of each process (:mod:`actors.tools.providers.pidgroup`);
 - an environment built from an allow-list (``tools.shell.env``), never the host's own.
 
 Without ``bwrap`` on the PATH, or when it cannot make its sandbox here, :meth:`Sandbox.check`
@@ -54,7 +56,7 @@ from pathlib import Path
 from typing import Literal
 
 from actors.base.config import DEFAULT_ENV, ShellConfig
-from actors.tools.providers.pidgroup import PidGroup
+from actors.tools.providers.pidgroup import CommandGroup
 from actors.tools.providers.pidgroup import why_not as pidgroup_why_not
 
 __all__ = ["INSTALL", "Bounds", "Launch", "Sandbox"]
@@ -71,7 +73,7 @@ class Bounds:
     """What one command may use (``[tools.shell]``); 0: no bound."""
 
     tmpfs_mb: int  # the size of each of its /tmp, /run, /dev/shm
-    memory_mb: int  # data memory of each process (RLIMIT_DATA: heap, anonymous maps)
+    memory_mb: int  # all its processes (a memory cgroup), else each one's address space
     processes: int  # processes and threads in the sandbox at once (RLIMIT_NPROC)
     file_mb: int  # the largest file a process may write (RLIMIT_FSIZE)
     cpu_s: float  # CPU seconds of each process (RLIMIT_CPU); 0: the call's time limit
@@ -93,10 +95,16 @@ class Bounds:
             limits.append((resource.RLIMIT_FSIZE, (self.file_mb * _MIB,) * 2))
         return limits
 
-    def stopped_by(self, exit_code: int | None, output: str, time_limit: float) -> str:
-        """Which bound most likely stopped a command that failed, in words; "" if none."""
+    def stopped_by(self, exit_code: int | None, output: str, time_limit: float,
+                   launch: Launch | None = None) -> str:
+        """Which bound most likely stopped a command that failed, in words; "" if none.
+        ``launch``: how it was bounded (a memory cgroup, and what the kernel killed there)."""
         if not exit_code:
             return ""
+        whole = launch is not None and launch.memory_whole
+        if whole and launch is not None and launch.oom_kills:
+            return (f"the command's processes together may use {self.memory_mb} MiB of memory "
+                    "(tools.shell.memory_mb); the kernel killed one at that bound")
         if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
             return (f"a process used up its CPU time, {self.cpu_s or time_limit:g} s "
                     "(tools.shell.cpu_s), and was stopped")
@@ -109,8 +117,12 @@ class Bounds:
                     "(tools.shell.tmpfs_mb); write big files in the workspace")
         if self.memory_mb and any(t in said for t in (
                 "cannot allocate memory", "memoryerror", "out of memory", "bad_alloc")):
-            return (f"each process may use {self.memory_mb} MiB of memory "
-                    "(tools.shell.memory_mb)")
+            if whole:
+                return (f"the command's processes together may use {self.memory_mb} MiB of "
+                        "memory, each at most that much data memory (tools.shell.memory_mb)")
+            return (f"each process may use {self.memory_mb} MiB of address space "
+                    "(tools.shell.memory_mb; no memory cgroup can be made here, so the "
+                    "processes together are not bounded)")
         if self.processes and any(t in said for t in (
                 "resource temporarily unavailable", "cannot fork", "can't fork")):
             return (f"the command may run {self.processes} processes and threads at once "
@@ -204,15 +216,26 @@ class Sandbox:
         return argv
 
     def launch(self, time_limit: float) -> Launch:
-        """How one command with ``time_limit`` seconds is bounded: its rlimits, and as root
-        (where the kernel does not apply RLIMIT_NPROC) a pids cgroup when one can be made."""
+        """How one command with ``time_limit`` seconds is bounded: its rlimits; a memory
+        cgroup for all its processes when one can be made, else an address-space limit
+        per process (RLIMIT_AS: a shared ``mmap`` or a mapped ``memfd`` counts there, not
+        in RLIMIT_DATA); and as root (where the kernel does not apply RLIMIT_NPROC) a pids
+        cgroup when one can be made."""
         limits = self.bounds.rlimits(time_limit)
-        group = None
-        if os.geteuid() == 0 and self.bounds.processes:
+        pids = self.bounds.processes if os.geteuid() == 0 else 0
+        if pids:
             limits = [(r, v) for r, v in limits if r != resource.RLIMIT_NPROC]
+        memory = self.bounds.memory_mb * _MIB
+        group = None
+        try:
+            group = CommandGroup.make(pids=pids, memory=memory) if pids or memory else None
+        except OSError:
+            memory = 0  # bounded per process below
             with contextlib.suppress(OSError):  # said at start (process_bound_problem)
-                group = PidGroup.make(self.bounds.processes)
-        return Launch(limits, group)
+                group = CommandGroup.make(pids=pids) if pids else None
+        if self.bounds.memory_mb and not memory:
+            limits.append((resource.RLIMIT_AS, (self.bounds.memory_mb * _MIB,) * 2))
+        return Launch(limits, group, memory_whole=bool(memory))
 
     def process_bound_problem(self) -> str:
         """Why the process bound will not hold here ("" when it will)."""
@@ -371,8 +394,10 @@ class Launch:
     rlimits (and put it in its pids cgroup, as root) in :meth:`bound`."""
 
     def __init__(self, limits: list[tuple[int, tuple[int, int]]],
-                 group: PidGroup | None = None) -> None:
+                 group: CommandGroup | None = None, *, memory_whole: bool = False) -> None:
         self.limits, self.group = limits, group
+        self.memory_whole = memory_whole  # a memory cgroup bounds the command as a whole
+        self.oom_kills = 0  # its processes the kernel killed at that bound (read at close)
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
         self._open = [self._info_r, self._info_w, self._block_r, self._block_w]
@@ -432,4 +457,5 @@ class Launch:
         """Close what is left and remove the cgroup (after every process of it is gone)."""
         self._close(*list(self._open))
         if self.group is not None:
+            self.oom_kills = self.group.oom_kills()
             self.group.remove()

@@ -533,7 +533,7 @@ class StandardTools:
             )
         note = f"\n[output cut: {out.dropped} more bytes not shown]" if out.dropped else ""
         if self.sandbox.mode == "bwrap" and (bound := bounds.stopped_by(out.exit_code, text,
-                                                                         limit)):
+                                                                         limit, launch)):
             note += f"\n[sandbox bound: {bound}]"
         if made:
             note += f"\n[sandbox: {made}]"

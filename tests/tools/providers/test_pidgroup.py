@@ -5,12 +5,15 @@ command with it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 
 import pytest
 
 from actors.tools.providers import pidgroup
-from actors.tools.providers.pidgroup import PidGroup
+from actors.tools.providers.pidgroup import CommandGroup, PidGroup
+from tests.support.watch import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -52,3 +55,35 @@ def test_the_groups_of_hosts_that_are_gone_are_swept(monkeypatch: pytest.MonkeyP
             if path.exists():
                 path.rmdir()
         own.remove()
+
+
+def test_a_memory_group_bounds_every_process_of_it_together() -> None:
+    """Two processes of 40 MiB under a 64 MiB group: the kernel kills one, and the group
+    says so (what the command's result names)."""
+    if pidgroup.why_not("memory"):
+        pytest.skip(f"no memory cgroup can be made here: {pidgroup.why_not('memory')}")
+    group = CommandGroup.make(memory=64 << 20)
+    eat = "b = bytearray(40 << 20); b[::4096] = bytes(len(b[::4096])); import time; time.sleep(30)"
+    procs = []
+    try:
+        limit = next(p for p in ("memory.max", "memory.limit_in_bytes")
+                     if (group.path / p).exists())
+        assert int((group.path / limit).read_text()) == 64 << 20
+        for _ in range(2):
+            procs.append(subprocess.Popen([sys.executable, "-c", f"import os, sys; "
+                                           f"sys.stdin.read(1); {eat}"],
+                                          stdin=subprocess.PIPE))
+            group.join(procs[-1].pid)
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"x")
+            proc.stdin.close()
+        wait_until(lambda: any(p.poll() is not None for p in procs), what="one to be killed")
+        assert -signal.SIGKILL in [p.poll() for p in procs]
+        assert group.oom_kills() >= 1
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        group.remove()
+    assert not group.path.exists()

@@ -6,17 +6,21 @@ two tests at the end here run bwrap itself (skipped where it cannot run).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import resource
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from actors.base.config import DEFAULT_ENV
+from actors.base.config import DEFAULT_ENV, ShellConfig
 from actors.tools.providers.command import run_shell
-from actors.tools.providers.sandbox import Sandbox
+from actors.tools.providers.pidgroup import CommandGroup
+from actors.tools.providers.sandbox import Bounds, Sandbox
 
 SOURCE = {
     "PATH": "/usr/bin:/bin", "HOME": "/home/me", "LANG": "C.UTF-8", "LC_TIME": "C",
@@ -153,3 +157,39 @@ def test_a_hidden_directory_is_empty_inside(tmp_path: Path) -> None:
     finally:
         (run_dir / "host.sock").unlink()
         run_dir.rmdir()
+
+
+def test_without_a_memory_cgroup_each_process_gets_an_address_space_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no memory cgroup can be made (a container, a user without a delegated cgroup),
+    RLIMIT_AS holds a shared anonymous map, which RLIMIT_DATA does not count."""
+    _real()
+
+    def no_memory(*, pids: int = 0, memory: int = 0) -> CommandGroup:
+        if memory:
+            raise OSError("no cgroup hierarchy with the memory controller is mounted")
+        return real_make(pids=pids)
+
+    real_make = CommandGroup.make
+    monkeypatch.setattr(CommandGroup, "make", staticmethod(no_memory))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sandbox = Sandbox(bounds=dataclasses.replace(Bounds.of(ShellConfig()), memory_mb=64))
+    launch = sandbox.launch(20)
+    assert not launch.memory_whole
+    assert (resource.RLIMIT_AS, (64 << 20,) * 2) in launch.limits
+    script = "import mmap; m = mmap.mmap(-1, 200 << 20); print('mapped')"
+    try:
+        out = run_shell(
+            sandbox.argv(sandbox.bwrap(os.environ) or "", f"{sys.executable} -c \"{script}\"",
+                         ws, launch),
+            cwd=ws, env=sandbox.environment(os.environ), timeout_s=20, max_output=4000,
+            pass_fds=launch.pass_fds(), started=lambda: launch.bound(20),
+        )  # fmt: skip
+    finally:
+        launch.close()
+    text = out.output.decode()
+    assert "mapped" not in text and "Cannot allocate memory" in text, text
+    said = sandbox.bounds.stopped_by(out.exit_code, text, 20, launch)
+    assert said.startswith("each process may use 64 MiB of address space"), said
