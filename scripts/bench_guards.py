@@ -9,9 +9,14 @@
 - **escaping**: what showing control characters as text costs per printed line: the
   function alone on a plain line and on one with escape sequences, and a line printed
   through loopd's console against rich's own (to a file, no terminal).
+- **landing**: where a write lands, walked (every symlink followed, by descriptors) as the
+  tool host does before every call that needs approval, against the words-only check it
+  replaced (``protected`` on the path as written, which a symlink fooled): a plain path
+  five directories deep, and one through a link in a parent directory and a link at the
+  end.
 - **sandbox**: ``run_command true`` through bubblewrap with its bounds set (``--block-fd``,
-  prlimit, a pids cgroup as root), against the same sandbox without them. Skipped where
-  bubblewrap cannot run.
+  prlimit, a memory cgroup, a pids cgroup as root), against the same sandbox without them.
+  Skipped where bubblewrap cannot run.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from typing import Any
 
 from rich.console import Console
 
-from actors.base.rules import RuleBook, verdict
+from actors.base.rules import RuleBook, protected, verdict
 from actors.base.spelling import split_words
 from actors.cli.view import SafeConsole, visible
 from actors.inference.smallmodel.grammar import build_grammar, cached_grammar
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox
 from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.providers.workspace import Workspace
 from actors.tools.registry import META_TOOLS
 
 __all__ = ["run"]
@@ -44,7 +50,9 @@ GRAMMAR_N = 200  # builds timed
 PROPS = (40, 400)  # optional properties, two sizes (under the cap)
 COMMANDS = 20  # run_command calls timed, each way
 LINES = 20_000  # lines escaped / printed, each way
-SMOKE = {"WORD": 2_000, "GRAMMAR_N": 3, "PROPS": (5, 50), "COMMANDS": 2, "LINES": 20}
+WALKS = 5_000  # landings walked, each way
+SMOKE = {"WORD": 2_000, "GRAMMAR_N": 3, "PROPS": (5, 50), "COMMANDS": 2, "LINES": 20,
+         "WALKS": 20}
 
 
 def _best(fn: Callable[[], object], n: int) -> float:
@@ -115,6 +123,33 @@ def _escaping() -> list[dict[str, Any]]:
     ]
 
 
+def _landing() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        (root / ".git" / "hooks").mkdir(parents=True)
+        (root / "a" / "b" / "c" / "d").mkdir(parents=True)
+        (root / "docs").mkdir()
+        (root / "docs" / "hooks").symlink_to("../.git/hooks")
+        (root / ".git" / "hooks" / "pre-commit").symlink_to("../config")
+        ws = Workspace(root)
+        plain, linked = "a/b/c/d/notes.md", "docs/hooks/pre-commit"
+        assert ws.landing(linked) == ".git/config"
+
+        def each(fn: Callable[[], object]) -> float:
+            return _best(lambda: [fn() for _ in range(WALKS)], 3) / WALKS
+
+        words = each(lambda: protected("write_file", {"path": linked}))
+        walked = each(lambda: ws.landing(plain))
+        through = each(lambda: ws.landing(linked))
+    return [
+        {"name": "where a write lands, a plain path 5 deep", "value": walked * 1e6,
+         "unit": "us", "ratio": walked / words,
+         "note": f"the words-only check (before, fooled by links): {words * 1e6:.1f} us"},
+        {"name": "where a write lands, through 2 links", "value": through * 1e6, "unit": "us",
+         "ratio": through / walked, "note": "a link in a parent directory and one at the end"},
+    ]
+
+
 def _sandbox() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as d:
         ws = Path(d)
@@ -147,4 +182,4 @@ def _sandbox() -> list[dict[str, Any]]:
 
 
 def run() -> list[dict[str, Any]]:
-    return [*_rules(), *_grammar(), *_escaping(), *_sandbox()]
+    return [*_rules(), *_grammar(), *_escaping(), *_landing(), *_sandbox()]

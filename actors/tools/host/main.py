@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL")
     p.add_argument("--workspace", default=".", help="root of the file tools and run_command")
     p.add_argument(
-        "--allow", nargs="*", default=[], metavar="NAME", help="tools that run without approval"
+        "--allow", nargs="*", default=[], metavar="NAME",
+        help="tools that run without approval (a write into a .git or to a loopd.toml is "
+        "still asked for)",
     )
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     p.add_argument(
