@@ -102,13 +102,17 @@ class Gate:
 
     def run(self, call: int, tool: str, arguments: Mapping[str, Any], send: Send) -> wire.Answer:
         """The host's answer to the call, after whatever approval it needed."""
-        rules = RuleBook.of(self.tools.allow, self.tools.deny) + self.store.book()
+        stored, problem = self.store.current()  # the rules file as it is on disk now
+        rules = RuleBook.of(self.tools.allow, self.tools.deny) + stored
         said, rule = verdict(rules, tool, arguments)
         if said is Verdict.DENY:
             reason = f'the rule "{rule}" (tools.deny or the rules file) forbids it'
             self._decide(call, tool, ApprovalDecision.DENY, ApprovalScope.ALWAYS, "rule",
                          reason, str(rule))
             return wire.Denied(reason=reason)
+        # a rules file gone bad: its deny rules unknown, no rule or earlier answer allows
+        why = (f"{problem}; until it is fixed no rule allows a call: each that needs approval "
+               "is asked" if problem else "")
         answer = send(False, "")
         if not isinstance(answer, wire.PendingApproval):
             return answer
@@ -122,8 +126,11 @@ class Gate:
                 self._decide(call, tool, ApprovalDecision.DENY, ApprovalScope.ALWAYS, "rule",
                              reason, str(rule))
                 return wire.Denied(reason=reason)
-        if self._allowed(call, tool, arguments, answer, rules, said, rule):
+        if not why and self._allowed(call, tool, arguments, answer, rules, said, rule):
             done = send(True, landing)
+        elif why:
+            done = self._ask(call, tool, arguments, f"loopd: {why}\n{answer.prompt}", None,
+                             send, landing, why)
         else:
             done = self._ask(call, tool, arguments, answer.prompt,
                              grant_for(rules, tool, arguments), send, landing)
@@ -155,8 +162,10 @@ class Gate:
 
     def _ask(
         self, call: int, tool: str, arguments: Mapping[str, Any], prompt: str,
-        grant: Rule | None, send: Send, landing: str,
+        grant: Rule | None, send: Send, landing: str, why: str = "",
     ) -> wire.Answer:
+        """Ask the approver; ``why`` (why it was asked: a broken rules file) goes with the
+        person's decision, in its reason."""
         timeout = self.tools.approval_timeout_s
         request = ApprovalRequested(
             call=call, tool=tool, arguments=json.dumps(arguments, ensure_ascii=False),
@@ -187,6 +196,7 @@ class Gate:
             if decision.choice is Choice.NEVER and grant is not None:
                 scope, rule, note = self._keep(grant, deny=True)
                 reason = f"{reason}; {note}" if note else reason
+            reason = f"{reason}; {why}" if why else reason
             self._decide(call, tool, ApprovalDecision.DENY, scope, decision.by, reason, rule)
             return wire.Denied(reason=reason)
         scope, rule, note = _SCOPES[decision.choice], "", ""
@@ -196,6 +206,7 @@ class Gate:
             scope, rule, note = self._keep(grant, deny=False)
         elif scope is ApprovalScope.SESSION:
             rule = str(grant)
+        note = "; ".join(n for n in (note, why) if n)
         self._decide(call, tool, ApprovalDecision.ALLOW, scope, decision.by, note, rule)
         return send(True, landing)
 

@@ -17,6 +17,7 @@ loopd processes saving at once both keep their rule).
 
 from __future__ import annotations
 
+import os
 import threading
 import tomllib
 from pathlib import Path
@@ -117,18 +118,45 @@ def save_rule(path: Path, rule: Rule, *, deny: bool = False) -> None:
 
 class RuleStore:
     """The rules of one loopd process besides the config's: the rules file and the
-    command's own (``--approve``), shared by its sessions. An "always" answer is saved to
-    the file and is in force at once for every session of the process. Without a path
-    (tests, tools driving turns directly) the rules live in memory only."""
+    command's own (``--approve``), shared by its sessions.
+
+    Every decision uses the file as it is on disk then: :meth:`current` stats it (one
+    ``stat``, a few microseconds) and reads it again when its inode, size, modification or
+    change time differ from the last read, so a rule added, removed or saved by another
+    process (another command, the daemon, a hand edit) counts from the next call. A file
+    that is malformed when the process starts is an error (the start stops); one that
+    becomes malformed later makes :meth:`current` name the problem and give no rule of the
+    file, and the gate asks the person for every call until it is fixed. An "always" answer
+    is saved to the file and is in force at once. Without a path (tests, tools driving turns
+    directly) the rules live in memory only."""
 
     def __init__(self, path: Path | None = None, extra: RuleBook | None = None) -> None:
         self.path = path
-        self._book = (load_rules(path) if path is not None else RuleBook()) + (extra or RuleBook())
+        self.extra = extra or RuleBook()
         self._lock = threading.Lock()
+        self._file = RuleBook()  # the file's rules as last read (in memory: all of them)
+        self._seen: object = None  # the file's signature when read
+        self._problem = ""
+        if path is not None:
+            self._seen = _signature(path)
+            self._file = load_rules(path)
 
     def book(self) -> RuleBook:
+        """The rules now (none of the file's while it is malformed: see :meth:`current`)."""
+        return self.current()[0]
+
+    def current(self) -> tuple[RuleBook, str]:
+        """The rules now, and what is wrong with the rules file ("" when nothing is)."""
         with self._lock:
-            return self._book
+            if self.path is not None:
+                seen = _signature(self.path)
+                if seen != self._seen:
+                    self._seen = seen  # taken before the read: a change during it shows next
+                    try:
+                        self._file, self._problem = load_rules(self.path), ""
+                    except RulesError as e:
+                        self._file, self._problem = RuleBook(), str(e)
+            return self._file + self.extra, self._problem
 
     def save(self, rule: Rule, *, deny: bool = False) -> None:
         """Keep ``rule`` as an allow rule, or a deny rule (in the file, when there is one);
@@ -136,9 +164,22 @@ class RuleStore:
         with self._lock:
             if self.path is not None:
                 save_rule(self.path, rule, deny=deny)
-            allow, denied = self._book.allow, self._book.deny
+                self._seen = None  # read again at the next decision, with every change
+                return
+            allow, denied = self._file.allow, self._file.deny
             if deny and rule not in denied:
                 denied = (*denied, rule)
             elif not deny and rule not in allow:
                 allow = (*allow, rule)
-            self._book = RuleBook(allow, denied)
+            self._file = RuleBook(allow, denied)
+
+
+def _signature(path: Path) -> object:
+    """What tells a changed file from the one read: None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # unreadable now: read it again (load_rules says why) next time
+        return ("error", e.errno, object())
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

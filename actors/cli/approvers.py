@@ -147,6 +147,8 @@ class TerminalApprover:
     def _show(self, request: ApprovalRequested, *, whole: bool) -> None:
         say = self._say
         say(f"[bold yellow]? {escape(request.tool)}[/] wants to run [dim](call {request.call})[/]")
+        if request.prompt.startswith("loopd: "):  # loopd's own word on why it asks
+            say(f"  [yellow]{escape(request.prompt.splitlines()[0])}[/]")
         for key, value in _arguments(request).items():
             text = (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
                     ) if whole else fold(value)

@@ -67,8 +67,9 @@ class TurnRules(RuleStore):
             raise UsageError(f"--approve: {e}") from None
         self.shared = shared
 
-    def book(self) -> RuleBook:
-        return self.shared.book() + self.extra
+    def current(self) -> tuple[RuleBook, str]:
+        book, problem = self.shared.current()
+        return book + self.extra, problem
 
     def save(self, rule: Rule, *, deny: bool = False) -> None:
         self.shared.save(rule, deny=deny)

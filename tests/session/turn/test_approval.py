@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
+from actors.approval import rulesfile
 from actors.approval.rulesfile import RuleStore, load_rules
 from actors.base.cancel import CancelToken
-from actors.base.errors import Cancelled
+from actors.base.errors import Cancelled, RulesError
 from actors.base.events import NO_APPROVER, ApprovalDecided, ApprovalRequested, Choice, Decision
 from actors.base.rules import Rule
 from actors.log.file import SessionLog
@@ -199,16 +200,38 @@ def test_never_on_a_call_no_rule_can_match_denies_it_once(rig: Make, tmp_path: P
 
 
 def test_a_deny_rule_that_cannot_be_saved_denies_once_and_says_why(
-    rig: Make, tmp_path: Path
+    rig: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("ok")], tmp_path)
-    (tmp_path / "rules.toml").write_text("allow = [\"run command\"]\n")  # malformed
-    r.runtime = dataclasses.replace(r.runtime, rules=RuleStore())
-    r.runtime.rules.path = tmp_path / "rules.toml"  # the file went bad after the start
+
+    def cannot(path: Path, rule: Rule, *, deny: bool = False) -> None:
+        raise RulesError(f"rules file {path}: cannot save the rule {str(rule)!r}: disk full")
+
+    monkeypatch.setattr(rulesfile, "save_rule", cannot)
     turn(r, Person(Decision(Choice.NEVER)))
     (a,) = approvals(r)
     assert (a.decision, a.scope, a.rule) == (ApprovalDecision.DENY, ApprovalScope.ONCE, "")
-    assert "not saved as a rule" in a.reason and "line 1" in a.reason
+    assert "not saved as a rule" in a.reason and "disk full" in a.reason
+    assert port.calls == []
+
+
+def test_a_rules_file_gone_bad_after_the_start_asks_and_says_why(
+    rig: Make, tmp_path: Path
+) -> None:
+    """Its deny rules cannot be read, so no rule applies: the person is asked (here: a call
+    an allow rule of the file allowed) and the decision says why."""
+    r, port = setup(rig, [answer(tool_calls=[run("git push")]), answer("ok")], tmp_path)
+    path = tmp_path / "rules.toml"
+    path.write_text('allow = ["run_command: git"]\n')
+    r.runtime = dataclasses.replace(r.runtime, rules=RuleStore(path))
+    path.write_text('allow = ["run command"]\n')  # malformed, after the start
+    person = Person(Decision(Choice.NEVER))
+    turn(r, person)
+    (asked,) = person.asked
+    assert asked.rule == "" and asked.prompt.startswith("loopd: rules file")
+    (a,) = approvals(r)
+    assert (a.decision, a.scope, a.rule) == (ApprovalDecision.DENY, ApprovalScope.ONCE, "")
+    assert "line 1" in a.reason and "needs approval is asked" in a.reason
     assert port.calls == []
 
 
