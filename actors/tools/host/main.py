@@ -37,7 +37,11 @@ from actors.wire.curve import curve_server
 from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import is_alive
 
-__all__ = ["main"]
+__all__ = ["AUTHORIZE_MARK", "main"]
+
+# The line a host writes to its log when an MCP server needs the person to authorize loopd
+# (the URL follows); the supervisor that reads the log passes it on.
+AUTHORIZE_MARK = "loopd toolhost: authorize at "
 
 log = logging.getLogger("loopd.toolhost")
 
@@ -60,7 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         help="a callable returning a ToolProvider (repeatable)",
     )
     p.add_argument("--mcp", metavar="COMMAND", help="an MCP server's command line (stdio)")
-    p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL")
+    p.add_argument("--mcp-url", metavar="URL", help="an MCP server's streamable-HTTP URL "
+                   "(its authorization, if any, as JSON in $LOOPD_MCP_AUTH)")
+    p.add_argument("--elicitation", choices=("ask", "defaults", "decline"), default="ask",
+                   help="an MCP server's questions: nobody can be asked here, so ask declines")
     p.add_argument("--workspace", default=".", help="root of the file tools and run_command")
     p.add_argument(
         "--allow", nargs="*", default=[], metavar="NAME",
@@ -167,13 +174,22 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
             raise UsageError(
                 f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
             ) from None
+        from actors.tools.providers.mcp_settings import AUTH_ENV, McpAuth
+
         command = shlex.split(args.mcp) if args.mcp else None
+        auth = McpAuth.from_json(os.environ[AUTH_ENV]) if os.environ.get(AUTH_ENV) else None
         providers.append(
-            McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes)
+            McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes,
+                        auth=auth, elicitation=args.elicitation, on_authorize=_say_authorize)
         )
     if not providers:
         raise UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")
     return providers
+
+
+def _say_authorize(url: str) -> None:
+    """The authorization URL on stderr (the host's log), on a line of its own."""
+    print(f"{AUTHORIZE_MARK}{url}", file=sys.stderr, flush=True)
 
 
 def _parent_watch(pid: int) -> Callable[[], bool]:

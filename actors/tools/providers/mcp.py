@@ -23,7 +23,7 @@ import logging
 import shlex
 import shutil
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.base.errors import McpError
@@ -32,6 +32,7 @@ from actors.tools.protocol.wire import Answer, Failed
 from actors.tools.providers.asyncloop import LoopThread, Stopped
 from actors.tools.providers.mcp_link import CLOSE_TIMEOUT_S, PROBE_TIMEOUT_S, McpLink
 from actors.tools.providers.mcp_mapping import strip_userinfo, timeout_message, tool_spec
+from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
 
 __all__ = ["McpProvider"]
 
@@ -54,6 +55,9 @@ class McpProvider:
         connect_timeout_s: float = 30.0,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         max_output_bytes: int | None = None,
+        auth: McpAuth | None = None,
+        elicitation: ElicitationMode = "ask",
+        on_authorize: Callable[[str], None] = lambda _url: None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("McpProvider needs exactly one of command (stdio) or url (HTTP)")
@@ -77,8 +81,11 @@ class McpProvider:
             words, self.label = None, strip_userinfo(url)
         self._max_output = max_output_bytes
         self._closed = False
+        if auth is not None and auth.oauth == "authorization_code":
+            connect_timeout_s += auth.authorize_timeout_s  # the person takes their time
         self._link = McpLink(self.label, command=words, url=url,
-                             connect_timeout_s=connect_timeout_s, probe_timeout_s=probe_timeout_s)
+                             connect_timeout_s=connect_timeout_s, probe_timeout_s=probe_timeout_s,
+                             auth=auth, elicitation=elicitation, on_authorize=on_authorize)
         self._loop = LoopThread(f"mcp {self.label[:40]}")
         try:
             listing = self._loop.submit(self._link.first_listing())

@@ -22,7 +22,9 @@ from typing import Any
 
 from actors.base.errors import McpError
 from actors.tools.protocol.wire import Answer, Failed
+from actors.tools.providers.mcp_auth import Authorizer, elicitation_answer, http_auth
 from actors.tools.providers.mcp_mapping import answer_of, reason, timeout_message
+from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
 from actors.wire.tether import tethered
 
 try:
@@ -30,6 +32,7 @@ try:
     import httpx2
     import mcp_types
     from mcp import Client, StdioServerParameters, stdio_client
+    from mcp.client.session import ClientRequestContext
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
     from mcp.shared.exceptions import MCPError
@@ -125,6 +128,21 @@ class Refusal:
         return f"{said}; check url in [[tools.hosts]]: is it the server's MCP endpoint?"
 
 
+_OAUTH_LOG = logging.getLogger("mcp.client.auth")
+
+
+class _LastError(logging.Handler):
+    """Keeps the exception of the last error the SDK's OAuth client logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.last = record.exc_info[1]
+
+
 @contextlib.asynccontextmanager
 async def _http(
     url: str, headers: dict[str, str], auth: httpx2.Auth | None,
@@ -133,8 +151,11 @@ async def _http(
     """The streamable-HTTP transport on a client of our own: headers, auth, and a note of
     each refusal (the SDK turns a 401 into "Server returned an error response")."""
 
+    endpoint = httpx2.URL(url)
+
     async def note(response: httpx2.Response) -> None:
-        if response.status_code >= 400:
+        # only the endpoint's own answers: OAuth discovery meets 404s on its way
+        if response.status_code >= 400 and response.request.url == endpoint:
             on_refusal(Refusal(response.status_code, response.reason_phrase,
                                response.headers.get("www-authenticate", "")))
 
@@ -181,12 +202,20 @@ class McpLink:
     def __init__(
         self, label: str, *, command: Sequence[str] | None = None, url: str | None = None,
         connect_timeout_s: float, probe_timeout_s: float,
-        headers: dict[str, str] | None = None, auth: httpx2.Auth | None = None,
+        auth: McpAuth | None = None, elicitation: ElicitationMode = "ask",
+        on_authorize: Callable[[str], None] = lambda _url: None,
     ) -> None:
         self.label = label
         self.refusal: Refusal | None = None  # the last HTTP error status, for messages
-        self._headers = dict(headers or {})
-        self._auth = auth
+        self._auth_spec = auth or McpAuth()
+        self._headers = self._auth_spec.header_values(label) if url is not None else {}
+        self._auth: httpx2.Auth | None = None
+        self._authorizer: Authorizer | None = None
+        self._prepared = False
+        self._on_authorize = on_authorize
+        self._elicitation: ElicitationMode = elicitation
+        # The SDK logs why an OAuth flow failed, then the request goes on to its 401.
+        self._oauth_errors = _LastError()
         self.restarted = "restarted" if command is not None else "reconnected"
         self.closed = False
         self._command = list(command) if command is not None else None
@@ -217,15 +246,32 @@ class McpLink:
     def _refused(self, refusal: Refusal) -> None:
         self.refusal = refusal
 
+    async def _prepare(self) -> None:
+        """The OAuth client (and its loopback listener), once, kept across reconnections."""
+        if self._prepared or self._url is None:
+            return
+        self._auth, self._authorizer = await http_auth(
+            self._auth_spec, self._url, self.label, self._on_authorize
+        )
+        if self._auth is not None:
+            _OAUTH_LOG.addHandler(self._oauth_errors)
+        self._prepared = True
+
+    async def _elicit(
+        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        return elicitation_answer(self._elicitation, params, self.label)
+
     async def first_listing(self) -> list[mcp_types.Tool]:
         """Start the server and list its tools, or raise McpError saying why not."""
+        await self._prepare()
         conn = await self._open(self._connect_timeout_s)
         try:
             return await asyncio.wait_for(self._list_tools(conn), self._connect_timeout_s)
         except Exception as e:
             self._retire(conn)
-            if self.refusal is not None:
-                raise McpError(self.refusal.advice(self.label)) from e
+            if self.refusal is not None or self._oauth_errors.last is not None:
+                raise McpError(self._start_failure(e, self._connect_timeout_s)) from e
             raise McpError(f"MCP server {self.label} did not list its tools: {reason(e)}") from e
 
     async def _list_tools(self, conn: _Connection) -> list[mcp_types.Tool]:
@@ -261,6 +307,7 @@ class McpLink:
                 self._transport(conn.ended),
                 cache=None,
                 client_info=mcp_types.Implementation(name="loopd", version=_version()),
+                elicitation_callback=self._elicit,
             )
             async with client:
                 if not ready.done():
@@ -369,6 +416,9 @@ class McpLink:
         self._probe = asyncio.create_task(probe())
 
     async def shutdown(self) -> None:
+        _OAUTH_LOG.removeHandler(self._oauth_errors)
+        if self._authorizer is not None:
+            await self._authorizer.close()
         if self._probe is not None:
             self._probe.cancel()
         if self._conn is not None:
@@ -386,6 +436,12 @@ class McpLink:
             await asyncio.wait(others, timeout=2)
 
     def _start_failure(self, e: Exception, timeout_s: float) -> str:
+        if self._oauth_errors.last is not None:
+            return (
+                f"MCP server {self.label}: OAuth authorization failed: "
+                f"{reason(self._oauth_errors.last)}; check the oauth keys of its "
+                "[[tools.hosts]] entry"
+            )
         if self.refusal is not None:
             return self.refusal.advice(self.label)
         if isinstance(e, TimeoutError):
