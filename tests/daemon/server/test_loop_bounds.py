@@ -209,3 +209,30 @@ def test_a_client_past_the_bound_is_given_up_and_its_bytes_freed(
     wait_until(lambda: not rig.server._clients, timeout=HANG_S, what="the client given up")
     assert state.queued_bytes == 0 and not state.queued  # and what it held, freed
     assert alive(rig.client())  # the daemon goes on for everyone else
+
+
+class NoThreads(threading.Thread):
+    """What a process at its thread limit gets: "can't start new thread"."""
+
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_thread_the_system_refuses_is_an_error_answer_and_the_daemon_goes_on(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = make()
+    rig.app.gate.set()
+    client = rig.client()
+    assert alive(client)
+    monkeypatch.setattr(loop_module, "threading", SimpleNamespace(
+        Thread=NoThreads, Lock=threading.Lock, active_count=threading.active_count))
+    for rid in range(1, 101):
+        client.send(p.encode(p.Fork(id=rid, source="src", session=f"n{rid}", at=None)))
+    refused = answers(client, 100)
+    assert all(isinstance(m, p.Error) and "cannot start a thread" in m.message
+               for m in refused), refused[:3]
+    monkeypatch.undo()
+    assert alive(client)
+    client.send(p.encode(p.Fork(id=101, source="src", session="again", at=None)))
+    assert isinstance(answers(client, 1)[0], p.ForkReply)  # nothing was left counted
