@@ -6,9 +6,11 @@
 - **grammar**: the answer grammar of the standard tools built, against the same grammar
   taken from the cache (what every request after a session's first pays); and the grammar's
   size for N optional properties at two N (linear: the ratio is N's).
-- **escaping**: what showing control characters as text costs per printed line: the
+- **escaping** (and the rules file): what showing control characters as text costs per
+  printed line: the
   function alone on a plain line and on one with escape sequences, and a line printed
-  through loopd's console against rich's own (to a file, no terminal).
+  through loopd's console against rich's own (to a file, no terminal); and the stat of the
+  rules file every approval decision makes, against reading it.
 - **landing**: where a write lands, walked (every symlink followed, by descriptors) as the
   tool host does before every call that needs approval, against the words-only check it
   replaced (``protected`` on the path as written, which a symlink fooled): a plain path
@@ -33,6 +35,7 @@ from typing import Any
 
 from rich.console import Console
 
+from actors.approval.rulesfile import RuleStore, load_rules
 from actors.base.rules import RuleBook, protected, verdict
 from actors.base.spelling import split_words
 from actors.cli.view import SafeConsole, visible
@@ -113,7 +116,15 @@ def _escaping() -> list[dict[str, Any]]:
     theirs = Console(file=out, soft_wrap=True, width=200)
     safe = each(lambda: ours.print(plain, markup=False, highlight=False))
     rich = each(lambda: theirs.print(plain, markup=False, highlight=False))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "rules.toml"
+        path.write_text('allow = ["run_command: git status"]\ndeny = ["run_command: rm"]\n')
+        store = RuleStore(path)
+        checked = each(store.current)  # a stat per decision: the file unchanged
+        reread = each(lambda: load_rules(path))  # what a changed file costs once
     return [
+        {"name": "the rules file checked per decision", "value": checked * 1e6, "unit": "us",
+         "ratio": checked / reread, "note": f"read again when changed: {reread * 1e6:.0f} us"},
         {"name": "visible() on a plain line", "value": bare * 1e6, "unit": "us",
          "note": f"{len(plain)} characters, nothing to show"},
         {"name": "visible() on a line with escape sequences", "value": marked * 1e6,
