@@ -15,8 +15,11 @@ from typing import Any
 
 import pexpect
 import pytest
+from rich.text import Text
 
-from actors.cli.view import json_line, visible
+from actors.base.events import ApprovalRequested
+from actors.cli.approvers import TerminalApprover
+from actors.cli.view import SafeConsole, json_line, visible
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama, Reply, answer, http_error
 from tests.tools.hostkit import short_dir
@@ -134,3 +137,28 @@ def test_json_lines_carry_no_raw_control_character() -> None:
     line = json_line({"content": text})
     assert json.loads(line) == {"content": text}
     assert not any(c in line for c in "\x1b\x9b\u202e\x7f")
+
+
+def test_each_control_character_has_a_visible_form() -> None:
+    assert visible("plain text\n\twith layout") == "plain text\n\twith layout"
+    assert visible("\x1b[2J\r\b\x07\x00\x7f") == "^[[2J^M^H^G^@^?"
+    assert visible("\x9b31m \u202eevil\u2066") == "\\x9b31m <U+202E>evil<U+2066>"
+
+
+def test_the_console_shows_what_a_rich_text_would_hide() -> None:
+    """rich drops CR and backspace from a string unseen; loopd's console shows them, and a
+    Text built elsewhere (a table cell, a column) is shown as text too."""
+    out = io.StringIO()
+    console = SafeConsole(file=out, width=200, soft_wrap=True)
+    console.print("rm -rf ~\r\bls", markup=False)
+    console.print(Text("a\x1b]52;c;eA==\x07b"))
+    # (a Text drops BEL itself: what starts the sequence, ESC, is what shows)
+    assert out.getvalue() == "rm -rf ~^M^Hls\na^[]52;c;eA==b\n"
+
+
+def test_the_approval_prompt_says_when_loopd_asks_because_the_rules_file_is_broken() -> None:
+    out = io.StringIO()
+    request = ApprovalRequested(call=1, tool="run_command", arguments='{"command": "ls"}',
+                                prompt="loopd: rules file r.toml, line 1: not valid TOML\nrun")
+    TerminalApprover(SafeConsole(file=out, width=200))._show(request, whole=False)
+    assert "loopd: rules file r.toml, line 1: not valid TOML" in out.getvalue()
