@@ -177,6 +177,12 @@ class LoopConfig:
     thinking_cap: int = field(default=4096, metadata=limits(0))
     tool_result_cap: int = field(default=16000, metadata=limits(1))
     max_tokens: int = field(default=2048, metadata=limits(1))
+    # The runaway-text limit (actors/inference/runaway.py): an answer or reasoning whose
+    # last N pieces (a word, a number or a mark each, about a token) copy its own earlier
+    # text, or the prompt, is cut there; 0: not watched. The eval's right answers reach 99
+    # (repeat) and 146 (a file shown whole): scripts/runaway_scores.py.
+    runaway_repeat_tokens: int = field(default=256, metadata=limits(0))
+    runaway_copy_tokens: int = field(default=400, metadata=limits(0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from actors.base.cancel import CancelToken
 
 __all__ = [
     "NO_APPROVER",
+    "AnswerCut",
     "ApprovalDecided",
     "ApprovalRequested",
     "Approver",
@@ -92,6 +93,18 @@ class ToolCallDelta:
 class ThinkingCapped:
     tokens: int
     cap: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AnswerCut:
+    """loopd stopped the response's answer (or its reasoning) before the server ended it
+    and kept what came: ``why`` "repeat" or "copy" (the runaway-text limit), "timeout" or
+    "error" (the request ended: what streamed is the answer, cut); ``note`` says it for the
+    person; ``tokens``: the pieces the server had sent."""
+
+    why: str
+    note: str
+    tokens: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,6 +207,7 @@ class TornTail:
 
 ChatEvent: TypeAlias = (
     Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+    | AnswerCut
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
@@ -208,6 +222,7 @@ _NAMES = {
     ToolCallStarted: "tool_call_started",
     ToolCallDelta: "tool_call_delta",
     ThinkingCapped: "thinking_capped",
+    AnswerCut: "answer_cut",
     ApprovalRequested: "approval_requested",
     ApprovalDecided: "approval_decided",
     TornTail: "torn_tail",

@@ -34,6 +34,7 @@ from actors.log import records as rec
 from actors.log.outcome import TurnOutcome
 
 __all__ = [
+    "CUT_WORDS",
     "JsonView",
     "LiveView",
     "ReaderGone",
@@ -97,11 +98,23 @@ class SafeConsole(Console):
             else Segment(visible(segment.text), segment.style) for segment in buffer)
 
 
+# What the summary line says of a cut answer, by its finish_reason (the event and the log's
+# Cut record say it in full).
+CUT_WORDS = {
+    "length": "answer cut at loop.max_tokens",
+    "repeat": "answer cut: it repeated itself (loop.runaway_repeat_tokens)",
+    "copy": "answer cut: it copied the prompt word for word (loop.runaway_copy_tokens)",
+    "timeout": "answer cut: the request timed out; what streamed is kept",
+    "error": "answer cut: the stream failed; what streamed is kept",
+}
+
+
 def summary(outcome: TurnOutcome, seconds: float) -> str:
     """The one line that closes a turn."""
     timings = outcome.usage.timings
     cached = int(timings.get("cache_n", 0))
-    cut = " · answer cut at loop.max_tokens" if outcome.cut else ""
+    cut = f" · {CUT_WORDS.get(outcome.usage.finish_reason, CUT_WORDS['length'])}" if (
+        outcome.cut) else ""
     if outcome.compactions:
         times = "" if outcome.compactions == 1 else f" {outcome.compactions} times"
         cut += f" · conversation compacted{times} (loopd log show has it all)"
@@ -182,6 +195,8 @@ def describe(record: rec.Record) -> str:
             return (f"{record.prompt_tokens} prompt ({record.timings.get('cache_n', '?')} cached), "
                     f"{record.completion_tokens} generated, {record.reasoning_tokens} reasoning, "
                     f"finish {record.finish_reason}{capped}{_slot(record.slot)}")
+        case rec.Cut():
+            return f"loopd cut the response above ({record.why}): {record.note}"
         case rec.CacheLoss():
             cause = f" ({record.cause})" if record.cause else ""
             return (f"prompt cache lost: expected {record.expected} tokens, "
@@ -306,6 +321,9 @@ class LiveView:
             case ev.ThinkingCapped(cap=cap):
                 self._switch("")
                 self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
+            case ev.AnswerCut(note=note):
+                self._switch("")
+                self.console.print(f"[yellow]{escape(note)}[/]", highlight=False)
             case ev.ApprovalRequested():
                 self._switch("")  # the approver (actors.cli.approvers) asks on this console
             case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,

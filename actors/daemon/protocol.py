@@ -82,9 +82,9 @@ Messages, daemon to client
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
   ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
-  ``torn_tail``, ``approval_requested``, ``approval_decided``, ``compacting`` and
-  ``compacted`` (see ``actors/base/events.py`` for each one's fields; a new event is a new
-  protocol version, but for those listed under "Fields added later").
+  ``torn_tail``, ``approval_requested``, ``approval_decided``, ``compacting``,
+  ``compacted`` and ``answer_cut`` (see ``actors/base/events.py`` for each one's fields; a
+  new event is a new protocol version, but for those listed under "Fields added later").
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
   ``Usage`` record in the log's own encoding, docs/log.md#encoding: a msgpack map with
@@ -157,7 +157,9 @@ changes only for what an older peer cannot read. Added to version 1:
 daemon from before answers them ``error`` (an unknown kind).
 ``compact`` and ``compacted`` are new messages of version 1 (compaction), like ``fork``; the
 events ``compacting`` and ``compacted`` are new in version 1 too: a client from
-before ends a turn that compacts with a WireError (an unknown event).
+before ends a turn that compacts with a WireError (an unknown event). So does the event
+``answer_cut``, new in version 1 with the runaway-text limit, for a turn whose answer loopd
+cut (``done.usage`` says why in its ``cut``).
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice

@@ -28,6 +28,15 @@ Decisions (docs/inference.md; the server's side in docs/llama-server.md):
   protocol): there is nothing left to fall back on, and it must not run to the timeout.
 - **max_tokens**: a server that streams more than ``max_tokens`` (plus ``CONTROL_GRACE``)
   pieces is cut off there, and the answer ends as cut (``finish_reason`` "length").
+- **Runaway text** (:mod:`actors.inference.runaway`): answer or reasoning text that repeats
+  itself or copies the prompt past the request's limits closes the stream (the server stops
+  generating) and emits ``AnswerCut``; the answer ends there, cut (``finish_reason``
+  "repeat" or "copy"). Reasoning that runs away before any answer is treated like the
+  thinking cap's: the same messages are asked again with thinking off.
+- **A cut answer is kept**: when the request ends after some answer or reasoning streamed
+  (the deadline, a read timeout, a stream that broke or failed and may not be retried),
+  what streamed is the answer, cut (``finish_reason`` "timeout" or "error", ``AnswerCut``),
+  without any tool call it was still writing. A cancel keeps nothing.
 - **Queueing** is not done here: the inference actors (:mod:`actors.inference.actor`) lend
   each request one of ``inference.parallel`` actors, and a request that finds none idle
   emits ``Queued`` and waits there. The client itself streams whatever it is given.
@@ -51,7 +60,16 @@ from httpx_sse import EventSource, ServerSentEvent
 
 from actors.base.cancel import CancelToken
 from actors.base.config import InferenceConfig
-from actors.base.events import Retrying, Sink, ThinkingCapped, Waiting
+from actors.base.events import (
+    AnswerCut,
+    Content,
+    Reasoning,
+    Retrying,
+    Sink,
+    ThinkingCapped,
+    Waiting,
+)
+from actors.inference.runaway import Runaway, Watcher
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import (
     MAX_ERROR_BODY,
@@ -62,6 +80,7 @@ from actors.inference.types import (
     error_object,
 )
 from actors.inference.watchdog import Watch, Watchdog, watched_transport
+from actors.log.records import Cut
 from actors.wire.codec import plain
 
 __all__ = ["CONTROL_GRACE", "LlamaClient", "encode_body", "request_body"]
@@ -116,10 +135,13 @@ def request_body(request: ChatRequest, slot: int = 0) -> dict[str, Any]:
 class _Failed(Exception):
     """One exchange failed; ``retry`` says whether the retry policy may try again."""
 
-    def __init__(self, error: InferError, *, retry: bool) -> None:
+    def __init__(
+        self, error: InferError, *, retry: bool, partial: StreamAssembler | None = None
+    ) -> None:
         super().__init__(str(error))
         self.error = error
         self.retry = retry
+        self.partial = partial  # what streamed before it failed: kept when not retried
 
 
 @dataclasses.dataclass(slots=True)
@@ -182,6 +204,7 @@ class _Run:
     capped: bool = False  # ThinkingCapped already emitted
     reasoning: str | None = None  # from an abandoned, capped stream
     reasoning_tokens: int = 0
+    cut: Cut | None = None  # reasoning cut by the runaway-text limit (then asked again)
 
 
 class LlamaClient:
@@ -365,20 +388,23 @@ class LlamaClient:
             try:
                 outcome = self._exchange(request, sink, cancel, run)
             except _Failed as f:
-                if not f.retry or failures >= retries:
-                    raise f.error from None
-                failures += 1
-                self._backoff(failures, f.error, sink, cancel, run)
-                continue
+                if f.retry and failures < retries:
+                    failures += 1
+                    self._backoff(failures, f.error, sink, cancel, run)
+                    continue
+                outcome = _kept(f, sink)
             if isinstance(outcome, _Abandoned):
                 run.reasoning, run.reasoning_tokens = outcome.reasoning, outcome.reasoning_tokens
                 request = dataclasses.replace(request, thinking=False, thinking_budget=None)
                 continue
-            return outcome.completion(
+            completion = outcome.completion(
                 thinking_capped=run.capped,
                 extra_reasoning=run.reasoning_tokens,
                 reasoning=run.reasoning,
             )
+            if run.cut is not None and completion.cut is None:
+                completion = dataclasses.replace(completion, cut=run.cut)
+            return completion
 
     def _backoff(
         self, failures: int, error: InferError, sink: Sink, cancel: CancelToken, run: _Run
@@ -443,6 +469,8 @@ class LlamaClient:
     ) -> StreamAssembler | _Abandoned:
         asm = StreamAssembler()
         feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
+        watcher = (Watcher(request.messages, request.runaway_repeat, request.runaway_copy)
+                   if request.runaway_repeat or request.runaway_copy else None)
         cap = _ThinkingCap.of(request)
         most = None if request.max_tokens is None else request.max_tokens + CONTROL_GRACE
         stream = EventSource(response).iter_sse()
@@ -454,13 +482,20 @@ class LlamaClient:
                 if cancel.cancelled:
                     raise _Failed(InferError.cancelled(), retry=False)
                 if monotonic() >= deadline:
-                    raise _Failed(self._timed_out(), retry=False)
+                    raise _Failed(self._timed_out(), retry=False, partial=asm)
                 try:
                     events = feed(data)
                 except InferError as e:  # an error event is a 5xx; bad chunks are not retried
-                    raise _Failed(e, retry=_retryable_status(e.status)) from None
+                    said = e.kind is InferErrorKind.HTTP  # the server's: what came is kept
+                    raise _Failed(e, retry=_retryable_status(e.status),
+                                  partial=asm if said else None) from None
                 for event in events:
                     sink(event)
+                    if watcher is not None and isinstance(event, Content | Reasoning):
+                        thought = type(event) is Reasoning
+                        found = watcher.feed(event.text, thought)
+                        if found is not None:
+                            return _runaway(found, thought, asm, request, sink, run)
                 if asm.done:
                     _drain(stream, watch)
                     return asm
@@ -479,15 +514,20 @@ class LlamaClient:
                     continue
                 return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
         except httpx.HTTPError as e:
-            raise self._transport_failure(e, watch, cancel, run, answered=asm.answered) from None
+            failed = self._transport_failure(e, watch, cancel, run, answered=asm.answered)
+            failed.partial = asm
+            raise failed from None
         if _interrupted(watch, cancel):
-            raise self._expired(watch, cancel)
+            failed = self._expired(watch, cancel)
+            failed.partial = asm
+            raise failed
         raise _Failed(
             InferError(
                 InferErrorKind.PROTOCOL,
                 "the server closed the stream before the answer ended (no [DONE])",
             ),
             retry=True,
+            partial=asm,
         )
 
     def _reasoning_end(self, chat_id: str | None) -> bool:
@@ -578,6 +618,35 @@ def _drain(stream: Iterator[ServerSentEvent], watch: Watch) -> None:
     with contextlib.suppress(httpx.HTTPError):
         for _ in stream:
             break  # more after [DONE]: not worth reading, the connection is dropped
+
+
+def _runaway(found: Runaway, thought: bool, asm: StreamAssembler, request: ChatRequest,
+             sink: Sink, run: _Run) -> StreamAssembler | _Abandoned:
+    """The answer (or the reasoning: ``thought``) ran away (``found``): the answer ends
+    here, cut; reasoning that ran away before any answer is abandoned, to be asked again
+    with thinking off."""
+    limit = request.runaway_repeat if found.kind == "repeat" else request.runaway_copy
+    note = found.note("reasoning" if thought else "answer", limit)
+    if thought and request.thinking and not asm.answered:
+        run.cut = Cut(why=found.kind, note=f"{note}; asked again with thinking off")
+        sink(AnswerCut(why=found.kind, note=run.cut.note, tokens=asm.deltas))
+        return _Abandoned(asm.reasoning_text(), asm.reasoning_deltas)
+    asm.cut_short(found.kind, note)
+    sink(AnswerCut(why=found.kind, note=note, tokens=asm.deltas))
+    return asm
+
+
+def _kept(failed: _Failed, sink: Sink) -> StreamAssembler:
+    """What streamed before the request ended (its deadline, a broken or failed stream):
+    the answer, cut. Raises the error when nothing came, or the request was cancelled."""
+    asm, error = failed.partial, failed.error
+    if asm is None or not asm.said or error.kind is InferErrorKind.CANCELLED:
+        raise error from None
+    why = "timeout" if error.kind is InferErrorKind.TIMEOUT else "error"
+    note = f"answer cut: {error.message}; what streamed is kept"
+    asm.cut_short(why, note)
+    sink(AnswerCut(why=why, note=note, tokens=asm.deltas))
+    return asm
 
 
 def _thinking_on(deltas: int) -> InferError:

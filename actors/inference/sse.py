@@ -20,7 +20,7 @@ from actors.base.events import ChatEvent, Content, Progress, Reasoning, ToolCall
 from actors.inference.types import MAX_ERROR_BODY, Completion, InferError, InferErrorKind
 from actors.log import server_values
 from actors.log.file import MAX_RECORD
-from actors.log.records import ToolCall
+from actors.log.records import Cut, ToolCall
 
 __all__ = ["DONE", "MAX_RESPONSE_CHARS", "StreamAssembler"]
 
@@ -51,12 +51,14 @@ class StreamAssembler:
     __slots__ = (
         "_calls",
         "_content",
+        "_cut",
         "_fragments",
         "_reasoning",
         "_size",
         "done",
         "finish_reason",
         "id",
+        "prompt_tokens",
         "timings",
         "usage",
     )
@@ -72,6 +74,8 @@ class StreamAssembler:
         self.timings: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.done = False
+        self.prompt_tokens = 0  # the prompt's size as its progress said (no usage yet)
+        self._cut: Cut | None = None  # what loopd cut, and why (cut_short)
 
     @property
     def reasoning_deltas(self) -> int:
@@ -124,10 +128,11 @@ class StreamAssembler:
         if progress is not None:  # its role delta is not content
             if type(progress) is not dict:
                 raise _protocol("prompt_progress is not an object", data)
+            self.prompt_tokens = _int(progress.get("total", 0))
             return [
                 Progress(
                     processed=_int(progress.get("processed", 0)),
-                    total=_int(progress.get("total", 0)),
+                    total=self.prompt_tokens,
                     cache=_int(progress.get("cache", 0)),
                     time_ms=float(server_values.number(progress.get("time_ms")) or 0.0),
                 )
@@ -211,6 +216,19 @@ class StreamAssembler:
     def reasoning_text(self) -> str | None:
         return "".join(self._reasoning) or None
 
+    @property
+    def said(self) -> bool:
+        """Some answer or reasoning text has come: a cut keeps it."""
+        return bool(self._content or self._reasoning)
+
+    def cut_short(self, finish_reason: str, note: str) -> None:
+        """loopd ends the answer here: what came is kept, but for tool calls (a call cut
+        before its end is no call); ``note`` says why (the Completion's ``cut``)."""
+        self.finish_reason, self._cut = finish_reason, Cut(why=finish_reason, note=note)
+        self._calls.clear()
+        if not self.usage:  # the usage chunk never came: what the stream itself showed
+            self.usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.deltas}
+
     def completion(
         self,
         *,
@@ -243,6 +261,7 @@ class StreamAssembler:
             reasoning_tokens=extra_reasoning + self._reasoning_tokens(),
             thinking_capped=thinking_capped,
             finish_reason=self.finish_reason or "stop",
+            cut=self._cut,
         )
 
     def _reasoning_tokens(self) -> int:

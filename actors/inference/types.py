@@ -10,9 +10,10 @@ from typing import Any
 
 from actors.base.errors import ServerError
 from actors.log import server_values
-from actors.log.records import Assistant, SlotUse, ToolCall, Usage
+from actors.log.records import Assistant, Cut, SlotUse, ToolCall, Usage
 
 __all__ = [
+    "CUT",
     "MAX_ERROR_BODY",
     "BaselineUse",
     "ChatRequest",
@@ -40,6 +41,16 @@ class ChatRequest:
     # ``grammar`` with ``tool_choice: "none"``, the only way llama-server takes a grammar
     # together with tools.
     grammar: str | None = None
+    # The runaway-text limit (actors/inference/runaway.py): the longest run of the answer
+    # or reasoning that may copy its own earlier text, or the prompt (0: not watched).
+    runaway_repeat: int = 0
+    runaway_copy: int = 0
+
+
+# How an answer ends when it was cut, not finished: at max_tokens ("length", the server's or
+# loopd's), by the runaway-text limit ("repeat", "copy"), by the request's end once the answer
+# had begun ("timeout", "error": what streamed is kept).
+CUT = frozenset({"length", "repeat", "copy", "timeout", "error"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +75,7 @@ class Completion:
     finish_reason: str
     slot: SlotUse | None = None  # what the slot keeper did for this request
     baseline: BaselineUse | None = None  # the baseline it gave the slot first, if any
+    cut: Cut | None = None  # what loopd cut of the response, and why (logged after it)
 
     @property
     def prompt_tokens(self) -> int:
@@ -86,6 +98,7 @@ class Completion:
             completion_tokens=self.completion_tokens, finish_reason=self.finish_reason,
             slot=self.slot,
         )
+
 
 
 MAX_ERROR_BODY = 64 * 1024  # bytes of a server's error body kept on an InferError

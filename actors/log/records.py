@@ -40,6 +40,7 @@ __all__ = [
     "CacheLoss",
     "Compaction",
     "CompactionBy",
+    "Cut",
     "Forked",
     "Record",
     "Rewind",
@@ -154,6 +155,18 @@ class CacheLoss:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Cut:
+    """loopd cut the response logged just before (in the same write): ``why`` "repeat" or
+    "copy" (the runaway-text limit: the answer, or the reasoning asked again with thinking
+    off), "timeout" or "error" (the request ended after the answer began: what streamed is
+    the answer); ``note`` says it for the person. Renders to nothing."""
+
+    why: str
+    note: str
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolResult:
     call: int
     tool_call_id: str
@@ -252,7 +265,7 @@ class Rewind:
 
 Record: TypeAlias = (
     Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval | Compaction
-    | Forked | Rewind
+    | Forked | Rewind | Cut
 )
 """Every kind of record the log holds; adding one here (and its dataclass above) is all the
 codec needs."""

@@ -23,9 +23,14 @@ A tool call that never got a result (a turn stopped by a limit) is answered with
 :data:`MISSING_RESULT`, always the same text, when its block is *closed*: when the next
 User or Assistant record comes. While the block is still open at the end of the records,
 nothing is emitted for it, so a ToolResult appended later still extends the rendering.
+A question whose turn ended without an answer (cancelled, timed out before any answer
+came, stopped by a limit) is marked so when the next question comes: :data:`UNANSWERED`,
+as the assistant's message before it, so the model answers the new question instead of
+going on with the old one (and roles still alternate). The same rule as for a missing
+result: it is emitted only when the next User record closes the turn.
 Results are matched to calls by ``tool_call_id``; a result that answers no open call is
 still rendered (the log is the truth: nothing is dropped). Baseline (in any position),
-Usage, CacheLoss, Approval, Compaction, Forked and Rewind records render to nothing
+Usage, Cut, CacheLoss, Approval, Compaction, Forked and Rewind records render to nothing
 themselves, and
 ``time`` is never sent. ``records`` is the log from its Baseline on when it holds
 Compactions: their ``kept`` is an index into it.
@@ -61,11 +66,13 @@ from actors.log.records import (
 )
 
 __all__ = [
-    "MISSING_RESULT", "OUTSIDE_FRAME", "SUMMARY_ACK", "SUMMARY_FRAME", "USER_RESULT", "Message",
-    "ResultStyle", "View", "frame", "message_text", "messages", "render", "turn_of", "view",
+    "MISSING_RESULT", "OUTSIDE_FRAME", "SUMMARY_ACK", "SUMMARY_FRAME", "UNANSWERED",
+    "USER_RESULT", "Message", "ResultStyle", "View", "frame", "message_text", "messages",
+    "render", "turn_of", "view",
 ]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
+UNANSWERED = "(No answer: this question's turn was stopped before it was answered.)"
 USER_RESULT = (
     "Question: {question}\n\n{tool} returned:\n{result}\n\n"
     "Answer the question from that result, in full sentences."
@@ -167,6 +174,7 @@ def render(
     live = set(shown.live)
     pending: list[ToolCall] = []  # calls of the open block still waiting for a result
     question = ""  # the content of the last User record: the turn's question
+    open_question = False  # a User record of this view that no answer followed yet
     for i, record in enumerate(records):
         if i not in live:
             if isinstance(record, User):
@@ -180,11 +188,14 @@ def render(
                          for call in pending)
             pending = []
         if isinstance(record, User):
+            if open_question:
+                added.append({"role": "assistant", "content": UNANSWERED})
             added.append({"role": "user", "content": record.content})
-            question = record.content
+            question, open_question = record.content, True
         elif isinstance(record, Assistant):
             added.append(_assistant(record))
             pending = list(record.tool_calls)
+            open_question = open_question and (bool(pending) or not record.content)
         elif isinstance(record, ToolResult):
             answered = None
             for k, call in enumerate(pending):
@@ -193,7 +204,7 @@ def render(
                     break
             added.append(_result(results, record.tool_call_id, record.content, answered,
                                  question))
-        # Baseline, Usage, CacheLoss, Approval, Forked, Rewind: nothing
+        # Baseline, Usage, Cut, CacheLoss, Approval, Forked, Rewind: nothing
         if framed and added:
             framed = False
             if added[0]["role"] == "user":

@@ -12,6 +12,7 @@ The limits decided here, and where:
                        (loop.max_calls_per_response)
   repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
   thinking cap      -> ``thinking_budget`` given to the inference actor, counted down here
+  runaway text      -> ``runaway_*`` given to the inference actor (loop.runaway_*_tokens)
   context full      -> ``compactor.Compactor``: compacts, else SessionFull (taken back)
   tool result size  -> ``cap_result``         (loop.tool_result_cap)
 """
@@ -40,6 +41,7 @@ from actors.inference.smallmodel.bare_json import bare_call
 from actors.inference.smallmodel.decision import WordFilter, strip_word
 from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
+    CUT,
     ChatRequest,
     Completion,
     InferError,
@@ -138,11 +140,12 @@ class _Turn:
             while True:
                 asked = self._ask_model()
                 completion = asked.completion
-                if not completion.tool_calls or completion.finish_reason == "length":
+                cut = completion.finish_reason in CUT  # an answer cut is the turn's answer
+                if not completion.tool_calls or cut:
                     return TurnOutcome(
                         content=completion.content or "", usage=asked.usage,
                         iterations=self.iterations, tool_calls=self.tool_calls,
-                        cut=completion.finish_reason == "length", restored=self.restored,
+                        cut=cut, restored=self.restored,
                         compactions=self.compactor.made,
                     )
                 self._count_iteration()
@@ -176,7 +179,8 @@ class _Turn:
             session=self.log.name, messages=tuple(shown), tools=self.log.baseline.tools,
             thinking=self.thinking_left > 0, max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0), sampling=self.sampling, grammar=grammar,
-        )
+            runaway_repeat=self.loop.runaway_repeat_tokens,
+            runaway_copy=self.loop.runaway_copy_tokens)
 
     def _complete(self, grammar: str | None, sink: WordFilter, again: bool = True) -> Completion:
         """The model's response; the server's failures as the turn's (cancelled, full: the
@@ -196,11 +200,12 @@ class _Turn:
         return completion
 
     def _record(self, completion: Completion, previous: Usage | None) -> Usage:
-        """The response, its usage and a cache loss (if the prompt cache was lost) logged."""
+        """The response, its usage, what loopd cut of it and a cache loss (if the prompt cache
+        was lost) logged."""
         assistant, usage = completion.assistant(), completion.usage_record()
         loss = cache_outcome(previous.timings if previous else None, completion.timings,
                              completion.slot, completion.baseline)
-        self.log.append(assistant, usage, *(() if loss is None else (loss,)))  # one write
+        self.log.append(assistant, usage, *(r for r in (completion.cut, loss) if r))  # one write
         if loss is not None:
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
         return usage
@@ -255,10 +260,8 @@ class _Turn:
                 "repeated call", f"{call.name} was called with the same arguments {earlier + 1} "
                 "times in this turn (the first repeat was answered with a notice)",
             )
-        if earlier == 1:
-            answered = Answered(REPEAT_NOTICE.format(name=call.name), outcome="repeat")
-        else:
-            answered = self._dispatch(call, number)
+        answered = (Answered(REPEAT_NOTICE.format(name=call.name), outcome="repeat")
+                    if earlier == 1 else self._dispatch(call, number))
         if self.cancel.cancelled:
             raise Cancelled()
         text, truncated = cap_result(answered.text, self.loop.tool_result_cap)

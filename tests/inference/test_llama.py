@@ -10,6 +10,7 @@ import pytest
 
 from actors.base.cancel import CancelToken
 from actors.base.events import (
+    AnswerCut,
     Content,
     Event,
     Progress,
@@ -33,6 +34,7 @@ from tests.support.fake_llama import (
     malformed,
     not_json,
     replay,
+    stall,
     stream_error,
     trickle,
 )
@@ -173,13 +175,22 @@ def test_an_error_event_in_the_stream_is_retried_and_the_partial_answer_dropped(
     assert "does not match the expected peg-native format" in retries(r.events)[0].reason
 
 
-def test_an_error_event_without_retries_is_an_http_500(rig: MakeRig) -> None:
-    r = rig([stream_error(after_events=4, message="Invalid input batch.")])
+def test_an_error_event_before_the_answer_without_retries_is_an_http_500(rig: MakeRig) -> None:
+    r = rig([stream_error(after_events=3, message="Invalid input batch.")])  # no content yet
     with pytest.raises(InferError) as e:
         r.chat(retry=False)
     assert (e.value.kind, e.value.status) == (InferErrorKind.HTTP, 500)
     assert "Invalid input batch." in e.value.message
     assert e.value.error_body()["type"] == "server_error"
+
+
+def test_an_error_event_after_the_answer_began_keeps_what_streamed_cut(rig: MakeRig) -> None:
+    r = rig([stream_error(after_events=5, message="Invalid input batch.")])
+    done = r.chat(retry=False)
+    assert done.content == "The file"  # two content chunks of 4 characters came
+    assert done.finish_reason == "error" and done.cut is not None
+    assert done.cut.why == "error" and "Invalid input batch." in done.cut.note
+    assert [e.why for e in r.events if isinstance(e, AnswerCut)] == ["error"]
 
 
 @pytest.mark.parametrize(
@@ -193,9 +204,11 @@ def test_a_closed_connection_is_retried(rig: MakeRig, failure: Reply) -> None:
 
 
 @pytest.mark.parametrize(
-    "failure", [close_without_response(), cut_stream(after_events=5)], ids=["no_response", "cut"]
+    "failure", [close_without_response(), cut_stream(after_events=3)], ids=["no_response", "cut"]
 )
-def test_a_closed_connection_is_a_protocol_error(rig: MakeRig, failure: Reply) -> None:
+def test_a_closed_connection_before_the_answer_is_a_protocol_error(
+    rig: MakeRig, failure: Reply
+) -> None:
     r = rig([failure])
     with pytest.raises(InferError) as e:
         r.chat(retry=False)
@@ -203,7 +216,7 @@ def test_a_closed_connection_is_a_protocol_error(rig: MakeRig, failure: Reply) -
     assert "closed" in e.value.message
 
 
-def test_eof_without_done_is_a_protocol_error(rig: MakeRig) -> None:
+def test_eof_without_done_is_retried_then_kept_cut(rig: MakeRig) -> None:
     from tests.support.fake_llama import Conn, Reply
 
     def serve(conn: Conn) -> None:  # a clean chunked end, but no [DONE]
@@ -212,10 +225,10 @@ def test_eof_without_done_is_a_protocol_error(rig: MakeRig) -> None:
         conn.end()
 
     r = rig([Reply("no_done", serve)] * 2, retries=1)
-    with pytest.raises(InferError) as e:
-        r.chat()
-    assert e.value.kind is InferErrorKind.PROTOCOL and "no [DONE]" in e.value.message
-    assert len(r.fake.requests) == 2  # retried once
+    done = r.chat()
+    assert len(r.fake.requests) == 2  # retried once, then what the last one streamed is kept
+    assert (done.content, done.finish_reason) == ("half", "error")
+    assert done.cut is not None and "no [DONE]" in done.cut.note
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 422])
@@ -294,10 +307,34 @@ def test_silence_after_the_answer_began_is_a_timeout_not_retried(rig: MakeRig) -
     # (written right after the headers) through on a loaded machine: a chunk starved past it
     # would be silence before the first byte, retried, and "never" the answer
     r = rig([Reply("stall", serve), answer("never")], read_timeout_s=2.0)
-    with pytest.raises(InferError) as e:
-        r.chat()
-    assert e.value.kind is InferErrorKind.TIMEOUT and "read_timeout_s" in e.value.message
+    done = r.chat()
+    assert (done.content, done.finish_reason) == ("Half", "timeout")  # kept, cut
+    assert done.cut is not None and "read_timeout_s" in done.cut.note
     assert len(r.fake.requests) == 1
+
+
+def test_an_answer_past_the_deadline_keeps_what_streamed(rig: MakeRig) -> None:
+    """inference.timeout_s ends a stalled answer (the watchdog shuts its socket): what
+    streamed is the answer, cut, with its tool call still being written left out."""
+    r = rig([stall(after_events=6)], timeout_s=0.5, read_timeout_s=30.0)
+    done = r.chat()
+    assert (done.content, done.finish_reason, done.tool_calls) == ("The files ar", "timeout", ())
+    assert done.cut is not None and "inference.timeout_s = 0.5 s" in done.cut.note
+    cuts = [e for e in r.events if isinstance(e, AnswerCut)]
+    assert [(c.why, c.tokens) for c in cuts] == [("timeout", 3)]
+    assert done.completion_tokens == 3 and done.prompt_tokens > 0  # from the stream itself
+
+
+def test_a_cancelled_answer_keeps_nothing(rig: MakeRig) -> None:
+    r = rig([stall(after_events=6)])
+
+    def cancel_on_content(event: Event) -> None:
+        if isinstance(event, Content):
+            r.cancel.cancel()
+
+    with pytest.raises(InferError) as e:
+        r.chat(sink=cancel_on_content)
+    assert e.value.kind is InferErrorKind.CANCELLED
 
 
 def test_script_exhausted_is_a_clear_500(rig: MakeRig) -> None:

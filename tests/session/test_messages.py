@@ -33,6 +33,7 @@ from actors.session.messages import (
     MISSING_RESULT,
     SUMMARY_ACK,
     SUMMARY_FRAME,
+    UNANSWERED,
     ResultStyle,
     View,
     messages,
@@ -138,11 +139,32 @@ def test_unanswered_calls_get_the_placeholder_in_call_order_when_the_block_close
     assert closed[len(open_block) :] == [
         tool_msg("a", MISSING_RESULT),
         tool_msg("c", MISSING_RESULT),
+        {"role": "assistant", "content": UNANSWERED},  # "go" was never answered
         {"role": "user", "content": "stop?"},
     ]
     # closing by a new assistant message works the same way
     by_assistant = messages(BASE, [*recs, Assistant(content="z", reasoning=None)])
-    assert by_assistant[len(open_block) : -1] == closed[len(open_block) : -1]
+    assert by_assistant[len(open_block) : -1] == closed[len(open_block) : -2]
+
+
+@pytest.mark.parametrize(("turn", "marked"), [
+    ([], True),  # cancelled before any response
+    ([Assistant(content=None, reasoning="hmm", tool_calls=())], True),  # reasoning only
+    ([Assistant(content=None, reasoning=None, tool_calls=(call("a"),)), result("a", "A")], True),
+    ([Assistant(content="Half an ans", reasoning=None)], False),  # an answer, even cut
+    ([Assistant(content=None, reasoning=None, tool_calls=(call("a"),)), result("a", "A"),
+      Assistant(content="It says A.", reasoning=None)], False),
+])
+def test_a_question_left_unanswered_is_marked_when_the_next_one_comes(
+        turn: list[Record], marked: bool) -> None:
+    recs: list[Record] = [User(content="List the files."), *turn]
+    before = messages(BASE, recs)
+    after = messages(BASE, [*recs, User(content="What is 2+2?")])
+    assert after[: len(before)] == before  # the rendering only grows
+    added = after[len(before):]
+    assert added[-1] == {"role": "user", "content": "What is 2+2?"}
+    mark = {"role": "assistant", "content": UNANSWERED}
+    assert added[-2:-1] == [mark] if marked else mark not in added
 
 
 def test_a_result_appended_later_extends_the_open_block() -> None:

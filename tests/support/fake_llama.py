@@ -70,6 +70,7 @@ __all__ = [
     "close_without_response",
     "context_full",
     "cut_stream",
+    "endless",
     "hang",
     "http_error",
     "malformed",
@@ -82,6 +83,7 @@ __all__ = [
 ]
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+DONE_EVENT = "[DONE]"
 SLOT_FILE_HEADER = b"fake-llama slot v1\n"
 DEFAULT_PROPS: dict[str, Any] = {
     "total_slots": 1, "n_ctx": 8192, "model_path": "/models/fake.gguf", "build_info": "b1-fake",
@@ -809,6 +811,49 @@ def not_json(body: str = "<html><body>It works!</body></html>",
         conn._handler.wfile.write(data)
 
     return Reply("not_json", serve)
+
+
+@dataclasses.dataclass
+class Runaway:
+    """What an :func:`endless` answer did: the chunks it sent, and whether it saw the
+    client go (the stream closed: a real server stops generating then)."""
+
+    sent: int = 0
+    gone: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def endless(text: str | Callable[[dict[str, Any]], str], *, chunk: int = 4,
+            reasoning: bool = False, runaway: Runaway | None = None,
+            most: int = 100_000) -> Reply:
+    """A model that runs away: ``text`` (or ``text(body)``: e.g. the request's last user
+    message, copied back) streamed again and again, ``chunk`` characters a chunk, as
+    content (or reasoning), until the client goes (at most ``most`` chunks, then [DONE]).
+    ``runaway`` records what it sent and that the client went."""
+    seen = runaway or Runaway()
+
+    def serve(conn: Conn) -> None:
+        said = text(conn.body) if callable(text) else text
+        total = len(render_prompt(conn.body)) // 4
+        base = {"id": _chat_id(), "object": "chat.completion.chunk", "model": "fake-llama"}
+        conn.head(200, "text/event-stream")
+        conn.event({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+                    "prompt_progress": {"total": total, "cache": 0, "processed": total}})
+        key = "reasoning_content" if reasoning else "content"
+        for piece in itertools.islice(itertools.cycle(_pieces(said, chunk)), most):
+            try:
+                if conn.stopping or conn.client_gone():
+                    raise ConnectionResetError
+                conn.event({**base, "choices": [{"index": 0, "delta": {key: piece}}]})
+            except OSError:  # the client closed the stream (a write may be what sees it)
+                seen.gone.set()
+                conn.abort()
+                return
+            seen.sent += 1
+        conn.event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        conn.event(DONE_EVENT)
+        conn.end()
+
+    return Reply("endless", serve)
 
 
 def http_error(status: int, body: dict[str, Any] | str) -> Reply:

@@ -62,9 +62,10 @@ class ScriptedPort:
         return self._answer(tool, arguments)
 
 
-def make_config(tmp_path: Path, url: str = "", **loop: Any) -> Config:
-    inference = dict(url=url, retries=2, backoff_s=0.001, timeout_s=20.0,
-                     read_timeout_s=10.0, connect_timeout_s=2.0)
+def make_config(tmp_path: Path, url: str = "",
+                inference_changes: Mapping[str, Any] | None = None, **loop: Any) -> Config:
+    inference = {**dict(url=url, retries=2, backoff_s=0.001, timeout_s=20.0,
+                        read_timeout_s=10.0, connect_timeout_s=2.0), **(inference_changes or {})}
     config = parse({"log": {"dir": str(tmp_path / "sessions"), "fsync": "never"},
                     "inference": inference})
     return dataclasses.replace(config, loop=dataclasses.replace(LoopConfig(), **loop))
@@ -78,9 +79,10 @@ class Rig:
     """One session log, a fake model server, a runtime; `turn()` runs run_turn and keeps events."""
 
     def __init__(self, tmp_path: Path, script: Any, registry: Registry,
-                 props: dict[str, Any] | None = None, **loop: Any) -> None:
+                 props: dict[str, Any] | None = None,
+                 inference: Mapping[str, Any] | None = None, **loop: Any) -> None:
         self.fake = FakeLlama(script, props=props).start()
-        self.config = make_config(tmp_path, self.fake.url, **loop)
+        self.config = make_config(tmp_path, self.fake.url, inference or {}, **loop)
         self.path = tmp_path / "sessions" / "s" / "log.bin"
         self.log, _ = SessionLog.open(self.path, fsync="never", baseline=baseline(), name="s")
         self.inference = Inference.start(self.config.inference)
@@ -108,8 +110,10 @@ def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
     made: list[Rig] = []
 
     def make(script: list[Reply] | Callable[[dict[str, Any]], Reply],
-             registry: Registry | None = None, **loop: Any) -> Rig:
-        r = Rig(tmp_path / str(len(made)), script, registry or Registry([ScriptedPort()]), **loop)
+             registry: Registry | None = None, inference: Mapping[str, Any] | None = None,
+             **loop: Any) -> Rig:
+        r = Rig(tmp_path / str(len(made)), script, registry or Registry([ScriptedPort()]),
+                inference=inference, **loop)
         made.append(r)
         return r
 

@@ -1,0 +1,180 @@
+"""The runaway-text limit: streamed text that repeats itself or copies the prompt, seen as it
+comes (docs/turn.md#limits, ``loop.runaway_repeat_tokens`` and ``loop.runaway_copy_tokens``).
+
+A small model that loses its way writes the same run of text again and again, or copies its
+input back word for word (a pasted message, a file it read) until ``loop.max_tokens`` or the
+request's wall-clock limit stops it, minutes later. The stream reader gives each piece of
+answer or reasoning text to a :class:`Watcher`, which says when the text has run away; the
+reader then closes the stream (the server stops generating) and keeps what came, marked cut.
+
+The text is cut into pieces: a word, a number or a mark (spaces and line breaks are not
+pieces), about one of the model's tokens each; a number counts as ``#``, so a list that
+counts up while it repeats ("Item 3-12: the red box on shelf 12 holds 33 screws. Item
+3-13: ...") is a repeat. Two runs are followed, each the way LZ77 finds a match: once the
+last :data:`GRAM` pieces were seen before, the earlier text is followed piece by piece, and
+the run is how many pieces in a row match it.
+
+- **repeat**: the last ``repeat`` pieces copy the stream's own earlier text;
+- **copy**: the last ``copy`` pieces copy the prompt (every message's text, cut into pieces
+  once per request, when the first text arrives).
+
+Each piece costs a few dictionary look-ups (the cost per chunk is in docs/turn.md), so the
+watch runs on every streamed token. A legitimate answer copies its prompt to show a file,
+and a list or code repeats short runs: the defaults are far above what the eval's right
+answers reach (scripts/runaway_scores.py measures them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["GRAM", "Runaway", "Watcher", "pieces", "prompt_text"]
+
+GRAM = 8  # pieces that must match before a run is followed (and the shortest run)
+_PIECE = re.compile(r"\d+|[^\W\d]+|[^\w\s]")
+_WORD_END = re.compile(r"\w+\Z")
+_HELD = 64  # characters of an unfinished word held back at most (one giant word: cut up)
+
+
+def pieces(text: str) -> list[str]:
+    """``text`` as the watch sees it: words, ``#`` for each number, and marks."""
+    return ["#" if p[0].isdigit() else p for p in _PIECE.findall(text)]
+
+
+def prompt_text(messages: Iterable[Mapping[str, Any]]) -> str:
+    """Every message's text the model reads (content, reasoning, calls' arguments)."""
+    parts: list[str] = []
+    for m in messages:
+        for key in ("content", "reasoning_content"):
+            value = m.get(key)
+            if isinstance(value, str):
+                parts.append(value)
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                parts.append(fn["arguments"])
+    return "\n".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Runaway:
+    """Text that ran away: ``kind`` "repeat" or "copy", over the last ``run`` pieces;
+    ``period``: for a repeat, how many pieces apart the copies are."""
+
+    kind: str
+    run: int
+    period: int = 0
+
+    def note(self, where: str, limit: int) -> str:
+        """What the person reads: ``where`` ("answer", "reasoning") was cut, and why."""
+        if self.kind == "repeat":
+            return (f"{where} cut: its last {self.run} tokens repeat its own earlier text "
+                    f"(the same {self.period} again and again; "
+                    f"loop.runaway_repeat_tokens = {limit})")
+        return (f"{where} cut: its last {self.run} tokens copy the prompt word for word "
+                f"(loop.runaway_copy_tokens = {limit})")
+
+
+class _Follow:
+    """How many pieces in a row follow an earlier stretch of ``source`` verbatim."""
+
+    __slots__ = ("at", "grams", "run", "source")
+
+    def __init__(self, source: list[str], grams: dict[tuple[str, ...], int]) -> None:
+        self.source, self.grams = source, grams
+        self.at = -1  # the index in source of the piece the next one should equal
+        self.run = 0
+
+    def step(self, piece: str, gram: tuple[str, ...] | None) -> int:
+        at = self.at
+        if 0 <= at < len(self.source) and self.source[at] == piece:
+            self.at, self.run = at + 1, self.run + 1
+            return self.run
+        self.at, self.run = -1, 0
+        if gram is not None:
+            end = self.grams.get(gram)
+            if end is not None:
+                self.at, self.run = end + 1, GRAM
+        return self.run
+
+
+class _Stream:
+    """The watch over one stream of text (the answer, or the reasoning)."""
+
+    __slots__ = ("copy", "held", "own", "repeat", "said")
+
+    def __init__(self, prompt: _Follow | None) -> None:
+        self.said: list[str] = []
+        self.own: dict[tuple[str, ...], int] = {}
+        self.repeat = _Follow(self.said, self.own)
+        self.copy = prompt
+        self.held = ""  # the end of the text so far, when it may be an unfinished word
+
+
+class Watcher:
+    """Watches the answer and the reasoning of one response; ``repeat``/``copy``: the
+    longest run allowed (0: not watched). ``messages``: the request's, cut into pieces
+    when the first text comes (a response that only calls a tool never pays for it)."""
+
+    __slots__ = ("_copy", "_grams", "_messages", "_prompt", "_repeat", "_streams", "peaks")
+
+    def __init__(self, messages: Iterable[Mapping[str, Any]], repeat: int, copy: int) -> None:
+        self._repeat, self._copy = repeat or 1 << 62, copy or 1 << 62
+        self._messages = messages if copy else ()
+        self._prompt: list[str] | None = None
+        self._grams: dict[tuple[str, ...], int] = {}
+        self._streams: dict[bool, _Stream] = {}
+        self.peaks = [0, 0]  # the longest repeat and copy runs seen (what the limits measure)
+
+    def feed(self, text: str, reasoning: bool = False) -> Runaway | None:
+        """The next text of the answer (or of the reasoning); a Runaway once it ran away."""
+        stream = self._streams.get(reasoning)
+        if stream is None:
+            stream = self._streams[reasoning] = _Stream(self._prompt_follow())
+        text = stream.held + text
+        stream.held = ""
+        if text[-1:].isalnum() or text[-1:] == "_":  # a word that may go on in the next text
+            end = _WORD_END.search(text, max(0, len(text) - _HELD))
+            if end is not None and (end.start() > 0 or len(text) < _HELD):
+                stream.held, text = text[end.start():], text[: end.start()]
+        for piece in pieces(text) if text else ():
+            found = self._add(stream, piece)
+            if found is not None:
+                return found
+        return None
+
+    def _add(self, stream: _Stream, piece: str) -> Runaway | None:
+        said = stream.said
+        said.append(piece)
+        end = len(said) - 1
+        gram = tuple(said[-GRAM:]) if end >= GRAM - 1 else None
+        run = stream.repeat.step(piece, gram)
+        if gram is not None:
+            stream.own[gram] = end
+        peaks = self.peaks
+        if run > peaks[0]:
+            peaks[0] = run
+            if run >= self._repeat:
+                return Runaway("repeat", run, period=end + 1 - stream.repeat.at)
+        if stream.copy is not None:
+            copied = stream.copy.step(piece, gram)
+            if copied > peaks[1]:
+                peaks[1] = copied
+                if copied >= self._copy:
+                    return Runaway("copy", copied)
+        return None
+
+    def _prompt_follow(self) -> _Follow | None:
+        if not self._messages:
+            return None
+        if self._prompt is None:
+            self._prompt = pieces(prompt_text(self._messages))
+            p = self._prompt
+            grams = list(zip(*(p[k:] for k in range(GRAM)), strict=False))
+            # each n-gram's first place (set last): the longest run to follow from it
+            self._grams = dict(zip(reversed(grams), range(len(p) - 1, GRAM - 2, -1),
+                                   strict=True))
+        return _Follow(self._prompt, self._grams)

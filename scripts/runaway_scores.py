@@ -1,0 +1,105 @@
+"""How close the eval's right answers come to the runaway-text limit (docs/turn.md#limits).
+
+The defaults of ``loop.runaway_repeat_tokens`` and ``loop.runaway_copy_tokens`` must cut no
+right answer. This runs the watch (:mod:`actors.inference.runaway`, limits off) over:
+
+- every answer and reasoning a real llama-server streamed in ``tests/fixtures/http``, with
+  the prompt it answered, chunk by chunk as it came;
+- every file of ``examples/eval/workspaces`` as the answer to a request that read it (what
+  a right answer to "Show me todo.md." is at most: the file, copied whole), and the file
+  alone as an answer (a file that repeats itself, a table say);
+- every answer an eval task expects (``answer_all``, ``answer_any``) after its prompt;
+
+and prints the longest repeat and copy runs, in pieces, with where they were seen.
+
+    python -m scripts.runaway_scores
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from actors.inference import recording
+from actors.inference.runaway import Watcher
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDINGS = ROOT / "tests" / "fixtures" / "http"
+EVAL = ROOT / "examples" / "eval"
+
+
+def peaks(messages: Iterable[Mapping[str, Any]], chunks: Iterable[tuple[str, bool]]
+          ) -> tuple[int, int]:
+    """The longest repeat and copy runs of the streamed ``chunks`` (text, is reasoning)."""
+    watch = Watcher(list(messages), 1 << 62, 1 << 62)  # watched, never cut: measured
+    for text, reasoning in chunks:
+        watch.feed(text, reasoning)
+    return watch.peaks[0], watch.peaks[1]
+
+
+def _streamed(body: bytes) -> list[tuple[str, bool]]:
+    out = []
+    for line in body.splitlines():
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        obj = orjson.loads(line[6:])
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta") or {}
+            for key, reasoning in (("reasoning_content", True), ("content", False)):
+                if isinstance(delta.get(key), str):
+                    out.append((delta[key], reasoning))
+    return out
+
+
+def recorded() -> Iterable[tuple[str, tuple[int, int]]]:
+    for path in sorted(RECORDINGS.glob("*.http")):
+        for n, ex in enumerate(recording.load(path)):
+            if not ex.request.path.endswith("/chat/completions"):
+                continue
+            messages = ex.request.json().get("messages") or []
+            yield f"{path.name}#{n}", peaks(messages, _streamed(ex.response.body))
+
+
+def _chunks(text: str, size: int = 4) -> list[tuple[str, bool]]:
+    return [(text[i : i + size], False) for i in range(0, len(text), size)]
+
+
+def shown_files() -> Iterable[tuple[str, tuple[int, int]]]:
+    for path in sorted((EVAL / "workspaces").rglob("*")):
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        prompt = [{"role": "user", "content": f"Show me {path.name}."},
+                  {"role": "tool", "content": text}]
+        yield str(path.relative_to(EVAL)), peaks(prompt, _chunks(text))
+
+
+def expected() -> Iterable[tuple[str, tuple[int, int]]]:
+    for path in sorted(EVAL.glob("*.toml")):
+        for task in tomllib.loads(path.read_text()).get("task", []):
+            words = [*task.get("answer_all", []), *task.get("answer_any", [])]
+            prompt = [{"role": "user", "content": task.get("prompt", "")}]
+            yield f"{path.name}:{task.get('id')}", peaks(prompt, _chunks(" ".join(words)))
+
+
+def main() -> int:
+    for title, rows in (("recorded answers", recorded()), ("eval files, shown whole",
+                                                           shown_files()),
+                        ("eval expected answers", expected())):
+        rows = list(rows)
+        top_repeat = max(rows, key=lambda r: r[1][0])
+        top_copy = max(rows, key=lambda r: r[1][1])
+        print(f"{title} ({len(rows)}): longest repeat {top_repeat[1][0]} ({top_repeat[0]}), "
+              f"longest copy {top_copy[1][1]} ({top_copy[0]})")
+        for name, (rep, cop) in sorted(rows, key=lambda r: -max(r[1]))[:5]:
+            print(f"    {name}: repeat {rep}, copy {cop}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The runaway-text watch: repeats and prompt copies are cut within a bounded number of
+pieces, however the text is chunked; right answers (lists, code, a file shown) are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from actors.base.config import LoopConfig
+from actors.base.events import AnswerCut, Content, Reasoning
+from actors.inference.runaway import GRAM, Runaway, Watcher, pieces
+from scripts import runaway_scores
+from tests.inference.conftest import USER, MakeRig, request
+from tests.support.fake_llama import Runaway as Sent
+from tests.support.fake_llama import answer, endless
+from tests.support.watch import HANG_S
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = LoopConfig()
+WORDS = st.sampled_from(["the", "red", "box", "holds", "12", "screws", ".", ",", "on",
+                         "shelf", "Item", "3", "-", ":", "a", "(", ")", "def", "x", "\n"])
+
+
+def feed(watch: Watcher, text: str, cuts: list[int], reasoning: bool = False) -> Runaway | None:
+    """``text`` fed in chunks that end at the ``cuts`` (character offsets)."""
+    start = 0
+    for end in [*sorted(set(cuts)), len(text)]:
+        if end <= start:
+            continue
+        found = watch.feed(text[start:end], reasoning)
+        if found is not None:
+            return found
+        start = end
+    return None
+
+
+def spaced(words: list[str]) -> str:
+    return " ".join(words) + " "
+
+
+@given(unit=st.lists(WORDS, min_size=1, max_size=40), limit=st.integers(GRAM, 300),
+       cuts=st.lists(st.integers(0, 20_000), max_size=60))
+def test_a_repeat_is_cut_within_its_limit_and_one_period(
+        unit: list[str], limit: int, cuts: list[int]) -> None:
+    period = len(pieces(spaced(unit)))
+    assume(period > 0)  # spaces and line breaks alone are no pieces
+    text = spaced(unit * (3 + (limit + GRAM) // period))
+    watch = Watcher(USER, limit, 0)
+    found = feed(watch, text, cuts)
+    assert found is not None and found.kind == "repeat" and found.run == limit
+    assert found.period <= period  # the unit, or a shorter one it is made of
+    # cut one period and one n-gram past the limit at most: the first copy, then the run
+    assert len(watch._streams[False].said) <= period + GRAM + limit
+
+
+@given(words=st.lists(WORDS, max_size=300), cuts=st.lists(st.integers(0, 3000), max_size=80),
+       repeat=st.integers(GRAM, 60), copy=st.integers(GRAM, 60))
+def test_the_chunking_never_changes_what_is_seen(
+        words: list[str], cuts: list[int], repeat: int, copy: int) -> None:
+    """The pieces are whole words however the stream splits them: chunked or whole, the
+    watch finds the same runaway (or none) and measures the same runs."""
+    text, prompt = spaced(words), ({"role": "user", "content": spaced(words[::-1] + words)},)
+    whole, chunked = Watcher(prompt, repeat, copy), Watcher(prompt, repeat, copy)
+    assert feed(whole, text, []) == feed(chunked, text, cuts)
+    assert whole.peaks == chunked.peaks
+
+
+@given(start=st.integers(0, 200), length=st.integers(GRAM, 700))
+def test_a_copy_of_the_prompt_is_cut_at_its_limit(start: int, length: int) -> None:
+    notes = " ".join(f"Note {k}: {w} on row {k * 7}." for k, w in
+                     zip(range(200), ["apples", "pears", "figs", "plums", "dates"] * 40,
+                         strict=True))
+    prompt = ({"role": "user", "content": notes + " Reply with OK."},)
+    copied = " ".join(notes.split()[start:start + length])
+    found = Watcher(prompt, 0, 400).feed(copied + " ")
+    n = len(pieces(copied))
+    if n < 400:
+        assert found is None
+    else:
+        assert found == Runaway("copy", 400)
+
+
+def test_the_notes_of_a_long_paste_copied_back_are_cut_as_a_repeat() -> None:
+    """The embedded model's run on ten pasted messages: it copied the message, then went on
+    counting ("Item 3-12: the red box on shelf 12 holds 33 screws")."""
+    item = "Item 3-{k}: the red box on shelf {k} holds {n} screws."
+    message = " ".join(item.format(k=k, n=k + 21) for k in range(1, 30)) + " Reply with OK."
+    answer_ = " ".join(item.format(k=k, n=k + 21) for k in range(1, 400))
+    watch = Watcher(({"role": "user", "content": message},), DEFAULTS.runaway_repeat_tokens,
+                    DEFAULTS.runaway_copy_tokens)
+    found = feed(watch, answer_, list(range(0, len(answer_), 3)))
+    assert found is not None and found.kind == "repeat" and found.period == 15
+    assert "loop.runaway_repeat_tokens = 256" in found.note("answer", 256)
+
+
+def test_right_answers_with_lists_and_code_are_not_cut() -> None:
+    """A long numbered list, this repository's own code and docs (shown whole, after a
+    read): nothing is cut with the defaults."""
+    words = sorted(set(pieces((ROOT / "docs" / "turn.md").read_text())))[:96]
+    listing = "\n".join(f"{k}. {w} ({k * 3} kg)" for k, w in enumerate(words))
+    shown = [listing] + [(ROOT / p).read_text() for p in (
+        "actors/session/turn.py", "actors/daemon/protocol.py", "tests/daemon/test_protocol.py",
+        "docs/turn.md", "pyproject.toml")]
+    for text in shown:
+        prompt = ({"role": "user", "content": "Show me the file."},)
+        watch = Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens)
+        assert feed(watch, text, list(range(0, len(text), 5))) is None
+
+
+def test_the_eval_right_answers_stay_under_the_defaults() -> None:
+    """What scripts/runaway_scores.py measures: every file of the eval's workspaces a task
+    shows, every expected answer, and the recorded answers of a real server."""
+    shown = dict(runaway_scores.shown_files())
+    asked = [name for name in shown if "loopd-docs" not in name]  # the docs' files: facts only
+    assert max(shown[n][0] for n in shown) < DEFAULTS.runaway_repeat_tokens
+    assert max(shown[n][1] for n in asked) < DEFAULTS.runaway_copy_tokens
+    assert all(r < DEFAULTS.runaway_repeat_tokens for r, _ in
+               (p for _, p in [*runaway_scores.expected(), *runaway_scores.recorded()]))
+
+
+def test_limits_of_zero_cut_nothing() -> None:
+    watch = Watcher(USER, 0, 0)
+    assert watch.feed("again " * 2000) is None and watch.peaks[0] == 1999
+
+
+# --- over the wire: the client closes the stream and keeps the answer -------------------------
+
+
+def test_a_repeating_answer_is_cut_and_the_stream_closed(rig: MakeRig) -> None:
+    sent = Sent()
+    r = rig([endless("I will call the tool now. ", runaway=sent)])
+    done = r.chat(request(runaway_repeat=64, runaway_copy=400))
+    assert done.finish_reason == "repeat" and done.cut is not None
+    assert done.cut.why == "repeat" and "loop.runaway_repeat_tokens = 64" in done.cut.note
+    assert done.content is not None and done.content.startswith("I will call the tool now. ")
+    assert len(pieces(done.content)) <= 64 + 2 * 7  # the limit, one period and a chunk's
+    cut = [e for e in r.events if isinstance(e, AnswerCut)]
+    assert [c.why for c in cut] == ["repeat"] and cut[0].tokens == done.completion_tokens
+    assert sent.gone.wait(HANG_S)  # the server saw the client go: it stops generating
+    assert sent.sent < 100_000  # (what it wrote ahead into the socket's buffers, not more)
+
+
+def test_an_answer_copying_the_prompt_is_cut(rig: MakeRig) -> None:
+    notes = " ".join(f"Box {k} on shelf {chr(65 + k % 26)} holds {w}." for k, w in
+                     enumerate(["nails", "screws", "bolts", "washers", "hooks"] * 30))
+    messages = ({"role": "system", "content": "Be brief."},
+                {"role": "user", "content": notes + " Reply with OK."})
+    r = rig([endless(notes)])
+    done = r.chat(request(messages=messages, runaway_repeat=0, runaway_copy=100))
+    assert (done.finish_reason, done.cut.why if done.cut else None) == ("copy", "copy")
+    assert done.content is not None and 100 <= len(pieces(done.content)) <= 100 + 8
+
+
+def test_reasoning_that_runs_away_is_asked_again_without_thinking(rig: MakeRig) -> None:
+    r = rig([endless("Wait, let me think again. ", reasoning=True), answer("OK.")])
+    done = r.chat(request(runaway_repeat=40, thinking=True, thinking_budget=4096))
+    assert done.content == "OK." and done.finish_reason == "stop"
+    assert done.cut is not None and "reasoning cut" in done.cut.note
+    assert "asked again with thinking off" in done.cut.note
+    second = r.fake.requests[1]
+    assert second["chat_template_kwargs"] == {"enable_thinking": False}
+    kinds = [type(e) for e in r.events if isinstance(e, AnswerCut | Content | Reasoning)]
+    assert kinds.index(AnswerCut) < kinds.index(Content)
+
+
+def test_a_normal_answer_is_not_watched_into_a_cut(rig: MakeRig) -> None:
+    text = "\n".join(f"- step {k}: run `make test` in folder {w}" for k, w in enumerate(
+        sorted(set(pieces((ROOT / "docs" / "inference.md").read_text())))[:80]))
+    r = rig([answer(text, chunk=3)])
+    done = r.chat(request(runaway_repeat=256, runaway_copy=400, max_tokens=5000))
+    assert (done.content, done.finish_reason, done.cut) == (text, "stop", None)

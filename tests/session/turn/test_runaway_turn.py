@@ -1,0 +1,118 @@
+"""Answers loopd cuts, end to end: runaway text (a repeat, a copy of the prompt) and a
+request that ended after the answer began are kept, marked cut, and said (the event, the
+live view, the summary line, the log); a question left unanswered is marked so for the
+model when the next one comes."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import pytest
+from rich.console import Console
+
+from actors.base.cancel import CancelToken
+from actors.base.errors import Cancelled
+from actors.base.events import AnswerCut, Content, Event
+from actors.cli.view import LiveView, describe, summary
+from actors.inference.runaway import pieces
+from actors.log.records import Assistant, Cut, Usage
+from actors.session.messages import UNANSWERED
+from actors.session.turn import run_turn
+from tests.session.turn.conftest import Rig
+from tests.support.fake_llama import Runaway, answer, endless, stall
+from tests.support.watch import HANG_S
+
+Make = Callable[..., Rig]
+# Notes a person pastes: ~500 pieces, no run of them repeated.
+ITEMS = ("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
+         "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth "
+         "twentieth next last other small large blue green red old new oak pine elm ash")
+NOTES = " ".join(f"Row {k} of the store lists the {w} item by its code."
+                 for k, w in enumerate(ITEMS.split(" ")))
+
+
+def shown(events: list[Event]) -> str:
+    buf = io.StringIO()
+    live = LiveView(Console(file=buf, width=300, color_system=None))
+    for event in events:
+        live(event)
+    live.finish()
+    return buf.getvalue()
+
+
+def last_cut(r: Rig) -> tuple[Usage, Cut]:
+    usage, cut = r.records[-2:]
+    assert isinstance(usage, Usage) and isinstance(cut, Cut)
+    return usage, cut
+
+
+def test_a_repeating_answer_is_cut_kept_and_said(rig: Make) -> None:
+    sent = Runaway()
+    r = rig([endless("Let me check the files again. ", runaway=sent), answer("Fine.")])
+    out = r.turn("What is in the workspace?")
+    assert out.cut and out.content.startswith("Let me check the files again. ")
+    # the default limit, one period (7 pieces) and the word being cut
+    assert len(pieces(out.content)) <= 256 + 7 + 1
+    assert r.kinds() == ["User", "Assistant", "Usage", "Cut"]
+    usage, cut = last_cut(r)
+    assert (usage.finish_reason, cut.why) == ("repeat", "repeat")
+    assert "loop.runaway_repeat_tokens = 256" in cut.note
+    assert "answer cut" in describe(cut) and cut.note in describe(cut)  # loopd log show
+    assert "answer cut: it repeated itself" in summary(out, 1.0)
+    assert "loop.runaway_repeat_tokens = 256" in shown(r.events)
+    assert sent.gone.wait(HANG_S)  # the stream was closed: the server stops generating
+    assert r.turn("And now?").content == "Fine."  # the session goes on
+
+
+def test_an_answer_copying_the_message_back_is_cut(rig: Make) -> None:
+    r = rig([endless(lambda body: body["messages"][-1]["content"])])
+    out = r.turn(NOTES + " Reply with OK.")
+    usage, cut = last_cut(r)
+    assert out.cut and (usage.finish_reason, cut.why) == ("copy", "copy")
+    assert 400 <= len(pieces(out.content)) <= 400 + 8
+    assert "copy the prompt word for word" in shown(r.events)
+    assert "answer cut: it copied the prompt" in summary(out, 1.0)
+
+
+def test_a_long_right_answer_with_a_list_and_code_is_not_cut(rig: Make) -> None:
+    code = "\n".join(f"def check_{w}(x):\n    return x.{w} is not None\n" for w in
+                     NOTES.split()[:60:3])
+    text = "Here is the list:\n" + NOTES.replace(". ", ".\n- ") + "\n```python\n" + code + "```"
+    r = rig([answer(text, chunk=3)], max_tokens=10_000)
+    out = r.turn("Write the checks.")
+    assert (out.content, out.cut) == (text, False)
+    assert r.kinds() == ["User", "Assistant", "Usage"]
+
+
+def test_a_timed_out_answer_is_kept_and_marked_cut(rig: Make) -> None:
+    r = rig([stall(after_events=6), answer("Later.")], inference={"timeout_s": 1.0})
+    out = r.turn("List the files in src.")
+    assert out.cut and out.content == "The files ar"  # what streamed, in the log too
+    assistant = r.records[-3]
+    assert isinstance(assistant, Assistant) and assistant.content == "The files ar"
+    usage, cut = last_cut(r)
+    assert (usage.finish_reason, cut.why) == ("timeout", "timeout")
+    assert "inference.timeout_s = 1 s" in cut.note and cut.note in shown(r.events)
+    assert "answer cut: the request timed out" in summary(out, 1.0)
+    assert [e.why for e in r.events if isinstance(e, AnswerCut)] == ["timeout"]
+
+
+def test_a_cancelled_question_is_marked_unanswered_for_the_next_turn(rig: Make) -> None:
+    r = rig([stall(after_events=6), answer("src holds main.py.")])
+    cancel = CancelToken()
+
+    def sink(event: Event) -> None:
+        if isinstance(event, Content):
+            cancel.cancel()  # the person stops turn 1 mid-answer
+
+    with pytest.raises(Cancelled):
+        run_turn(r.log, r.runtime, "The fourth one: what does it say?", sink, cancel)
+    assert r.kinds() == ["User"]  # a cancel keeps nothing of the answer
+    assert r.turn("List the files in src.").content == "src holds main.py."
+    sent = r.fake.requests[1]["messages"]
+    assert sent[-3:] == [
+        {"role": "user", "content": "The fourth one: what does it say?"},
+        {"role": "assistant", "content": UNANSWERED},
+        {"role": "user", "content": "List the files in src."},
+    ]
