@@ -285,7 +285,7 @@ def test_cancel_while_waiting_ends_the_turn_and_nothing_runs(rig: Make, tmp_path
     (a,) = approvals(r)
     assert (a.decision, a.by) == (ApprovalDecision.DENY, "cancel")
     assert turn(r).content == "next turn"
-    placeholder = r.fake.requests[-1]["messages"][-2]
+    placeholder = r.fake.requests[-1]["messages"][-3]  # then the question marked unanswered
     assert placeholder == {"role": "tool", "tool_call_id": placeholder["tool_call_id"],
                            "content": MISSING_RESULT}
 

@@ -20,7 +20,7 @@ from actors.log.records import Assistant, Cut, Usage
 from actors.session.messages import UNANSWERED
 from actors.session.turn import run_turn
 from tests.session.turn.conftest import Rig
-from tests.support.fake_llama import Runaway, answer, endless, stall
+from tests.support.fake_llama import Runaway, answer, cut_stream, endless, stall
 from tests.support.watch import HANG_S
 
 Make = Callable[..., Rig]
@@ -116,3 +116,12 @@ def test_a_cancelled_question_is_marked_unanswered_for_the_next_turn(rig: Make) 
         {"role": "assistant", "content": UNANSWERED},
         {"role": "user", "content": "List the files in src."},
     ]
+
+
+def test_a_stream_broken_after_the_retries_keeps_the_last_ones_text(rig: Make) -> None:
+    r = rig([cut_stream(6) for _ in range(3)] + [answer("Next.")])  # retries = 2
+    out = r.turn("List the files in src.")
+    assert out.cut and out.content == "The files ar" and len(r.fake.requests) == 3
+    usage, cut = last_cut(r)
+    assert (usage.finish_reason, cut.why) == ("error", "error") and "closed" in cut.note
+    assert "answer cut: the stream failed" in summary(out, 1.0)

@@ -34,7 +34,7 @@ from actors.log.file import read_records
 from actors.log.records import Assistant, CacheLoss, Rewind, ToolResult, Usage
 from actors.session.actor import open_session
 from actors.session.limits import REPEAT_NOTICE
-from actors.session.messages import MISSING_RESULT
+from actors.session.messages import MISSING_RESULT, UNANSWERED
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
@@ -318,8 +318,9 @@ def test_cancel_mid_tool_call_writes_nothing_half(rig: Make) -> None:
     assert r.kinds() == ["User", "Assistant", "Usage"]  # no ToolResult for the cancelled call
     _next_turn_works(r, expect=["User", "Assistant", "Usage", "User", "Assistant", "Usage"])
     # the call that never got a result is answered with the fixed placeholder
-    placeholder = r.fake.requests[-1]["messages"][-2]
+    placeholder, unanswered = r.fake.requests[-1]["messages"][-3:-1]
     assert placeholder["role"] == "tool" and placeholder["content"] == MISSING_RESULT
+    assert unanswered == {"role": "assistant", "content": UNANSWERED}  # and its question
 
 
 def test_cache_loss_is_detected_and_logged(rig: Make) -> None:
