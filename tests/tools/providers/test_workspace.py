@@ -278,3 +278,45 @@ def test_tree_holds_one_descriptor_at_a_time(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert not more and entries[-1].path == "d599/last.txt" and len(entries) == 601
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["a.txt", "rel_in", "abs_in/deeper/c.txt", "abs_in/new/dir/x.txt", "sub/parent/a.txt",
+     "sub/deeper/../new.txt", "dangling", "through/b.txt", "missing/../a2.txt",
+     "sub/deeper/d.txt"],
+)  # fmt: skip
+def test_landing_is_where_the_write_lands(tree: Tree, path: str) -> None:
+    """The dry walk (nothing made, nothing opened for writing) names the file the write then
+    opens: links at the end (a dangling one too), in a parent, absolute, and `..`."""
+    ws, root, _ = tree
+    (root / "dangling").symlink_to("sub/not-yet/x.txt")
+    (root / "through").symlink_to("sub")
+    before = sorted(str(p) for p in root.rglob("*"))
+    landing = ws.landing(path)
+    assert sorted(str(p) for p in root.rglob("*")) == before  # nothing made
+    opened = ws.open_write(path)
+    opened.close()
+    assert opened.rel == landing
+
+
+@pytest.mark.parametrize("path", ["..", "out_file", "out_dir/secret.txt", "up_in", "/etc/x"])
+def test_a_landing_outside_is_refused(tree: Tree, path: str) -> None:
+    with pytest.raises(OutsideWorkspace):
+        tree.ws.landing(path)
+
+
+def test_the_guard_stops_a_write_before_it_makes_or_opens_anything(tree: Tree) -> None:
+    ws, root, _ = tree
+    seen: list[tuple[str, bool]] = []
+
+    def guard(rel: str, leaf: bool) -> None:
+        seen.append((rel, leaf))
+        raise Refused(f"not {rel}")
+
+    with pytest.raises(Refused, match="not sub/new"):
+        ws.open_write("abs_in/new/x.txt", guard)
+    assert seen == [("sub/new", False)] and not (root / "sub" / "new").exists()
+    with pytest.raises(Refused, match=r"not sub/b\.txt"):
+        ws.open_write("rel_in", guard)  # the link is walked; the guard sees where it leads
+    assert (root / "sub" / "b.txt").read_text() == "b"
