@@ -388,11 +388,11 @@ class LlamaClient:
             try:
                 outcome = self._exchange(request, sink, cancel, run)
             except _Failed as f:
-                if f.retry and failures < retries:
+                if f.retry and failures < retries and self._backoff(failures + 1, f.error,
+                                                                    sink, cancel, run):
                     failures += 1
-                    self._backoff(failures, f.error, sink, cancel, run)
                     continue
-                outcome = _kept(f, sink)
+                outcome = _kept(f, sink)  # the last attempt's text, else its error
             if isinstance(outcome, _Abandoned):
                 run.reasoning, run.reasoning_tokens = outcome.reasoning, outcome.reasoning_tokens
                 request = dataclasses.replace(request, thinking=False, thinking_budget=None)
@@ -408,15 +408,17 @@ class LlamaClient:
 
     def _backoff(
         self, failures: int, error: InferError, sink: Sink, cancel: CancelToken, run: _Run
-    ) -> None:
+    ) -> bool:
+        """Wait before attempt ``failures + 1``; False: no time is left for it."""
         base = self._config.backoff_s * 2 ** (failures - 1)
         delay = min(_MAX_BACKOFF_S, base * random.uniform(0.5, 1.5))
         if time.monotonic() + delay >= run.deadline:
-            raise error  # no time left for another attempt
+            return False
         reason = f"HTTP {error.status}: {error.message}" if error.status else error.message
         sink(Retrying(attempt=failures, delay=delay, reason=reason))
         if cancel.wait(delay):
             raise InferError.cancelled()
+        return True
 
     # --- one exchange ------------------------------------------------------------------
 

@@ -325,6 +325,13 @@ def test_an_answer_past_the_deadline_keeps_what_streamed(rig: MakeRig) -> None:
     assert done.completion_tokens == 3 and done.prompt_tokens > 0  # from the stream itself
 
 
+def test_a_stream_broken_with_no_time_left_to_retry_keeps_what_streamed(rig: MakeRig) -> None:
+    r = rig([cut_stream(after_events=6), answer("never")], backoff_s=100.0, timeout_s=20.0)
+    done = r.chat()
+    assert (done.content, done.finish_reason) == ("The files ar", "error")
+    assert retries(r.events) == [] and len(r.fake.requests) == 1
+
+
 def test_a_cancelled_answer_keeps_nothing(rig: MakeRig) -> None:
     r = rig([stall(after_events=6)])
 
