@@ -283,7 +283,8 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     json_view = JsonView(sys.stdout) if args.json else None
     live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
     sink: Any = json_view or live
-    status = (lambda s: json_view.line({"event": "status", "text": s})) if json_view else (
+    status = (lambda s: json_view.line(getattr(s, "event", None) or {"event": "status", "text": s})
+              ) if json_view else (
         lambda s: err.print(f"[dim]{escape(s)}[/]")
     )
     approver: Approver = (

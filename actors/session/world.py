@@ -35,7 +35,32 @@ from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
 from actors.tools.workspace_map import workspace_map
 from actors.wire.deadline import StopDeadline
 
-__all__ = ["World", "start_world"]
+__all__ = ["StatusEvent", "World", "start_world"]
+
+
+class StatusEvent(str):
+    """A status line that also has an event of its own (``--json`` shows the event).
+
+    A ``str``, so every ``status`` callback shows it as the line it is.
+    """
+
+    event: dict[str, Any]
+
+    @classmethod
+    def of(cls, text: str, **event: Any) -> StatusEvent:
+        line = cls(text)
+        line.event = event
+        return line
+
+
+def _authorization_needed(status: Callable[[str], None]) -> Callable[[str, str], None]:
+    def say(host: str, url: str) -> None:
+        status(StatusEvent.of(
+            f"tool host {host}: its MCP server needs your authorization: open {url}",
+            event="authorization_needed", host=host, url=url,
+        ))
+
+    return say
 
 
 @dataclasses.dataclass(slots=True)
@@ -136,7 +161,7 @@ def start_world(
             save_after_turn=config.slots.save_after_turn, warm_start=config.slots.warm_start,
         )
         status("starting tool hosts")
-        toolbox = Toolbox.start(config)
+        toolbox = Toolbox.start(config, on_authorize=_authorization_needed(status))
         stack.callback(toolbox.close)
         for host, problem in toolbox.problems.items():
             status(f"tool host {host} is not available: {problem}")

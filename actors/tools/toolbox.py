@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -53,7 +54,7 @@ from actors.tools.port import (
     start_port,
     stop_ports,
 )
-from actors.tools.providers.mcp_settings import AUTH_ENV, McpAuth
+from actors.tools.providers.mcp_settings import AUTH_ENV, AUTHORIZE_MARK, McpAuth
 from actors.tools.providers.sandbox import Bounds, Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
@@ -208,10 +209,22 @@ class Toolbox:
         self.hidden: tuple[str, ...] = ()
         self._owns_run_dir = owns_run_dir
         self._closed = False
+        self.on_authorize: Callable[[str, str], None] = lambda _host, _url: None
+
+    def _authorize(self, host: str, url: str) -> None:
+        log.warning("tool host %s: its MCP server needs authorization: open %s", host, url)
+        self.on_authorize(host, url)
 
     @classmethod
-    def start(cls, config: Config, *, run_dir: Path | None = None) -> Toolbox:
-        """Start the local hosts, connect every port, and wait (bounded) for their tools."""
+    def start(
+        cls, config: Config, *, run_dir: Path | None = None,
+        on_authorize: Callable[[str, str], None] | None = None,
+    ) -> Toolbox:
+        """Start the local hosts, connect every port, and wait (bounded) for their tools.
+
+        ``on_authorize(host, url)``: an MCP server wants the person to authorize loopd at
+        ``url`` (called from a reader thread, whenever the host says so, start-up or later).
+        """
         tools = config.tools
         workspace = check_workspace(config)
         standard_names = {name for name, _ in STANDARD_HOSTS} if tools.standard else set()
@@ -224,6 +237,7 @@ class Toolbox:
         directory, owned = _run_dir(run_dir)
         os.chmod(directory, 0o700)
         box = cls([], directory, owned)
+        box.on_authorize = on_authorize or (lambda _host, _url: None)
         try:
             box.warnings += _shell_warnings(config, workspace)
             box._start_hosts(config, workspace)
@@ -243,11 +257,17 @@ class Toolbox:
 
     def _start_local(
         self, name: str, endpoint: str, tools: ToolsConfig, argv: tuple[str, ...],
-        extra_env: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None, watch: bool = False,
     ) -> None:
         env = {**loopd_env(), ALLOW_PRIVATE_ENV: "1" if tools.web.allow_private else "0",
                **(extra_env or {})}
-        launcher = HostLauncher(argv, env=env, log_path=self.run_dir / f"{name}.log")
+
+        def line(text: str) -> None:
+            if text.startswith(AUTHORIZE_MARK):
+                self._authorize(name, text.removeprefix(AUTHORIZE_MARK).strip())
+
+        launcher = HostLauncher(argv, env=env, log_path=self.run_dir / f"{name}.log",
+                                on_line=line if watch else None)
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
 
@@ -283,7 +303,8 @@ class Toolbox:
             else:
                 argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools,
                                  hide=hide)
-            self._start_local(h.name, endpoint, tools, argv, extra)
+            self._start_local(h.name, endpoint, tools, argv, extra,
+                              watch=h.oauth == "authorization_code")
 
     def _wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -98,17 +98,30 @@ def test_the_scenarios_here_are_the_suites() -> None:
      for s, why in SCENARIOS.items()],
 )
 def test_scenario(scenario: str, tmp_path: Path) -> None:
+    _run(scenario, "client.py", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_oauth_through_a_tool_host_keeps_the_token_private(tmp_path: Path) -> None:
+    """The way `loopd run` does it: the toolbox, the tool host, the URL to the person, the
+    token 0600 in loopd's data directory, out of run_command's sight (toolbox_client.py)."""
+    said = _run("auth/metadata-default", "toolbox_client.py", tmp_path)
+    assert said.rstrip().endswith("toolbox client: all checks passed"), said
+
+
+def _run(scenario: str, client: str, tmp_path: Path) -> str:
+    """Run the suite's ``scenario`` with ``client``; what the client said on stderr."""
     suite = _suite()
-    client = f"{sys.executable} {HERE / 'client.py'}"
+    command = f"{sys.executable} {HERE / client}"
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
     done = subprocess.run(
-        [*suite, "client", "--command", client, "--scenario", scenario,
+        [*suite, "client", "--command", command, "--scenario", scenario,
          "--timeout", str(SCENARIO_MS), "-o", str(tmp_path)],
         capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path,
     )  # fmt: skip
+    said = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.rglob("stderr.txt"))
     if done.returncode != 0:
-        client_err = "\n".join(p.read_text(errors="replace")[-3000:]
-                               for p in tmp_path.rglob("stderr.txt"))
         pytest.fail(f"{scenario}: the suite says\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
-                    f"\nloopd's client said:\n{client_err}")
+                    f"\nloopd's client said:\n{said}")
     assert "OVERALL: PASSED" in done.stdout + done.stderr
+    return said

@@ -37,11 +37,7 @@ from actors.wire.curve import curve_server
 from actors.wire.peers import raise_fd_limit, seed_router_ids
 from actors.wire.procs import is_alive
 
-__all__ = ["AUTHORIZE_MARK", "main"]
-
-# The line a host writes to its log when an MCP server needs the person to authorize loopd
-# (the URL follows); the supervisor that reads the log passes it on.
-AUTHORIZE_MARK = "loopd toolhost: authorize at "
+__all__ = ["main"]
 
 log = logging.getLogger("loopd.toolhost")
 
@@ -188,7 +184,9 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
 
 
 def _say_authorize(url: str) -> None:
-    """The authorization URL on stderr (the host's log), on a line of its own."""
+    """The authorization URL on stderr (the host's log, watched by the toolbox)."""
+    from actors.tools.providers.mcp_settings import AUTHORIZE_MARK
+
     print(f"{AUTHORIZE_MARK}{url}", file=sys.stderr, flush=True)
 
 

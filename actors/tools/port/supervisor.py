@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,11 +51,17 @@ class PortStatus:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostLauncher:
-    """How to start a local host: its command line, environment and log file."""
+    """How to start a local host: its command line, environment and log file.
+
+    ``on_line``: each line the host writes to stderr, as it comes (a thread copies them to
+    the log too): how a host that needs the person (an MCP server's authorization URL)
+    reaches them while start-up waits.
+    """
 
     argv: tuple[str, ...]
     env: Mapping[str, str] | None = None
     log_path: Path | None = None
+    on_line: Callable[[str], None] | None = None
 
     def spawn(self) -> subprocess.Popen[bytes]:
         """Start the host as the leader of a new session (see :mod:`actors.wire.procs`)."""
@@ -63,17 +69,39 @@ class HostLauncher:
         if self.log_path is not None:
             out = open(self.log_path, "ab")  # noqa: SIM115 - closed right after the fork
         try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
-                stderr=out,
+                stderr=out if self.on_line is None else subprocess.PIPE,
                 env=dict(self.env) if self.env is not None else None,
                 start_new_session=True,
             )
         finally:
             if not isinstance(out, int):
                 out.close()
+        if self.on_line is not None and proc.stderr is not None:
+            threading.Thread(target=_copy_lines, args=(proc.stderr, self.log_path, self.on_line),
+                             name="toolhost-stderr", daemon=True).start()
+        return proc
+
+
+def _copy_lines(pipe: IO[bytes], log_path: Path | None, on_line: Callable[[str], None]) -> None:
+    """Until the host's stderr closes: each line to the log, and to ``on_line``."""
+    log_file = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+    try:
+        for raw in pipe:
+            if log_file is not None:
+                log_file.write(raw)
+                log_file.flush()
+            try:
+                on_line(raw.decode("utf-8", "replace").rstrip("\n"))
+            except Exception:  # a watcher's bug must not stop the copy (the host would block)
+                log.exception("tool host stderr watcher failed")
+    finally:
+        pipe.close()
+        if log_file is not None:
+            log_file.close()
 
 
 def _exit_reason(code: int) -> str:

@@ -16,12 +16,15 @@ from typing import Any, Literal
 
 from actors.base.errors import McpError
 
-__all__ = ["AUTH_ENV", "ElicitationMode", "McpAuth", "resolve"]
+__all__ = ["AUTHORIZE_MARK", "AUTH_ENV", "ElicitationMode", "McpAuth", "resolve"]
 
 # The tool host's environment variable holding its McpAuth as JSON (an environment only its
 # user can read, where a command line anyone can).
 AUTH_ENV = "LOOPD_MCP_AUTH"
 ElicitationMode = Literal["ask", "defaults", "decline"]
+# The line a tool host writes to stderr when an MCP server needs the person to authorize
+# loopd (the URL follows); the session side watches for it (actors.tools.toolbox).
+AUTHORIZE_MARK = "loopd toolhost: authorize at "
 
 
 def resolve(value: str, what: str) -> str:

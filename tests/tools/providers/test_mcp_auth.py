@@ -126,3 +126,16 @@ def test_oauth_tokens_are_kept_0600_in_a_private_place(tmp_path: Path) -> None:
     again = asyncio.run(TokenFile(str(path)).get_tokens())
     assert again is not None and again.access_token == "abc"
     assert os.listdir(path.parent) == ["tracker.json"]  # no temporary file left
+
+
+def test_an_authorization_url_is_a_status_line_and_an_event_of_its_own() -> None:
+    from actors.session.world import _authorization_needed
+
+    said: list[str] = []
+    _authorization_needed(said.append)("tracker", "https://as.example/authorize?x=1")
+    assert said == ["tool host tracker: its MCP server needs your authorization: open "
+                    "https://as.example/authorize?x=1"]
+    assert said[0].event == {  # type: ignore[attr-defined]  # what --json prints
+        "event": "authorization_needed", "host": "tracker",
+        "url": "https://as.example/authorize?x=1",
+    }
