@@ -313,6 +313,7 @@ _GIT_ATTACKS = (
     " mv sub/.git sub/g && echo pointer-moved;"
     " echo x >> nested/.git/config && echo nested-written;"
     " mv nested/.git nested/g && echo nested-moved;"
+    " echo x >> org/deep/.git/config && echo deep-written;"
     " echo 'gitdir: /tmp' > wt/.git && echo worktree-written;"
     " echo '[tools]' > loopd.toml && echo config-made; echo end"
 )
@@ -336,13 +337,16 @@ def test_git_code_in_the_workspace_stays_what_it_was(tmp_path: Path) -> None:
         _git("commit", "-q", "-m", "top", cwd=ws)
         _git("worktree", "add", "-q", "wt", cwd=ws)
         _git("init", "-q", "nested", cwd=ws)
-        before = {name: _snapshot(ws / name) for name in (".git", "sub/.git", "nested/.git")}
+        _git("init", "-q", "org/deep", cwd=ws)
+        before = {name: _snapshot(ws / name)
+                  for name in (".git", "sub/.git", "nested/.git", "org/deep/.git")}
         pointers = {name: (ws / name).read_text() for name in ("sub/.git", "wt/.git")}
         status = _git("status", "--porcelain", cwd=ws)
         text = _output(_run(h.endpoint, _GIT_ATTACKS))
         for done in ("moved", "removed", "config-written", "hook-written", "other-written",
                      "committed", "module-written", "modules-moved", "pointer-written",
-                     "pointer-moved", "nested-written", "nested-moved", "worktree-written"):
+                     "pointer-moved", "nested-written", "nested-moved", "deep-written",
+                     "worktree-written"):
             assert f"\n{done}\n" not in text, text
         assert "config-made" in text  # it could be made, and is gone after the command
         assert "[sandbox: the command made loopd.toml at the top of the workspace; it was " \

@@ -324,25 +324,55 @@ def _under(path: str, dirs: Iterable[str]) -> bool:
 
 
 def _git_code(workspace: Path) -> list[str]:
-    """What git and loopd find commands in, bound read-only as a whole: the workspace's
-    ``.git`` (a directory: config, hooks, ``modules/*`` of its submodules, everything; a
-    worktree's pointer file), the ``.git`` of each submodule (``.gitmodules``' paths) and of
-    each repository one level down, and the top ``loopd.toml`` (a config there could allow
-    every call). Each is a mount point inside, so it cannot be renamed, replaced or removed
-    either (``mv .git .git-old`` fails)."""
+    """What git and loopd find commands in, bound read-only as a whole: every ``.git`` of
+    the workspace's repositories (a directory: config, hooks, ``modules/*`` of its
+    submodules, everything; a worktree's or submodule's pointer file) down to
+    :data:`GIT_DEPTH` levels and wherever ``.gitmodules`` puts a submodule, and the top
+    ``loopd.toml`` (a config there could allow every call). Each is a mount point inside,
+    so it cannot be renamed, replaced or removed either (``mv .git .git-old`` fails)."""
     found = []
     with contextlib.suppress(OSError):  # loopd's own config, when it is kept here
         if stat.S_ISREG(os.lstat(workspace / "loopd.toml").st_mode):
             found.append(str(workspace / "loopd.toml"))
-    repos = [workspace, *_submodules(workspace)]
-    with contextlib.suppress(OSError), os.scandir(workspace) as it:
-        repos += [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
-    for repo in dict.fromkeys(repos):
+    gits = _gits(workspace)
+    for repo in _submodules(workspace):
         git = repo / ".git"
         with contextlib.suppress(OSError):
             mode = os.lstat(git).st_mode
             if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
-                found.append(str(git))
+                gits.append(str(git))
+    return found + list(dict.fromkeys(gits))
+
+
+GIT_DEPTH = 3  # directory levels below the workspace searched for repositories' .git
+_GIT_BUDGET = 2_000  # directories looked into at most per command (a huge tree: its top)
+_NOT_REPOS = frozenset({"node_modules", ".venv", "__pycache__", ".mypy_cache", ".tox",
+                        ".pytest_cache", ".ruff_cache"})
+
+
+def _gits(workspace: Path) -> list[str]:
+    """The ``.git`` directories and files at the top and down to :data:`GIT_DEPTH` levels,
+    breadth first (symlinks not followed, ``.git`` and package caches not entered)."""
+    found: list[str] = []
+    level, budget = [str(workspace)], _GIT_BUDGET
+    for depth in range(GIT_DEPTH + 1):
+        below: list[str] = []
+        for path in level:
+            budget -= 1
+            if budget < 0:
+                return found
+            try:
+                with os.scandir(path) as it:
+                    for e in it:
+                        if e.name == ".git":
+                            if e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
+                                found.append(e.path)
+                        elif (depth < GIT_DEPTH and e.name not in _NOT_REPOS
+                              and e.is_dir(follow_symlinks=False)):
+                            below.append(e.path)
+            except OSError:
+                continue
+        level = below
     return found
 
 
