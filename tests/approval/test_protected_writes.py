@@ -186,6 +186,7 @@ def test_every_allow_asks_for_a_protected_write(tmp_path: Path, how: str) -> Non
             assert isinstance(answer, wire.Denied), (path, answer)
             assert [json_path(r) for r in person.asked] == [PROTECTED[path]], path
             assert "where programs find what to run" in person.asked[0].prompt
+            assert "tools.allow" not in person.asked[0].prompt  # no rule would let it run
             assert person.asked[0].rule == ""  # nothing to grant for later: asked each time
         assert tree(ws) == before
 

@@ -293,11 +293,9 @@ class Host:
             return None
         args = json.dumps(req.arguments, ensure_ascii=False)
         lands = f" It writes {landing}." if landing and landing != req.arguments.get("path") else ""
-        why = f" {protected}." if protected else ""
-        prompt = (
-            f"Allow {req.tool} to run with {args[:500]}?{lands}{why} (To let it run without "
-            f'asking, add "{req.tool}" to tools.allow in the config.)'
-        )
+        hint = (f" {protected}." if protected else " (To let it run without asking, add "
+                f'"{req.tool}" to tools.allow in the config.)')
+        prompt = f"Allow {req.tool} to run with {args[:500]}?{lands}{hint}"
         return PendingApproval(req.id, prompt, landing, protected)
 
     def _worker(self) -> None:
