@@ -11,7 +11,10 @@ skipped, and a compaction made since is undone with them. A
 :class:`~actors.log.records.Forked` note only adds its index (it renders to nothing).
 :func:`render` turns a view into messages: the system prompt, the summary in a fixed frame
 (:data:`SUMMARY_FRAME`, then :data:`SUMMARY_ACK` when a user message follows, so templates
-that insist on alternating roles still render), then the live records in order.
+that insist on alternating roles still render), then the live records in order. When the
+verbatim part starts inside a turn (a compaction cut it between two responses), the turn's
+question comes again after the frame (cut to :data:`RESTATED_CAP` characters): a model that
+sees the frame, then a call and its result, answers the frame.
 
 Between two Compactions (an *epoch*) rendering only ever emits: each record adds messages
 at the end and none are changed later, so the rendering after one more record starts with
@@ -66,9 +69,9 @@ from actors.log.records import (
 )
 
 __all__ = [
-    "MISSING_RESULT", "OUTSIDE_FRAME", "SUMMARY_ACK", "SUMMARY_FRAME", "UNANSWERED",
-    "USER_RESULT", "Message", "ResultStyle", "View", "frame", "message_text", "messages",
-    "render", "turn_of", "view",
+    "MISSING_RESULT", "OUTSIDE_FRAME", "RESTATED_CAP", "SUMMARY_ACK", "SUMMARY_FRAME",
+    "UNANSWERED", "USER_RESULT", "Message", "ResultStyle", "View", "frame", "message_text",
+    "messages", "render", "turn_of", "view",
 ]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
@@ -90,6 +93,7 @@ OUTSIDE_FRAME = (
     "of the summary. The conversation goes on from here.]"
 )
 SUMMARY_ACK = "Understood."
+RESTATED_CAP = 600  # characters of a question restated after the frame
 
 Message = dict[str, Any]
 ResultStyle = Literal["tool", "user"]
@@ -209,6 +213,11 @@ def render(
             framed = False
             if added[0]["role"] == "user":
                 out.append({"role": "assistant", "content": SUMMARY_ACK})
+            elif question:  # the turn was cut between two responses: its question again
+                out.extend([{"role": "assistant", "content": SUMMARY_ACK},
+                            {"role": "user", "content": _restated(question)}])
+                open_question = isinstance(record, Assistant) and (
+                    bool(record.tool_calls) or not record.content)  # as had it been sent
         out.extend(added)
         if ends is not None:
             ends.append(len(out))
@@ -221,6 +230,13 @@ def frame(records: Sequence[Record], shown: View) -> str:
     compaction = records[shown.epoch] if shown.epoch < len(records) else None
     outside = isinstance(compaction, Compaction) and compaction.outside
     return (OUTSIDE_FRAME if outside else SUMMARY_FRAME).format(summary=shown.summary)
+
+
+def _restated(question: str) -> str:
+    """The question of a turn a compaction cut between two responses, sent after the
+    summary: without it the model sees the frame, a call and its result, and answers the
+    frame (the small model gave the summary as its answer)."""
+    return question if len(question) <= RESTATED_CAP else question[: RESTATED_CAP - 3] + "..."
 
 
 def message_text(message: Message) -> str:

@@ -67,7 +67,7 @@ def test_keeps_the_last_whole_turns_that_fit_the_keep_budget() -> None:
 def test_a_pending_message_may_keep_no_logged_turn() -> None:
     shown = view(RECORDS)
     end = len(RECORDS)
-    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=39, room=1000, pending=True) \
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=39, room=39, pending=True) \
         == Choice(kept=end, turns=1)
     assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=40, room=1000, pending=True) \
         == Choice(kept=STARTS[2], turns=2)
@@ -83,15 +83,17 @@ def test_the_turn_in_progress_is_cut_between_responses_only_when_it_cannot_fit_w
     recs = [*RECORDS[:-2]]  # turn 3 in progress: User, read, usage, result
     recs += [read("d", "d.txt"), usage(), result("d", "d" * 50)]  # a second read in it
     shown = view(recs)
-    first_read, second_read = STARTS[2] + 1, len(recs) - 3
+    second_read = len(recs) - 3
     each = sizes(recs)
-    # the turn's 5 records that render are 50 tokens; from its first read on 40, second 20
-    assert choose_kept(recs, shown, each, keep=10, room=40, pending=False) \
-        == Choice(kept=first_read, turns=1)
-    assert choose_kept(recs, shown, each, keep=10, room=39, pending=False) \
+    # the turn's 5 records that render are 50 tokens; from its first read on 40, second 20,
+    # and its question (10) with either: a cut between responses keeps the question (so a cut
+    # at the first read, the question and all after it, is the whole turn: kept as such)
+    assert choose_kept(recs, shown, each, keep=10, room=50, pending=False) \
+        == Choice(kept=STARTS[2], turns=1)
+    assert choose_kept(recs, shown, each, keep=10, room=49, pending=False) \
         == Choice(kept=second_read, turns=1)
     # a call is never split from its result: nothing smaller fits, nothing helps
-    assert choose_kept(recs, shown, each, keep=10, room=19, pending=False) is None
+    assert choose_kept(recs, shown, each, keep=10, room=29, pending=False) is None
 
 
 def test_nothing_to_drop_nothing_helps() -> None:
@@ -115,22 +117,40 @@ def test_elide_lists_messages_calls_with_result_sizes_and_answers() -> None:
     assert lines[3] == "  - You answered: It says 0."
     big = len("b.txt says 1" * 101)
     assert lines[5] == (f"""  - You called read_file {{"path": "b.txt"}}: it returned {big:,} """
-                        "characters (call it again to see them)")
+                        "characters")
     assert "c.txt" not in text
 
 
-def test_elide_keeps_the_newest_lines_within_its_cap_and_counts_what_it_left_out() -> None:
+def test_elide_keeps_every_question_and_the_newest_details_within_its_cap() -> None:
     dropped = list(view(RECORDS).live)
     whole = elide(RECORDS, dropped, None, cap=10_000)
-    short = elide(RECORDS, dropped, None, cap=200)
-    assert len(short) <= 200
+    short = elide(RECORDS, dropped, None, cap=250)
+    assert len(short) <= 250
     assert short.splitlines()[0] == ELIDE_HEADER
-    assert short.splitlines()[-1] == whole.splitlines()[-1]
-    left = int(short.splitlines()[1].split()[0].lstrip("("))
-    assert left + len(short.splitlines()) - 2 == len(whole.splitlines()) - 1
-    # compacted again: the earlier summary's lines come first, its count carried on
-    again = elide(RECORDS, dropped, short, cap=200)
-    assert int(again.splitlines()[1].split()[0].lstrip("(")) > left
+    asked = [line for line in whole.splitlines() if line.startswith("- The person asked")]
+    assert [line for line in short.splitlines() if line.startswith("- The")] == asked
+    assert short.splitlines()[-1] == whole.splitlines()[-1]  # the newest detail stays
+    assert "lines left out" not in short and "again to see them" not in whole
+
+
+def test_the_persons_questions_survive_every_compaction_the_first_included() -> None:
+    """Forty turns, compacted one at a time, each summary made from the one before: the
+    first question (and the newest) is still there, within the cap; before, the oldest lines
+    went first ("What was the first question I asked you?" could not be answered)."""
+    summary: str | None = None
+    records: list[Record] = [BASE]
+    for n in range(1, 41):
+        start = len(records)
+        records += [User(content=f"Question {n}: what does file{n}.txt say about the plan? "
+                                 + "Please be thorough. " * 10),
+                    read(f"c{n}", f"file{n}.txt"), usage(), result(f"c{n}", "x" * 900),
+                    answer(f"It says {n}. " * 20), usage()]
+        summary = elide(records, list(range(start, len(records))), summary, cap=2048)
+        assert len(summary) <= 2048
+        assert "Question 1:" in summary and f"Question {n}:" in summary, (n, summary)
+    assert summary is not None and sum("Question" in line for line in summary.splitlines()) > 20
+    old = "\n".join([ELIDE_HEADER, "(61 earlier lines left out)", "- The person asked: a"])
+    assert elide([BASE], [], old, cap=2048).splitlines()[1:] == ["- The person asked: a"]
 
 
 def test_elide_of_call_tool_shows_the_inner_arguments_and_a_missing_result() -> None:
@@ -166,3 +186,17 @@ def test_the_threshold_leaves_room_for_turns_after_what_a_compaction_cannot_free
     assert threshold(4096, 0.4, fixed, turn=2000) == int(CEILING * 4096)
     assert threshold(4096, 0.9, fixed, turn=2000) == int(0.9 * 4096)
     assert threshold(4096, 0.4, 0, turn=0) == int(0.4 * 4096)
+
+
+def test_the_turn_before_that_read_something_is_kept_past_the_budget_when_it_fits_the_room(
+        ) -> None:
+    """A read, then a follow-up that compacts: the file just read stays (it was dropped at
+    once, and the follow-up answered from nothing). A turn that read nothing is not."""
+    shown, end = view(RECORDS), len(RECORDS)
+    assert choose_kept(RECORDS, shown, sizes(RECORDS), keep=39, room=40, pending=True) \
+        == Choice(kept=STARTS[2], turns=2)
+    talk: list[Record] = [BASE, User(content="a"), answer("1"), usage(), User(content="b"),
+                          answer("2"), usage()]
+    assert choose_kept(talk, view(talk), sizes(talk), keep=19, room=1000, pending=True) \
+        == Choice(kept=len(talk), turns=1)
+    assert end == STARTS[2] + 6

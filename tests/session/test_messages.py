@@ -31,6 +31,7 @@ from actors.log.records import (
 )
 from actors.session.messages import (
     MISSING_RESULT,
+    RESTATED_CAP,
     SUMMARY_ACK,
     SUMMARY_FRAME,
     UNANSWERED,
@@ -341,15 +342,26 @@ def test_the_last_compaction_wins_and_keeps_only_what_the_one_before_kept() -> N
     assert messages(BASE, recs)[1:3] == [framed("AB"), ACK]
 
 
-def test_no_ack_when_the_kept_part_starts_with_a_models_response() -> None:
+def test_a_compaction_that_cuts_a_turn_between_responses_says_its_question_again() -> None:
+    """After the frame, a call and its result without the question they answer: the model
+    answered the frame (it gave the summary as its answer)."""
     recs: list[Record] = [
         BASE, User(content="q"), Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
         result("a", "r"), compaction(kept=2),
     ]
     out = messages(BASE, recs)
-    assert out[:2] == [SYSTEM, framed("S")]
-    assert out[2]["role"] == "assistant" and out[2]["tool_calls"][0]["id"] == "a"
-    assert out[3] == tool_msg("a", "r")
+    assert out[:4] == [SYSTEM, framed("S"), ACK, {"role": "user", "content": "q"}]
+    assert out[4]["role"] == "assistant" and out[4]["tool_calls"][0]["id"] == "a"
+    assert out[5] == tool_msg("a", "r")
+    long = [*recs[:1], User(content="x" * 5000), *recs[2:]]
+    assert messages(BASE, long)[3]["content"] == "x" * (RESTATED_CAP - 3) + "..."
+
+
+def test_the_summary_alone_is_a_prefix_of_what_comes_after_it() -> None:
+    recs: list[Record] = [
+        BASE, User(content="q"), Assistant(content=None, reasoning=None, tool_calls=(call("a"),)),
+        result("a", "r"), compaction(kept=2),
+    ]
     # the summary alone (nothing after it yet) is a prefix of what comes once a turn does
     alone = messages(BASE, [*recs, compaction(kept=6)])
     assert alone == [SYSTEM, framed("S")]
