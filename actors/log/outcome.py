@@ -16,7 +16,7 @@ class TurnOutcome:
     usage: Usage
     iterations: int  # model responses that asked for tools
     tool_calls: int
-    cut: bool  # the answer was cut: loop.max_tokens, or usage.cut says why
+    cut: bool  # the answer was cut: usage.finish_reason says how (types.CUT)
     restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
     context: int = 0  # tokens the session's slot holds (its n_ctx); 0: not known
     compactions: int = 0  # compactions the turn made (actors/session/compactor.py)
