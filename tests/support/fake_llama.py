@@ -277,6 +277,7 @@ class FakeLlama:
         self.headers: list[dict[str, str]] = []  # their HTTP headers
         self.control_calls: list[dict[str, Any]] = []
         self.prefills: list[dict[str, Any]] = []  # POST /completion bodies, in order
+        self.renders = 0  # POST /apply-template calls
         self.connections = 0  # TCP connections accepted
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -449,6 +450,8 @@ class FakeLlama:
             return faults.pop(0) if faults else None
 
     def _apply_template(self, conn: Conn) -> None:
+        with self._lock:
+            self.renders += 1
         fault = self._fault("apply-template")
         if fault is not None:
             conn.json(fault[0], _error(fault[0], fault[1], "server_error"))

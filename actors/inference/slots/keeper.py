@@ -101,6 +101,7 @@ BASE_NO_TEMPLATE = "the baseline's prompt could not be rendered: {message}"
 RESTORED_NOTHING = "the server restored no tokens"
 
 _SAVE_WAIT_S = 60.0  # save_now: how long a save in flight is waited for (a hang guard)
+_PREFIXES = 64  # rendered baselines remembered per server
 _PROBE = "loopd-probe"  # an action no server knows: 400 with a save path, 501 without
 
 
@@ -148,6 +149,7 @@ class _Server:
     alive: bool = True
     prefixes: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     # the rendered baseline prefix and its key, by the baseline as sent (JSON)
+    no_template: str = ""  # why it renders no baseline (no /apply-template): no warm starts
 
 
 @dataclasses.dataclass(slots=True)
@@ -573,12 +575,18 @@ class SlotKeeper:
         server = self._servers[lease.server]
         session = self._session(lease.session)
         own = "; ".join(r for r in use.reason.split("; ") if r and r != NO_STATE)
+        if server.no_template:  # said on the first request: none of it is tried again
+            return lease
         try:
             prefix, key = self._prefix(server, system, tools)
         except InferError as e:
             if e.kind is InferErrorKind.CANCELLED:
                 raise
             why = BASE_NO_TEMPLATE.format(message=_said(e))
+            if e.status in (404, 501):  # no /apply-template: an older or another server
+                server.no_template = why
+                self._say(f"llama-server {server.url}: {why}; new sessions process their "
+                          "system prompt and tools")
             return dataclasses.replace(lease, use=dataclasses.replace(use, reason=_join(
                 own, why)))
         lock = self._base_lock(key)
@@ -614,6 +622,8 @@ class SlotKeeper:
             raise InferError(InferErrorKind.PROTOCOL, "the chat template shares no prefix")
         found = (prefix, baseline.baseline_key(prefix))
         with self._cond:
+            if len(server.prefixes) >= _PREFIXES:  # the oldest first: one per config in use
+                server.prefixes.pop(next(iter(server.prefixes)))
             server.prefixes[sent] = found
         return found
 

@@ -236,6 +236,18 @@ def test_a_server_that_cannot_render_or_process_the_baseline_runs_cold(make: Any
     assert "could not be processed" in first_usage(rig, "b").slot.reason  # type: ignore[union-attr]
 
 
+def test_a_server_without_apply_template_says_so_once_and_is_not_asked_again(
+    make: Any,
+) -> None:
+    rig = make(slots=2)
+    rig.fakes[0].fail_slots("apply-template", 404, "File Not Found")
+    rig.turn("a")
+    rig.turn("b")
+    assert answered(rig, "b") and rig.losses("b") == []
+    assert rig.fakes[0].renders == 1
+    assert [s for s in rig.said if "could not be rendered" in s] != []
+
+
 # --- space: the baselines share slots.disk_mb with the sessions' files -----------------------
 
 
@@ -257,3 +269,15 @@ def test_disk_mb_bounds_baselines_and_sessions_together(make: Any) -> None:
     files = [f for f in rig.files() if f.endswith(".bin")]
     assert not [f for f in files if f.startswith("a-")]  # a's state went first
     assert baselines(rig) == [kept] and [f for f in files if f.startswith("b-")]
+
+
+def test_saving_a_baseline_removes_those_of_another_server_build(make: Any) -> None:
+    rig = make(slots=1)
+    rig.turn("a")
+    (old,) = baselines(rig)
+    rig.restart(build_info="b2-other")  # a's baseline is stale here: it stays until...
+    assert baselines(rig) == [old]
+    rig.log("b", system="You are verbose.")
+    rig.turn("b")  # ...this build saves one: the stale one goes (never restored here)
+    (new,) = baselines(rig)
+    assert new != old
