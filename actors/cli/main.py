@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--log-dir", help="where sessions live (overrides log.dir)")
 
     p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
+    p.add_argument("--version", action="version", version=f"loopd {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     local = ("run in this process even when a daemon (loopd serve) answers (--url, "
              "--workspace and --log-dir do this too)")
@@ -145,6 +146,23 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
     sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
     return p
+
+
+def _version() -> str:
+    """This loopd's version: the installed package's, else the source tree's pyproject.toml."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("loopd")
+    except metadata.PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        project = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(project.read_text(encoding="utf-8"))["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "(version not known: not installed)"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -281,7 +299,11 @@ def _log_show(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
 def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     out = console()
     json_view = JsonView(sys.stdout) if args.json else None
-    live = LiveView(err, answer=out if out.is_terminal and err.is_terminal else err)
+    # Where the answer streams: stdout on a terminal; stderr while stdout is piped, so the
+    # person sees it come (stdout gets it whole at the end); nowhere when stderr is not a
+    # terminal either: stdout's copy is the one (both piped printed it twice).
+    live = LiveView(err, answer=out if out.is_terminal else err,
+                    stream=err.is_terminal or out.is_terminal)
     sink: Any = json_view or live
     status = (lambda s: json_view.line(getattr(s, "event", None) or {"event": "status", "text": s})
               ) if json_view else (

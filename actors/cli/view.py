@@ -260,9 +260,11 @@ def _slot(use: rec.SlotUse | None) -> str:
 class LiveView:
     """A sink for turn events that draws them with rich; thread-safe (events come from actors)."""
 
-    def __init__(self, console: Console, answer: Console | None = None) -> None:
+    def __init__(self, console: Console, answer: Console | None = None,
+                 stream: bool = True) -> None:
         self.console = console  # the live view (stderr for `run`)
         self.answer = answer or console  # where answer text streams
+        self.stream = stream  # False: answer text is not streamed (it is printed whole)
         self._lock = threading.Lock()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
@@ -281,9 +283,11 @@ class LiveView:
             case ev.Reasoning(text=text):
                 self._switch("reasoning")
                 self.console.print(text, style="dim", end="", markup=False, highlight=False)
-            case ev.Content(text=text):
+            case ev.Content(text=text) if self.stream:
                 self._switch("content")
                 self.answer.print(text, end="", markup=False, highlight=False)
+            case ev.Content():
+                pass
             case ev.ToolCallStarted(name=name, arguments=args):
                 self._switch("")
                 shown = args if len(args) <= 120 else args[:117] + "..."

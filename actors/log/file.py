@@ -267,8 +267,9 @@ def _open_locked(path: Path, name: str, baseline: Baseline | None) -> tuple[int,
             fd = os.open(path, flags)
         except FileNotFoundError:
             if baseline is None:
-                raise SessionError(
-                    f"session {name} does not exist ({path}); give a baseline to create it"
+                raise SessionError(  # a person reads this (`loopd rewind nosuch`)
+                    f"session {name} does not exist (no {path}); `loopd sessions` lists the "
+                    "sessions there, and a message to a new name starts one"
                 ) from None
             made = _mkdirs(path.parent)
             try:

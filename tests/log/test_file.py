@@ -140,7 +140,7 @@ def test_create_makes_directories_and_reopen_replays(log_path: Path) -> None:
 
 
 def test_open_missing_without_baseline_is_refused(log_path: Path) -> None:
-    with pytest.raises(SessionError, match=r"session s1 does not exist.*give a baseline"):
+    with pytest.raises(SessionError, match=r"session s1 does not exist.*loopd sessions"):
         SessionLog.open(log_path)
     assert not log_path.exists()
 
