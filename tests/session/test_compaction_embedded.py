@@ -27,7 +27,7 @@ from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.events import Event
 from actors.inference.types import ChatRequest, Completion
-from actors.log.records import Compaction, CompactionBy
+from actors.log.records import Compaction, CompactionBy, Usage
 from actors.session.messages import SUMMARY_FRAME
 from actors.session.world import start_world
 from tests.support.embedded import FEW, THREADS, require_embedded
@@ -106,3 +106,67 @@ def test_a_session_past_its_context_compacts_keeps_its_cache_and_keeps_answering
         assert prompt_n <= new + FEW, (sizes, baseline)  # summary, kept turns, new message
     print(f"baseline {baseline} tokens; first requests after a compaction "
           f"(cache_n, prompt_n, summary+kept+new): {sizes}")
+
+
+PAGE_CTX = 4096  # the issue's context: the baseline and one pasted page fill 0.4 of it
+PAGES = 10
+
+
+def page(n: int) -> str:
+    """~450 tokens of pasted notes, ending "Reply with OK." (a person pasting notes)."""
+    items = " ".join(f"Item {n}-{j}: the red box on shelf {j} holds {n + j + 20} screws."
+                     for j in range(1, 22))
+    return f"Notes, page {n}. {items} Reply with OK."
+
+
+@pytest.mark.embedded
+@pytest.mark.timeout(1500)
+def test_ten_pasted_pages_in_4096_tokens_are_answered_and_no_request_compacts_twice_in_a_row(
+        tmp_path: Path) -> None:
+    """Ten ~450-token pages on a 4,096-token context at the embedded default compact_at
+    (0.4: 1,638 tokens): every turn answers, no request compacts right after one that did,
+    and the first request after each compaction finds the baseline in the slot (its Usage
+    record's cache_n). A one-line system prompt and no standard tools: the baseline (~290
+    tokens) is smaller than the defaults' ~1,170 (cheaper on one thread), and 0.4 of the
+    context still holds it, the summary and two pages only. Measured (2026-12-06, one
+    thread, load ~15): before, 7 compactions in 10 turns, every turn from the fourth, each
+    right after the one before (Compaction/Usage order UUUCUCUCUCUCUCUCU); now 4, every
+    third turn (UUUCUUCUUCUUCU), cache_n 292-481 after each (baseline 289); ~6 min wall,
+    ~65 CPU-s. What the model answers is not checked here beyond "something": under
+    max_tokens 8 it mostly began a find_tool call written as text ('{"name": "find'), the
+    choice of the step rules, not of compaction."""
+    require_embedded()
+    config = cfg.parse({
+        "log": {"dir": str(tmp_path / "sessions"), "fsync": "never"},
+        "tools": {"standard": False, "workspace": str(tmp_path)},
+        "loop": {"max_tokens": 8},
+        "inference": {"temperature": 0, "seed": 1},
+        "session": {"compaction": "elide", "system": "You are a helpful assistant."},
+        "embedded": {"ctx_size": PAGE_CTX, "slots": 1, "threads": THREADS},
+    })
+    assert config.session.compact_at == 0.4
+    with start_world(config) as app:
+        session = app.session("pages")
+        sizes = [app.runtime.inference.tokens("pages", page(n)) for n in (1, PAGES)]
+        assert all(420 <= n <= 480 for n in sizes), sizes
+        answers = [session.turn(app.runtime, page(n), lambda _: None, CancelToken())
+                   .get(timeout=900) for n in range(1, PAGES + 1)]
+        records = session.records().get(timeout=60)
+    told = [a.content for a in answers]
+    assert all(t.strip() for t in told), told  # every turn answered
+    assert not any(SUMMARY_FRAME.split("{")[0][:40] in t for t in told), told
+    shape = "".join("C" if isinstance(r, Compaction) else "U" for r in records
+                    if isinstance(r, Compaction | Usage))
+    usages = [r for r in records if isinstance(r, Usage)]
+    first = usages[0]
+    baseline = first.prompt_tokens - sizes[0] - 2 * FEW  # the system prompt, tools, template
+    compactions = [r for r in records if isinstance(r, Compaction)]
+    assert compactions and all(c.by is CompactionBy.AUTO for c in compactions), shape
+    assert "CUC" not in shape and "CC" not in shape, shape  # never twice in a row
+    after = [records[i + 1:] for i, r in enumerate(records) if isinstance(r, Compaction)]
+    cached = [int(next(r for r in rest if isinstance(r, Usage)).timings["cache_n"])
+              for rest in after]
+    assert all(n >= baseline for n in cached), (cached, baseline)
+    print(f"pages {sizes} tokens; baseline {baseline}; {len(compactions)} compactions in "
+          f"{PAGES} turns ({shape}); cache_n after each {cached}; "
+          f"answers {[t[:20] for t in told]}; calls {sum(a.tool_calls for a in answers)}")
