@@ -97,6 +97,21 @@ def build(record: str | None) -> MCPServer:
         return f"nobody to greet ({answer.action})"
 
     @server.tool(annotations=_READ_ONLY)
+    async def grow(name: str, ctx: Context) -> str:
+        """Add a tool called NAME (answering "I am NAME") and say the tools changed."""
+
+        def new_tool() -> str:
+            return f"I am {name}"
+
+        server.add_tool(new_tool, name=name, description=f"A tool added later: {name}.",
+                        annotations=_READ_ONLY)
+        if ctx.protocol_version == "2026-07-28":
+            await ctx.notify_tools_changed()
+        else:
+            await ctx.session.send_tool_list_changed()
+        return f"added {name}"
+
+    @server.tool(annotations=_READ_ONLY)
     def point() -> Point:
         """A point, as structured output."""
         return Point(x=1, y=2)

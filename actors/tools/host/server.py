@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -65,6 +65,7 @@ HOST_GRACE_S = 0.25
 # stop is stuck (a tool that ignores cancel, a read that never returns): the host is unhealthy.
 STUCK_S = 5.0
 _PARENT_CHECK_S = 0.25
+_MAX_PEERS = 1024  # ports remembered to tell of a new tool list (each daemon has one per host)
 _AWAIT_S = 0.0005  # how long the loop waits on a lone call before polling again
 
 
@@ -104,22 +105,11 @@ class Host:
         self.timeout_s = timeout_s
         self.max_calls = max_calls
         self.max_frame = max_frame_bytes
-        self.tools: dict[str, _Tool] = {}
-        for provider in providers:
-            for spec in provider.specs():
-                if spec.name in self.tools:
-                    raise UsageError(f"two providers in tool host {name} offer {spec.name!r}")
-                allowed = spec.needs_approval and spec.name in allow
-                spec = dataclasses.replace(spec, needs_approval=spec.needs_approval and not allowed)
-                try:
-                    check = ArgumentCheck(spec.parameters)
-                except UsageError as e:
-                    raise UsageError(
-                        f"tool {spec.name}: its argument schema is invalid: {e}"
-                    ) from None
-                self.tools[spec.name] = _Tool(spec, provider, check, allowed)
+        self._allow = allow
+        self.tools = self._tool_table(providers)
         self.providers = providers
         self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in self.tools.values())))
+        self._peers: set[bytes] = set()  # those that said hello: told when the tools change
         self._active: dict[tuple[bytes, int], _Call] = {}
         self._running = 0  # worker threads busy, including ones past their deadline
         self._busy: set[_Call] = set()  # their calls (to see the stuck ones)
@@ -154,6 +144,10 @@ class Host:
         loop.add(sock, self._on_frames)
         if parent_alive is not None:
             loop.every(_PARENT_CHECK_S, self._check_parent, parent_alive)
+        for provider in self.providers:
+            watch = getattr(provider, "watch", None)  # e.g. an MCP server's tools/list_changed
+            if callable(watch):
+                watch(lambda: loop.post(self._retool))
         log.info(
             "serving %s on %s",
             ", ".join(self.tools) or "no tools",
@@ -197,6 +191,37 @@ class Host:
             return
         self._handle(peer, msg)
 
+    def _tool_table(self, providers: Sequence[ToolProvider]) -> dict[str, _Tool]:
+        tools: dict[str, _Tool] = {}
+        for provider in providers:
+            for spec in provider.specs():
+                if spec.name in tools:
+                    raise UsageError(f"two providers in tool host {self.name} offer {spec.name!r}")
+                allowed = spec.needs_approval and spec.name in self._allow
+                spec = dataclasses.replace(spec, needs_approval=spec.needs_approval and not allowed)
+                try:
+                    check = ArgumentCheck(spec.parameters)
+                except UsageError as e:
+                    raise UsageError(
+                        f"tool {spec.name}: its argument schema is invalid: {e}"
+                    ) from None
+                tools[spec.name] = _Tool(spec, provider, check, allowed)
+        return tools
+
+    def _retool(self) -> None:
+        """A provider's tools changed (an MCP server's tools/list_changed): the new list to
+        every port that said hello (a port takes a ``tools`` message at any time)."""
+        try:
+            tools = self._tool_table(self.providers)
+        except UsageError as e:
+            log.warning("tool host %s: the new tool list is refused: %s", self.name, e)
+            return
+        self.tools = tools
+        self._tools_frame = wire.encode(wire.Tools(tuple(t.spec for t in tools.values())))
+        log.info("tool host %s: its tools changed (%d now)", self.name, len(tools))
+        for peer in list(self._peers):
+            self._send_frame(peer, self._tools_frame)
+
     def _handle(self, peer: bytes, msg: wire.Message) -> None:
         if isinstance(msg, Ping):
             why = self._stuck()
@@ -204,6 +229,8 @@ class Host:
         elif isinstance(msg, ToolRequest):
             self._start(peer, msg)
         elif isinstance(msg, Hello):
+            if len(self._peers) < _MAX_PEERS:
+                self._peers.add(peer)
             self._send_frame(peer, self._tools_frame)
         elif isinstance(msg, Cancel):
             call = self._active.pop((peer, msg.id), None)

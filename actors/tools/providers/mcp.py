@@ -99,6 +99,20 @@ class McpProvider:
             raise
         self._specs = [tool_spec(t) for t in tools]
         self._by_name = {s.name: s for s in self._specs}
+        self._on_change: Callable[[], None] = lambda: None
+        self._link.on_tools = self._tools_changed
+
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` (from the provider's loop thread) when the server's tools
+        change (MCP's tools/list_changed); :meth:`specs` then has the new list."""
+        self._on_change = on_change
+
+    def _tools_changed(self, tools: list[Any]) -> None:
+        specs = [tool_spec(t) for t in tools]
+        if specs == self._specs:
+            return
+        self._specs, self._by_name = specs, {s.name: s for s in specs}
+        self._on_change()
 
     @property
     def connected(self) -> bool:

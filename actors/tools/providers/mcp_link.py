@@ -34,6 +34,7 @@ try:
     from mcp import Client, StdioServerParameters, stdio_client
     from mcp.client.session import ClientRequestContext
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.client.subscriptions import ListenNotSupportedError
     from mcp.shared._httpx_utils import create_mcp_http_client
     from mcp.shared.exceptions import MCPError
 except ImportError as e:  # pragma: no cover - depends on the installed extras
@@ -183,6 +184,7 @@ class _Connection:
         self.stop = asyncio.Event()
         self.ended = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.watch: asyncio.Task[None] | None = None  # tools/list_changed
 
     @property
     def usable(self) -> bool:
@@ -213,6 +215,8 @@ class McpLink:
         self._authorizer: Authorizer | None = None
         self._prepared = False
         self._on_authorize = on_authorize
+        # The tools the server lists after it said they changed (on the loop thread).
+        self.on_tools: Callable[[list[mcp_types.Tool]], None] = lambda _tools: None
         self._elicitation: ElicitationMode = elicitation
         # The SDK logs why an OAuth flow failed, then the request goes on to its 401.
         self._oauth_errors = _LastError()
@@ -298,7 +302,35 @@ class McpLink:
             self._retire(conn, cancel=True)
             raise McpError(self._start_failure(e, timeout_s)) from None
         self._conn = conn
+        conn.watch = asyncio.create_task(self._watch_tools(conn))
         return conn
+
+    async def _watch_tools(self, conn: _Connection) -> None:
+        """On the 2026-07-28 wire, a ``subscriptions/listen`` stream of tools/list_changed
+        (the older wire's notification comes to :meth:`_notified`); each change lists the
+        tools again and hands them to ``on_tools``."""
+        try:
+            async with conn.client.listen(tools_list_changed=True) as changes:
+                async for _event in changes:
+                    await self._relist(conn)
+        except ListenNotSupportedError:
+            pass
+        except Exception as e:  # the server or the connection ended: the next one watches
+            log.info("MCP server %s: tools/list_changed watch ended: %s", self.label, reason(e))
+
+    async def _notified(self, message: Any) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification) and self._conn is not None:
+            asyncio.get_running_loop().create_task(self._relist(self._conn))
+
+    async def _relist(self, conn: _Connection) -> None:
+        try:
+            tools = await asyncio.wait_for(self._list_tools(conn), self._connect_timeout_s)
+        except Exception as e:
+            log.warning("MCP server %s said its tools changed, then did not list them: %s",
+                        self.label, reason(e))
+            return
+        log.info("MCP server %s: its tools changed (%d now)", self.label, len(tools))
+        self.on_tools(tools)
 
     async def _hold(self, conn: _Connection, ready: asyncio.Future[Any]) -> None:
         """Own the SDK client for the connection's life (anyio scopes need one task)."""
@@ -308,6 +340,7 @@ class McpLink:
                 cache=None,
                 client_info=mcp_types.Implementation(name="loopd", version=_version()),
                 elicitation_callback=self._elicit,
+                message_handler=self._notified,
             )
             async with client:
                 if not ready.done():
@@ -332,6 +365,8 @@ class McpLink:
         ``cancel`` is for a connection still in its handshake, which does not see ``stop``.
         """
         conn.stop.set()
+        if conn.watch is not None:
+            conn.watch.cancel()
         if self._conn is conn:
             self._conn = None
         if conn.task is not None and not conn.task.done():

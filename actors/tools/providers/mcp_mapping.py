@@ -96,12 +96,32 @@ def describe_content(block: Any) -> str:
 
 
 def result_text(result: mcp_types.CallToolResult) -> str:
-    """The text of a tool result: its content blocks joined, else its structured content."""
-    if result.content:
-        return "\n".join(describe_content(b) for b in result.content)
-    if result.structured_content is not None:
-        return json.dumps(result.structured_content, ensure_ascii=False)
-    return "(the tool returned no content)"
+    """The text of a tool result for the model.
+
+    Structured content (checked against the tool's output schema by the SDK) reaches the
+    model as compact JSON: in place of the text block that serializes it (servers are asked
+    to add one for older clients), or alone when there is no text. A text block that says
+    something else (a wrapped plain answer, ``{"result": "..."}``, comes with its text) is
+    kept as it is.
+    """
+    data = result.structured_content
+    compact = None if data is None else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    blocks = [
+        compact if compact is not None and isinstance(b, mcp_types.TextContent)
+        and _same_json(b.text, data) else describe_content(b)
+        for b in result.content
+    ]
+    if compact is not None and not any(isinstance(b, mcp_types.TextContent)
+                                       for b in result.content):
+        blocks.insert(0, compact)
+    return "\n".join(blocks) if blocks else "(the tool returned no content)"
+
+
+def _same_json(text: str, data: Any) -> bool:
+    try:
+        return bool(json.loads(text) == data)
+    except ValueError:
+        return False
 
 
 def cut_text(text: str, max_output: int | None) -> str:

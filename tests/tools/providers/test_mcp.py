@@ -47,8 +47,10 @@ from actors.tools.providers.mcp import McpProvider  # noqa: E402
 from actors.tools.providers.mcp_mapping import (  # noqa: E402
     describe_content,
     policy,
+    result_text,
     tool_spec,
 )
+from actors.tools.registry import Registry  # noqa: E402
 from tests.tools.mcp_support import (  # noqa: E402
     TEST_SERVER,
     TIME_SERVER,
@@ -251,6 +253,22 @@ def test_a_result_that_breaks_its_output_schema_fails_the_call_and_keeps_the_ser
     # the same server process answers next: it was not taken for dead and restarted
     assert test_server.run("pid", {}, CALL_S, NO_CANCEL) == before
     assert test_server.run("point", {}, CALL_S, NO_CANCEL) != before
+
+
+def test_structured_output_reaches_the_model_as_json_once(test_server: McpProvider) -> None:
+    # the server sends {"x": 1, "y": 2} and, for older clients, the same as indented text
+    answer = test_server.run("point", {}, CALL_S, NO_CANCEL)
+    assert isinstance(answer, Result) and answer.content == '{"x":1,"y":2}'
+    both = mcp_types.CallToolResult(
+        content=[mcp_types.TextContent(text="a note"), mcp_types.TextContent(text='{"x": 1}')],
+        structured_content={"x": 1},
+    )
+    assert result_text(both) == 'a note\n{"x":1}'
+    wrapped = mcp_types.CallToolResult(content=[mcp_types.TextContent(text="added")],
+                                       structured_content={"result": "added"})
+    assert result_text(wrapped) == "added"  # a plain answer the SDK wrapped stays plain
+    alone = mcp_types.CallToolResult(content=[], structured_content={"x": 1})
+    assert result_text(alone) == '{"x":1}'
 
 
 # --- a real server from PyPI: mcp-server-time ------------------------------------------------
@@ -515,6 +533,18 @@ def test_git_tools_through_a_tool_host_and_port(repo: Path) -> None:
         added = _call(port, "git_add", {"repo_path": str(repo), "files": ["new.txt"]})
         assert isinstance(added, Result), added
         assert "A  new.txt" in _status(repo)
+
+
+def test_tools_list_changed_reaches_the_port_and_find_tool() -> None:
+    with mcp_port(command=[sys.executable, str(TEST_SERVER)]) as port:
+        registry = Registry([port])
+        assert registry.entry("sprout") is None
+        grown = port.call(session="s", call=1, tool="grow", arguments={"name": "sprout"})
+        assert isinstance(grown, Result) and grown.content == "added sprout"
+        _wait_until(lambda: registry.entry("sprout") is not None, "the new tool list")
+        assert "- sprout: A tool added later: sprout." in registry.find("sprout")
+        answer = port.call(session="s", call=2, tool="sprout", arguments={})
+        assert isinstance(answer, Result) and answer.content == "I am sprout"
 
 
 def test_a_crash_mid_call_through_the_host(record: Path) -> None:
