@@ -26,7 +26,7 @@ from actors.base.events import Approver
 from actors.cli import branch, compact
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
 from actors.cli.chat import Chat, line_reader, run_chat
-from actors.cli.conversation import last_usage, open_conversation
+from actors.cli.conversation import open_conversation
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import (
     JsonView,
@@ -43,6 +43,7 @@ from actors.cli.view import (
 from actors.log.file import read_log
 from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
 from actors.session.actor import list_sessions, remove_session, session_path
+from actors.session.limits import shown_tokens
 from actors.session.messages import turn_of, view
 from actors.session.workspace import kept_workspace
 
@@ -253,8 +254,8 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     # The context a slot holds is known offline for the embedded model only (its ctx_size).
     context = config.embedded.ctx_size if config.embedded_model else 0
     for name in names:
-        usage = last_usage(config, name)
-        used = usage.prompt_tokens + usage.completion_tokens if usage is not None else 0
+        path = session_path(config, name)  # after a compaction: its estimate (was 0)
+        used = shown_tokens(read_log(path, name=name)[0]) if path.is_file() else 0
         workspace = kept_workspace(config, name)
         if args.json:
             print(json_line({"name": name, "tokens": used, "context": context,

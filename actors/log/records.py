@@ -12,6 +12,8 @@ Fields added after logs were first written (a log without them reads as the defa
 - ``usage.slot`` (nil) and ``cache_loss.cause`` (""): with the slot keeper (f41d248).
 - ``rewind.refused`` (""): a turn refused for a full context is taken back.
 - ``compaction.outside`` (false): a summary made from text from outside keeps its mark.
+- ``compaction.tokens_after`` (0: not known): the prompt's size after it, about, so the
+  session's size is known before its next request (``loopd sessions``).
 """
 
 from __future__ import annotations
@@ -227,7 +229,8 @@ class Compaction:
     ``tokens_before``: the prompt's size, in tokens, that made the compaction necessary
     (loopd's estimate, or the server's count when it answered that the context was full).
     ``outside``: the summary was made from text from outside (an untrusted tool result, or
-    an earlier summary that was): its frame tells the model so.
+    an earlier summary that was): its frame tells the model so. ``tokens_after``: loopd's
+    estimate of the prompt after it (0 in older logs).
     """
 
     summary: str
@@ -235,6 +238,7 @@ class Compaction:
     tokens_before: Natural
     by: CompactionBy
     outside: bool = added(False, "a summary made from outside text keeps its mark")
+    tokens_after: Natural = added(0, "the size after a compaction, before the next request")
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 

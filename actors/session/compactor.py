@@ -220,13 +220,14 @@ class Compactor:
         self._cost = (0, 0)
         summary = self._summary(prompt, choice, how)
         marked = outside(records, [i for i in shown.live if i < choice.kept], previous)
-        self.log.append(Compaction(summary=summary, kept=choice.kept,
+        kept = sum(n for i, n in sizes.items() if i >= choice.kept)
+        after = self._baseline() + frame + self._count(summary) + kept
+        self.log.append(Compaction(summary=summary, kept=choice.kept, tokens_after=after,
                                    tokens_before=tokens_before, by=by, outside=marked))
         self.made += 1
-        kept = sum(n for i, n in sizes.items() if i >= choice.kept)
         done = Compacted(
             why=by.value, tokens_before=tokens_before, turns_kept=choice.turns,
-            tokens_after=self._baseline() + frame + self._count(summary) + kept,
+            tokens_after=after,
             ms=round((time.monotonic() - started) * 1000, 1),
             processed=self._cost[0], generated=self._cost[1],
         )

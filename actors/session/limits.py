@@ -9,7 +9,7 @@ from typing import Any
 
 from actors.base.textcut import cut
 from actors.inference.types import BaselineUse
-from actors.log.records import CacheLoss, Record, SlotState, SlotUse, Usage
+from actors.log.records import CacheLoss, Compaction, Record, SlotState, SlotUse, Usage
 from actors.session.messages import View, view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -30,6 +30,7 @@ __all__ = [
     "cap_result",
     "loss_cause",
     "result_failed",
+    "shown_tokens",
     "shown_usage",
 ]
 
@@ -151,6 +152,18 @@ def shown_usage(records: Sequence[Record], shown: View | None = None) -> Usage |
         return None
     usage = records[found]
     return usage if isinstance(usage, Usage) else None
+
+
+def shown_tokens(records: Sequence[Record]) -> int:
+    """How full the conversation's prompt is now, in tokens (0: not known): the last shown
+    request's prompt and answer, or, when a compaction came after it, that compaction's
+    estimate of the prompt after it (``loopd sessions`` right after ``loopd compact``)."""
+    shown = view(records)
+    usage = shown_usage(records, shown)
+    if usage is not None:
+        return usage.prompt_tokens + usage.completion_tokens
+    compaction = records[shown.epoch] if shown.epoch else None
+    return compaction.tokens_after if isinstance(compaction, Compaction) else 0
 
 
 def loss_cause(slot: SlotUse | None, baseline: BaselineUse | None = None) -> str:

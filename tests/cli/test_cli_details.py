@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from actors.cli.main import main
+from actors.log.file import read_records
+from actors.log.records import Compaction, CompactionBy
 from tests.cli.clikit import cli_env
 from tests.support.fake_llama import FakeLlama, answer
 
@@ -47,3 +49,30 @@ def test_a_rewind_of_a_session_that_is_not_there_says_so(
     err = " ".join(capsys.readouterr().err.split())
     assert "session nosuch does not exist" in err and "loopd sessions" in err, err
     assert "baseline" not in err
+
+
+def test_an_elided_compaction_starts_no_model_server_and_no_tool_host(
+        env: dict[str, Any], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`loopd compact` on the embedded model (elide: its default) needs no model: it started
+    llama-server and three tool hosts for it. Then `loopd sessions` shows the tokens after
+    it (it showed 0 until the next request)."""
+    with FakeLlama([answer("One " * 30), answer("Two " * 30), answer("Three.")]) as fake:
+        for word in ("one", "two", "three"):  # the session's turns on a server
+            assert run(env, fake.url, "run", f"{word} " * 40, "--session", "a") == 0
+        asked = len(fake.requests)
+
+        def no_world(*args: Any, **kw: Any) -> Any:
+            raise AssertionError("a world (model server, tool hosts) was started")
+
+        monkeypatch.setattr("actors.session.world.start_world", no_world)
+        capsys.readouterr()
+        assert main(["compact", "a", "--config", env["config"]]) == 0
+        said = " ".join(capsys.readouterr().err.split())
+        assert "compacted: " in said and "starting" not in said, said
+        assert len(fake.requests) == asked
+    records = read_records(env["dir"] / "a" / "log.bin")
+    (compaction,) = [r for r in records if isinstance(r, Compaction)]
+    assert compaction.by is CompactionBy.PERSON and compaction.tokens_after > 0
+    assert main(["sessions", "--config", env["config"]]) == 0
+    line = capsys.readouterr().out.split()
+    assert line[:2] == ["a", f"{compaction.tokens_after:,}"], line

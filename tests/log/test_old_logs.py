@@ -144,9 +144,10 @@ def test_the_fields_added_later_are_the_documented_ones() -> None:
     """Each reads as its default in an older log (tests/log/test_records.py shows it)."""
     assert [(kind, field, default) for kind, field, default, _ in records.CODEC.added()] == [
         ("usage", "slot", None), ("cache_loss", "cause", ""), ("compaction", "outside", False),
-        ("rewind", "refused", ""),
+        ("compaction", "tokens_after", 0), ("rewind", "refused", ""),
     ]
     doc = " ".join((records.__doc__ or "").split())
     assert '``usage.slot`` (nil) and ``cache_loss.cause`` ("")' in doc
     assert '``rewind.refused`` ("")' in doc
     assert "``compaction.outside`` (false)" in doc
+    assert "``compaction.tokens_after`` (0: not known)" in doc
