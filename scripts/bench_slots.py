@@ -8,7 +8,9 @@
     with the baseline's saved state restored into its slot (``slots.warm_start``, a new
     command on a new server process, so only the file can help) against the same turn with
     warm starts off (every new session processed its system prompt and tools), side by
-    side in one run; and a second new session in the same command.
+    side in one run; and a second new session in the same command. Then a whole
+    ``loopd run`` on a new session, wall time, without a daemon (``--local``: it starts its
+    llama-server, restores the baseline, answers, saves) and through a running one.
 (c) **Round-robin**: 8 sessions take turns on a 2-slot server. Prompt tokens processed per
     request after the first round: with the keeper (leases, save, restore) against the old
     behaviour (every session on slot 0, nothing saved; the server's own RAM cache of idle
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
@@ -36,6 +40,8 @@ from actors.session.actor import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World, start_world
 from scripts.benchkit import SMOKE_SERVER, facts, scratch, skipped, timed_turn
+from tests.daemon.daemonkit import Daemon, cli
+from tests.tools.hostkit import short_dir
 
 SESSIONS, SLOTS, ROUNDS = 8, 2, 2
 HISTORY = 170  # lines of facts in the resumed session: ~4,000 tokens
@@ -53,12 +59,13 @@ SMOKE = {"SESSIONS": 2, "SLOTS": 1, "ROUNDS": 1, "HISTORY": 1, "SHELF": 1, "ANSW
 def run() -> list[dict[str, Any]]:
     if (skip := skipped()) is not None:
         return skip
-    names = ["resume", "new-first", "new-cold", "new-warm", "new-second",
+    names = ["resume", "new-first", "new-cold", "new-warm", "new-second", *_COMMANDS,
              *(_name(i) + t for i in range(SESSIONS) for t in ("", "-old"))]
     embedded, session = {"slots": SLOTS, "threads": THREADS}, {"system": SYSTEM}
     with scratch("loopd-bench-slots-", names, ANSWER, embedded=embedded,
                  session=session) as config:
-        return _resume(config) + _new_session(config) + _round_robin(config)
+        return (_resume(config) + _new_session(config) + _commands(config)
+                + _round_robin(config))
 
 
 def _name(i: int) -> str:
@@ -137,6 +144,59 @@ def _new_session(config: cfg.Config) -> list[dict[str, Any]]:
         {"name": "new session, baseline restored: prompt tokens processed",
          "value": processed("new-warm"), "unit": "tokens", "ratio": 1.0},
     ]
+
+
+_COMMANDS = ("cmd-prime", "cmd-local", "cmd-daemon")
+
+
+def _commands(config: cfg.Config) -> list[dict[str, Any]]:
+    """A whole ``loopd run`` on a new session: without a daemon, then through one."""
+    question = "What is 12 times 3?"
+    with short_dir() as d:
+        path = d / "loopd.toml"
+        path.write_text(_toml(config, d / "run"), encoding="utf-8")
+        wall: dict[str, float] = {}
+
+        def command(name: str, *flags: str) -> None:
+            started = time.perf_counter()
+            done = cli(path, "run", *flags, "--session", name, question, timeout=900)
+            wall[name] = time.perf_counter() - started
+            if done.returncode != 0:
+                raise RuntimeError(f"loopd run --session {name}: {done.stderr[-2000:]}")
+
+        command("cmd-local", "--local")
+        with Daemon(path):
+            command("cmd-prime")  # the daemon's model server up and warm
+            command("cmd-daemon")
+            cli(path, "stop", timeout=120)
+
+    def note(name: str) -> str:
+        usage = next(r for r in _records(config, name) if isinstance(r, Usage))
+        how = usage.slot.reason if usage.slot is not None else ""
+        return (f"{int(usage.timings.get('prompt_n', 0)):,} of {usage.prompt_tokens:,} prompt "
+                f"tokens processed ({how})")
+
+    local, daemon = wall["cmd-local"], wall["cmd-daemon"]
+    return [
+        {"name": "loopd run, new session, no daemon: whole command", "value": local,
+         "unit": "s", "ratio": local / daemon,
+         "note": f"starts its llama-server; {note('cmd-local')}"},
+        {"name": "loopd run, new session, through the daemon: whole command", "value": daemon,
+         "unit": "s", "ratio": 1.0, "note": note("cmd-daemon")},
+    ]
+
+
+def _toml(config: cfg.Config, run_dir: Path) -> str:
+    """``config``'s keys this bench sets, as a file for ``loopd`` commands."""
+    return (
+        f'[log]\ndir = "{config.log_dir}"\nfsync = "never"\n'
+        f"[tools]\nstandard = {str(NEW_TOOLS).lower()}\n"
+        f"[loop]\nmax_tokens = {config.loop.max_tokens}\n"
+        "[inference]\ntemperature = 0\nseed = 1\ntimeout_s = 900\n"
+        f"[embedded]\nslots = {SLOTS}\nthreads = {THREADS}\n"
+        f'[session]\nsystem = "{SYSTEM}"\n'
+        f'[daemon]\nruntime_dir = "{run_dir}"\nconnect_timeout_s = 5\n'
+    )
 
 
 class _SlotZero:

@@ -11,10 +11,9 @@ The key has two parts. The file's name hashes the rendered prefix (:func:`baseli
 the system prompt, the tools and the chat template, so a config that changes any of them
 gets another file. Its metadata holds the rest: the model and the server build that saved
 it (the fingerprint); a file of another model or build under the same name is *stale*,
-never restored, and replaced by the next save. Baselines no config uses any more go: those
-of another model or build when a new one is saved, and all but the :data:`KEPT` most
-recently used (:func:`unused_baselines`), besides the least-recently-used bound the
-sessions' files share.
+never restored, and replaced by the next save. Baselines no config uses any more go: all
+but the :data:`KEPT` most recently used when one is saved (:func:`unused_baselines`),
+besides the least-recently-used bound the sessions' files share (``slots.disk_mb``).
 
 The prefix is where two renderings of the baseline with different user messages part
 (:func:`common_prefix`): it ends with the template's opening of the user turn, which every
@@ -28,7 +27,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from actors.inference.slots.files import SlotFile, same_server
+from actors.inference.slots.files import SlotFile
 
 __all__ = [
     "BASELINE_SESSION",
@@ -43,7 +42,7 @@ __all__ = [
 
 PREFIX = "_baseline-"  # no session's key starts with "_" (a session name starts with [A-Za-z0-9])
 BASELINE_SESSION = "(baseline)"  # the metadata's session field of a baseline's file
-KEPT = 4  # baselines kept at most (least recently used beyond go): one per config in use
+KEPT = 16  # baselines kept at most (least recently used beyond go): one per config in use
 
 # Two user messages that part at their first character: where their renderings part is the
 # end of the prefix every first request shares.
@@ -75,12 +74,11 @@ def is_baseline(key: str) -> bool:
     return key.startswith(PREFIX)
 
 
-def unused_baselines(files: Iterable[tuple[str, SlotFile]], fingerprint: str,
-                     keep: int = KEPT) -> list[str]:
-    """The baselines no config here uses any more: those saved by another model or server
-    build than ``fingerprint``'s (never restored on it), then all but the ``keep`` most
-    recently used of the rest."""
-    bases = [(key, meta) for key, meta in files if is_baseline(key)]
-    stale = [key for key, meta in bases if not same_server(meta.fingerprint, fingerprint)]
-    live = sorted((b for b in bases if b[0] not in stale), key=lambda b: (-b[1].used, b[0]))
-    return stale + [key for key, _ in live[keep:]]
+def unused_baselines(files: Iterable[tuple[str, SlotFile]], keep: int = KEPT) -> list[str]:
+    """The baselines no config uses any more: all but the ``keep`` most recently used
+    (every new session uses its baseline). Those of another model or build are not picked
+    out: configs of two models may share a save directory, and a stale file under a
+    baseline's name is replaced by its next save."""
+    bases = sorted(((key, meta) for key, meta in files if is_baseline(key)),
+                   key=lambda b: (-b[1].used, b[0]))
+    return [key for key, _ in bases[keep:]]

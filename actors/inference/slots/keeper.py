@@ -704,7 +704,7 @@ class SlotKeeper:
             ))
         except (InferError, OSError, ValueError, TypeError) as e:
             return BASE_NOT_SAVED.format(message=_said(e))
-        for unused in baseline.unused_baselines(store.all(), server.fingerprint):
+        for unused in baseline.unused_baselines(store.all(), baseline.KEPT):
             store.remove(unused)
         self._bound(store, key)
         return BASE_SAVED

@@ -79,17 +79,15 @@ def test_the_key_hashes_the_rendered_prefix_and_the_prefix_is_where_renderings_p
     assert base.common_prefix("<s>x</s><u>a", "<s>x</s><u>b") == "<s>x</s><u>"
 
 
-def test_unused_baselines_are_another_models_then_all_but_the_most_recently_used() -> None:
-    def meta(used: float, fingerprint: str = "model=m;n_ctx=8;build=b1") -> slotfiles.SlotFile:
+def test_unused_baselines_are_all_but_the_most_recently_used() -> None:
+    def meta(used: float) -> slotfiles.SlotFile:
         return slotfiles.SlotFile(session=base.BASELINE_SESSION, file="f", tokens=1,
-                                  fingerprint=fingerprint, server="u", saved=0, used=used,
-                                  bytes=1)
+                                  fingerprint="model=m;n_ctx=8;build=b1", server="u", saved=0,
+                                  used=used, bytes=1)
 
     files = [(f"_baseline-{i}", meta(float(i))) for i in range(6)]
-    files += [("_baseline-old", meta(99.0, "model=other;n_ctx=8;build=b1")),
-              ("a-123", meta(0.0))]  # a session's file is never a baseline
-    gone = base.unused_baselines(files, "model=m;n_ctx=4;build=b1", keep=4)
-    assert gone == ["_baseline-old", "_baseline-1", "_baseline-0"]
+    files += [("a-123", meta(0.0))]  # a session's file is never a baseline
+    assert base.unused_baselines(files, keep=4) == ["_baseline-1", "_baseline-0"]
 
 
 def test_a_first_request_expects_the_baseline_its_slot_held() -> None:
@@ -271,13 +269,20 @@ def test_disk_mb_bounds_baselines_and_sessions_together(make: Any) -> None:
     assert baselines(rig) == [kept] and [f for f in files if f.startswith("b-")]
 
 
-def test_saving_a_baseline_removes_those_of_another_server_build(make: Any) -> None:
+def test_saving_a_baseline_keeps_only_the_most_recently_used_ones(
+    make: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(base, "KEPT", 2)
     rig = make(slots=1)
-    rig.turn("a")
-    (old,) = baselines(rig)
-    rig.restart(build_info="b2-other")  # a's baseline is stale here: it stays until...
-    assert baselines(rig) == [old]
-    rig.log("b", system="You are verbose.")
-    rig.turn("b")  # ...this build saves one: the stale one goes (never restored here)
-    (new,) = baselines(rig)
-    assert new != old
+    for name in ("a", "b", "c"):  # three configs, one after the other
+        rig.log(name, system=f"You are {name}.")
+        rig.turn(name)
+    kept = baselines(rig)
+    assert len(kept) == 2
+    rig.restart()
+    rig.log("d", system="You are a.")  # a's config, no longer used recently: its went
+    rig.turn("d")
+    assert "processed first" in first_usage(rig, "d").slot.reason  # type: ignore[union-attr]
+    rig.log("e", system="You are c.")  # c's is still there
+    rig.turn("e")
+    warm(rig, "e")
