@@ -10,6 +10,8 @@ them alike (value: median milliseconds per sequential call; ratio: against the n
 - the bare SDK: ``mcp.Client.call_tool`` over stdio on an asyncio loop, the reference for
   what any MCP client pays.
 
+The echo server over streamable HTTP, through the bridge, without and with authorization (a
+bearer token from the environment and a header, checked by the server on every request).
 Also ``mcp-server-time``'s ``get_current_time`` through the bridge (a real server from
 PyPI), and the start-up time of an MCP host (spawn until its tool list arrives) against a
 native one. Run: ``.venv/bin/python -m scripts.bench mcp`` (needs the mcp extra and
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -32,6 +36,7 @@ from typing import Any
 from actors.base.config import ToolsConfig
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.protocol.wire import Result
+from actors.tools.providers.mcp_settings import AUTH_ENV, McpAuth
 from actors.tools.toolbox import host_argv
 
 __all__ = ["run"]
@@ -43,20 +48,40 @@ ROUNDS = 5
 PER_ROUND = 100  # calls per measure per round
 WARMUP = 30
 STARTS = 3  # host start-ups per kind
+_TOKEN, _TOKEN_ENV = "bench-token", "LOOPD_BENCH_MCP_TOKEN"
 SMOKE = {"ROUNDS": 1, "PER_ROUND": 3, "WARMUP": 2, "STARTS": 1}  # `bench --smoke`
 
 
 @contextlib.contextmanager
-def _port(name: str, **kind: Any) -> Iterator[tuple[ToolPort, float]]:
+def _http_server(token: str | None = None) -> Iterator[str]:
+    """The echo server over streamable HTTP (with ``token``: refusing requests without
+    it and ``X-Team: blue``); yields its url."""
+    command = [*ECHO_SERVER, "--http", *(("--token", token) if token else ())]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("PORT "):
+                raise RuntimeError(f"the HTTP echo server did not start: {line!r}")
+            yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def _port(
+    name: str, env: dict[str, str] | None = None, **kind: Any
+) -> Iterator[tuple[ToolPort, float]]:
     """A ready port to a fresh host; yields it and the seconds it took to come up."""
     workdir = Path(tempfile.mkdtemp(prefix="loopd-bench-"))
     endpoint = f"ipc://{workdir}/{name}.sock"
     argv = host_argv(name, endpoint, ToolsConfig(), workdir, **kind)
     log_path = workdir / "host.log"
     started = time.perf_counter()
-    port = start_port(
-        PortSettings(name, endpoint), launcher=HostLauncher(argv, log_path=log_path)
-    )
+    launcher = HostLauncher(argv, log_path=log_path,
+                            env={**os.environ, **env} if env is not None else None)
+    port = start_port(PortSettings(name, endpoint), launcher=launcher)
     try:
         if not port.wait_ready(60):
             raise RuntimeError(f"host {name} did not come up: {log_path.read_text()[-2000:]}")
@@ -127,6 +152,8 @@ def run() -> list[dict[str, Any]]:
     in_process: list[float] = []
     bare: list[float] = []
     time_server: list[float] = []
+    http: list[float] = []
+    http_auth: list[float] = []
     with contextlib.ExitStack() as stack:
         native_port, _ = stack.enter_context(_port("native", standard=("echo",)))
         mcp_port, _ = stack.enter_context(_port("mcp", mcp_command=ECHO_SERVER))
@@ -137,6 +164,14 @@ def run() -> list[dict[str, Any]]:
             (_caller(mcp_port, "echo", {"text": "hello"}), bridge),
             (lambda i: _check(provider.run("echo", {"text": "hello"}, 30, never)), in_process),
         ]
+        url = stack.enter_context(_http_server())
+        http_port, _ = stack.enter_context(_port("http", mcp_url=url))
+        guarded = stack.enter_context(_http_server(_TOKEN))
+        auth = McpAuth(bearer=f"env:{_TOKEN_ENV}", headers=("X-Team: blue",))
+        authed_port, _ = stack.enter_context(_port(
+            "authed", env={AUTH_ENV: auth.to_json(), _TOKEN_ENV: _TOKEN}, mcp_url=guarded))
+        calls += [(_caller(http_port, "echo", {"text": "hello"}), http),
+                  (_caller(authed_port, "echo", {"text": "hello"}), http_auth)]
         if has_time:
             time_port, _ = stack.enter_context(_port("time", mcp_command=TIME_SERVER))
             tz = {"timezone": "UTC"}
@@ -163,6 +198,13 @@ def run() -> list[dict[str, Any]]:
              "port -> host -> McpProvider -> stdio MCP server"),
         _row("McpProvider.run echo, in process", in_process, floor, "no port, no host"),
         _row("bare MCP stdio call (SDK Client)", bare, floor, "mcp.Client.call_tool, asyncio"),
+    ]
+    rows += [
+        _row("MCP bridge over HTTP echo round trip", http, floor,
+             "port -> host -> McpProvider -> streamable HTTP MCP server"),
+        _row("MCP bridge over HTTP with auth echo round trip", http_auth, floor,
+             "the same with a bearer token and a header, checked by the server; "
+             f"{statistics.median(http_auth) / statistics.median(http):.2f}x the one without"),
     ]
     if time_server:
         rows.append(_row("mcp-server-time get_current_time via bridge", time_server, floor,
