@@ -56,9 +56,24 @@ def fork(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
              "message is processed alone" if tokens else
              f"{args.source} has no saved KV state: its first message processes the whole "
              "conversation")
+    if _compacted_after(config, args.source, records):  # its state holds the compacted one
+        state = (f"{args.source} was compacted after turn {at}, so its saved KV state holds "
+                 f"the compacted conversation: {args.name}'s first message reuses only the "
+                 f"system prompt and tools and processes the conversation up to turn {at} "
+                 "again")
     err.print(escape(f"session {args.name}: forked from {args.source} at turn {at} ({records} "
                      f"records copied; {args.source} is unchanged); {state}"), highlight=False)
     return 0
+
+
+def _compacted_after(config: cfg.Config, source: str, copied: int) -> bool:
+    """Whether ``source`` has a Compaction past the ``copied`` records a fork took."""
+    from actors.log.file import read_log
+    from actors.log.records import Compaction
+    from actors.session.actor import session_path
+
+    records, _ = read_log(session_path(config, source), name=source)
+    return any(isinstance(r, Compaction) for r in records[copied:])
 
 
 def rewound_text(session: str, taken: tuple[int, ...], left: tuple[int, ...]) -> str:

@@ -76,3 +76,22 @@ def test_an_elided_compaction_starts_no_model_server_and_no_tool_host(
     assert main(["sessions", "--config", env["config"]]) == 0
     line = capsys.readouterr().out.split()
     assert line[:2] == ["a", f"{compaction.tokens_after:,}"], line
+
+
+def test_a_fork_before_a_compaction_says_its_first_message_is_not_warm(
+        env: dict[str, Any], capsys: Any) -> None:
+    """The source's saved state holds its compacted conversation: a fork at a turn before
+    the compaction reuses only the baseline (it promised its first message alone)."""
+    with FakeLlama([answer("One."), answer("Two."), answer("Three.")]) as fake:
+        with open(env["config"], "a") as f:
+            f.write('[session]\ncompaction = "elide"\n')
+        for word in ("one", "two", "three"):
+            assert run(env, fake.url, "run", word, "--session", "a") == 0
+        assert run(env, fake.url, "compact", "a") == 0
+        capsys.readouterr()
+        assert main(["sessions", "fork", "a", "b", "--at", "1", "--local",
+                     "--config", env["config"]]) == 0
+        said = " ".join(capsys.readouterr().err.split())
+        assert "a was compacted after turn 1" in said and "processed alone" not in said, said
+        assert main(["sessions", "fork", "a", "c", "--local", "--config", env["config"]]) == 0
+        assert "compacted after" not in capsys.readouterr().err
