@@ -23,7 +23,7 @@ from actors.base.errors import UsageError
 from actors.base.events import Approver, Compacted, TornTail
 from actors.base.rules import RuleBook, parse_rules
 from actors.cli.where import place
-from actors.log.file import read_log
+from actors.log.file import check_free, read_log
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Usage
 from actors.session.actor import check_name, session_path
@@ -86,6 +86,7 @@ def open_conversation(
         return
     from actors.session.world import start_world
 
+    check_free(session_path(config, args.session), args.session)  # before the server starts
     with start_world(config, status, approved(args)) as app:
         yield _Local(app, args.session, approver, notice)
 

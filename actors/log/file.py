@@ -54,6 +54,7 @@ __all__ = [
     "VERSION",
     "OpenReport",
     "SessionLog",
+    "check_free",
     "frame",
     "read_frames",
     "read_log",
@@ -294,6 +295,26 @@ def _open_locked(path: Path, name: str, baseline: Baseline | None) -> tuple[int,
         os.close(fd)
         raise
     return fd, created
+
+
+def check_free(path: Path, name: str) -> None:
+    """SessionLocked when another writer holds session ``name``'s log (``path``); nothing
+    when it is free or not made yet. A command checks it before it starts a model server
+    and tool hosts for a session that it cannot open (`loopd run --local` on a session the
+    daemon has: said after the server's start-up, before)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # not made yet (or unreadable: the open itself will say)
+    try:
+        if not lock(fd, wait=False):
+            raise SessionLocked(
+                f"session {name} is open elsewhere{_lock_holder(fd)} ({path}); close that "
+                f"loopd first (a daemon: leave out --local to use it there), or use another "
+                "session name"
+            )
+    finally:
+        os.close(fd)  # the only fd of this open file: a lock taken here goes with it
 
 
 def _mkdirs(d: Path) -> list[Path]:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from actors.cli.main import main
-from actors.log.file import read_records
+from actors.log.file import SessionLog, read_records
 from actors.log.records import Compaction, CompactionBy
 from tests.cli.clikit import cli_env
+from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer
 
 
@@ -95,3 +96,25 @@ def test_a_fork_before_a_compaction_says_its_first_message_is_not_warm(
         assert "a was compacted after turn 1" in said and "processed alone" not in said, said
         assert main(["sessions", "fork", "a", "c", "--local", "--config", env["config"]]) == 0
         assert "compacted after" not in capsys.readouterr().err
+
+
+def test_run_local_on_a_session_open_elsewhere_says_so_before_starting_a_server(
+        env: dict[str, Any], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`loopd run --local` on a session the daemon has: said after a model server and the
+    tool hosts had started (minutes for the embedded one), now before."""
+    log, _ = SessionLog.open(env["dir"] / "busy" / "log.bin", baseline=baseline(), name="busy")
+
+    def no_world(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a world (model server, tool hosts) was started")
+
+    monkeypatch.setattr("actors.session.world.start_world", no_world)
+    try:
+        assert main(["run", "hi", "--session", "busy", "--local",
+                     "--config", env["config"]]) == 5
+        err = " ".join(capsys.readouterr().err.split())
+        assert "session busy is open elsewhere (pid" in err and "--local" in err, err
+    finally:
+        log.close()
+    monkeypatch.undo()
+    with FakeLlama([answer("Free now.")]) as fake:  # the check took no lock of its own
+        assert run(env, fake.url, "run", "hi", "--session", "busy") == 0
