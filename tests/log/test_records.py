@@ -19,6 +19,7 @@ from actors.log.records import (
     Assistant,
     Baseline,
     CacheLoss,
+    Cut,
     Record,
     SlotState,
     SlotUse,
@@ -50,6 +51,7 @@ SAMPLES: dict[str, Record] = {
         slot=SlotUse("http://127.0.0.1:8080", 1, SlotState.RESTORED, 4646, 20.5, ""), time=T0,
     ),
     "cache_loss": CacheLoss(expected=4, got=1, cause="no saved state", time=T0),
+    "cut": Cut(why="repeat", note="answer cut: its last 256 tokens repeat", time=T0),
     "tool_result": ToolResult(
         call=1, tool_call_id="1", content="c", class_=ResultClass.INTERNAL, untrusted=True,
         truncated=False, time=T0,
@@ -78,7 +80,7 @@ WRONG: dict[str, list[Any]] = {
                                   "restore_ms": 0.0, "reason": ""}],
     "cause": [None, 1],
     "tool": [None, 1], "decision": ["maybe", True], "scope": ["forever", None], "by": [0],
-    "rule": [None], "reason": [None, 5],
+    "rule": [None], "reason": [None, 5], "why": [None, 3], "note": [b"n"],
 }
 
 
