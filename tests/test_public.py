@@ -81,6 +81,30 @@ def test_a_session_process_loads_no_cli_of_httpx_no_jsonschema_no_tomlkit() -> N
     assert not loaded & {"click", "pygments", "jsonschema", "tomlkit"}, loaded
 
 
+def test_tracing_off_loads_nothing_of_opentelemetry() -> None:
+    """Off (no OTLP endpoint, no [telemetry] enabled), a session process, its CLI and a tool
+    host import no OpenTelemetry module, even after a span was asked for."""
+    code = ("import os\n"
+            "for k in [k for k in os.environ if k.startswith('OTEL_') or k == 'LOOPD_TELEMETRY']:"
+            " del os.environ[k]\n"
+            "import actors.session.world, actors.cli.main, actors.tools.host.main\n"
+            "from actors.base import telemetry\n"
+            "with telemetry.span('invoke_agent loopd') as s: s.set('a', 1)\n"
+            "assert not telemetry.enabled()")
+    loaded = loaded_after(code)
+    assert "actors.base.telemetry" in loaded
+    assert not {m for m in loaded if m.startswith("opentelemetry")}, loaded
+
+
+def test_tracing_on_loads_it() -> None:
+    """The check above can fail: on, the same span loads the SDK."""
+    loaded = loaded_after("import os\nos.environ['OTEL_EXPORTER_OTLP_ENDPOINT'] = "
+                          "'http://127.0.0.1:9'\nos.environ.pop('OTEL_SDK_DISABLED', None)\n"
+                          "from actors.base import telemetry\n"
+                          "assert telemetry.enabled()\ntelemetry.reset()")
+    assert "opentelemetry.sdk.trace" in loaded
+
+
 def test_the_client_from_the_face_loads_no_pykka() -> None:
     """A script that only drives a daemon loads its client and the protocol, no actor."""
     loaded = loaded_after("from actors import Client, load_config\nClient, load_config()")

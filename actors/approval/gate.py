@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from actors.approval.rulesfile import RuleStore
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.config import ToolsConfig
 from actors.base.errors import Cancelled, RulesError
@@ -172,11 +173,15 @@ class Gate:
             prompt=prompt, rule="" if grant is None else str(grant), timeout_s=timeout,
         )
         self.emit(request)
-        deadline = time.monotonic() + timeout if timeout > 0 else math.inf
+        asked = time.monotonic()
+        deadline = asked + timeout if timeout > 0 else math.inf
         if self.approver is None:
             decision: Decision | None = Decision(Choice.DENY, NO_APPROVER, by="no approver")
         else:
             decision = self.approver(request, self.cancel, deadline)
+        telemetry.current().event("loopd.approval_wait", {  # on the call's execute_tool span
+            "loopd.approval.wait_ms": round((time.monotonic() - asked) * 1000, 3),
+            "loopd.approval.choice": decision.choice.value if decision else "no answer"})
         once = ApprovalScope.ONCE
         if self.cancel.cancelled:
             self._decide(call, tool, ApprovalDecision.DENY, once, "cancel",

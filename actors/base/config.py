@@ -41,6 +41,7 @@ __all__ = [
     "SessionConfig",
     "ShellConfig",
     "SlotsConfig",
+    "TelemetryConfig",
     "ToolsConfig",
     "WebConfig",
     "allowed",
@@ -394,6 +395,15 @@ class DaemonConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    # Traces over OTLP/HTTP (docs/telemetry.md; needs loopd[telemetry]). Also on when
+    # OTEL_EXPORTER_OTLP_ENDPOINT is set; OTEL_SDK_DISABLED=true turns it off whatever this says.
+    enabled: bool = False
+    # each export's bound: an endpoint that hangs costs its spans, never a turn
+    export_timeout_s: float = field(default=2.0, metadata=seconds(0.01))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     inference: InferenceConfig = InferenceConfig()
     slots: SlotsConfig = SlotsConfig()
@@ -403,6 +413,7 @@ class Config:
     tools: ToolsConfig = ToolsConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
     daemon: DaemonConfig = DaemonConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @property
     def embedded_model(self) -> bool:

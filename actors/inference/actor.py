@@ -40,6 +40,7 @@ import pykka
 from actors.base.cancel import CancelToken
 from actors.base.config import InferenceConfig
 from actors.base.events import Queued, Sink
+from actors.inference import traced
 from actors.inference.llama import LlamaClient
 from actors.inference.slots.keeper import KeeperSettings, Lease, ServerSpec, SlotKeeper
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
@@ -89,9 +90,10 @@ class Inference:
     """The session actor's handle: blocking calls, made from the session actor's thread."""
 
     def __init__(
-        self, config: InferenceConfig, clients: Sequence[LlamaClient], keeper: SlotKeeper
+        self, config: InferenceConfig, clients: Sequence[LlamaClient], keeper: SlotKeeper,
+        model: str = "llama-server",
     ) -> None:
-        self._config = config
+        self._config, self.model = config, model  # the model's name, for its traces
         self._clients = list(clients)
         self.keeper = keeper
         self._refs = [InferenceActor.start() for _ in range(config.parallel)]
@@ -113,6 +115,7 @@ class Inference:
         servers: Sequence[ServerSpec] = (),
         keeper: KeeperSettings | None = None,
         say: Callable[[str], None] = lambda _: None,
+        model: str = "llama-server",
     ) -> Inference:
         """Clients for ``servers`` (default: ``inference.servers``, else ``inference.url``)
         and the slot keeper over them (default: no KV state kept on disk)."""
@@ -125,7 +128,7 @@ class Inference:
             for c in clients:
                 c.close()
             raise
-        return cls(config, clients, slots)
+        return cls(config, clients, slots, model)
 
     def complete(self, request: ChatRequest, sink: Sink, cancel: CancelToken) -> Completion:
         """Stream one answer, events to ``sink``; raises InferError (CANCELLED when stopped).
@@ -133,7 +136,8 @@ class Inference:
         The Completion's ``slot`` says what the slot keeper did for it.
         """
         deadline = time.monotonic() + self._config.timeout_s
-        with cancel.linked() as token:  # stop cancels this request, not the caller's turn
+        with traced.chat(request, self.model) as span, cancel.linked() as token:
+            sink = span.watch(sink)  # token: stop cancels this request, not the caller's turn
             with self._lock:
                 if self._stopping:
                     raise InferError.cancelled(_STOPPED)
@@ -144,8 +148,8 @@ class Inference:
                                        request, token, deadline)
                     outcome = self._stream(lease, request, sink, token, deadline)
                     if isinstance(outcome, Completion):
-                        return dataclasses.replace(outcome, slot=lease.use,
-                                                   baseline=lease.baseline)
+                        return span.done(dataclasses.replace(
+                            outcome, slot=lease.use, baseline=lease.baseline), lease.client.url)
                     if not self.keeper.server_failed(lease, outcome):
                         raise outcome
             finally:

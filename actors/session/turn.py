@@ -51,7 +51,7 @@ from actors.inference.types import (
 from actors.log.file import SessionLog
 from actors.log.outcome import TurnOutcome
 from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, User
-from actors.session import compactor
+from actors.session import compactor, traced
 from actors.session.limits import (
     REPEAT_NOTICE,
     TOO_MANY_CALLS,
@@ -73,7 +73,6 @@ class Model(compactor.Model, Protocol):  # complete, context, tokens, and
 @dataclasses.dataclass(frozen=True, slots=True)
 class Runtime:
     """What a turn needs besides its session: config, the model, the tools, the rules."""
-
     config: Config
     inference: Model
     registry: Registry
@@ -132,6 +131,7 @@ class _Turn:
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
 
+    @traced.turn  # invoke_agent
     def run(self, content: str) -> TurnOutcome:
         self.question = content
         self.compactor.make_room(content)  # SessionFull here logs nothing
@@ -279,6 +279,7 @@ class _Turn:
             )
         )
 
+    @traced.tool  # execute_tool
     def _dispatch(self, call: ToolCall, number: int) -> Answered:
         target = dispatch(self.runtime.registry, call.name, call.arguments)
         if isinstance(target, Local):
@@ -293,7 +294,6 @@ class _Turn:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Asked:
     """One model response as the turn logged it."""
-
     completion: Completion
     usage: Usage
 

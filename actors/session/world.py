@@ -21,6 +21,7 @@ from typing import Any
 import pykka
 
 from actors.approval.rulesfile import RuleStore
+from actors.base import telemetry
 from actors.base.config import GENERAL_SYSTEM, Config
 from actors.base.rules import RuleBook
 from actors.inference.actor import Inference
@@ -155,6 +156,7 @@ def start_world(
             model = model_name()
             identity = server_identity(server.binary) if server.binary else ""
             specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
+        telemetry.configure(config.telemetry.enabled, config.telemetry.export_timeout_s)
         keeper = KeeperSettings(
             log_dir=config.log_dir, meta_dir=meta_dir(config),
             disk_bytes=config.slots.disk_mb * 1024 * 1024,
@@ -167,7 +169,8 @@ def start_world(
             status(f"tool host {host} is not available: {problem}")
         for warning in toolbox.warnings:
             status(f"warning: {warning}")
-        inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status)
+        inference = Inference.start(config.inference, servers=specs, keeper=keeper, say=status,
+                                    model=model)
         stack.callback(inference.stop)
         runtime = Runtime(config=config, inference=inference, registry=toolbox.registry,
                           rules=rules, hidden=toolbox.hidden)

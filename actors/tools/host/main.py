@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import zmq
 
+from actors.base import telemetry
 from actors.base.config import ShellConfig
 from actors.base.errors import KeyFileError, McpError, UsageError
 from actors.tools.host.server import Host, home_cpu, pin
@@ -240,6 +241,7 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s toolhost[{name}] %(levelname)s %(message)s",
     )
     raise_fd_limit()  # every connection to the host is a descriptor
+    telemetry.configure(False, service="loopd-toolhost")  # on when its parent's is
     providers: list[ToolProvider] = []
     ctx: zmq.Context[Any] | None = None
     auth = None

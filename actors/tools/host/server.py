@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 import zmq
 
+from actors.base import telemetry
 from actors.base.errors import UsageError, WireError
 from actors.base.textcut import cut
 from actors.tools.protocol import wire
@@ -85,6 +86,11 @@ class _Call:
     deadline: float
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     landing: str | None = None  # where it was approved to write (APPROVED_LANDING)
+    traceparent: str = ""  # the caller's execute_tool span: this run's span joins its trace
+
+
+# The answer's kind on the host's span (a str or a Result is a result).
+_OUTCOMES = {Failed: "failed", wire.Denied: "denied", PendingApproval: "pending_approval"}
 
 
 class Host:
@@ -288,7 +294,8 @@ class Host:
             )
             return
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S,
-                     landing=req.landing if req.approved and req.landing else None)
+                     landing=req.landing if req.approved and req.landing else None,
+                     traceparent=req.traceparent)
         self._active[key] = call
         self._expire_at(call.deadline)
         self._busy.add(call)
@@ -341,13 +348,17 @@ class Host:
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
         approved = APPROVED_LANDING.set(call.landing)
-        try:
-            answer = tool.provider.run(call.tool, arguments, self.timeout_s, call.cancel)
-        except BaseException as e:  # a tool must not take its worker (or the host) down
-            log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
-            answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
-        finally:
-            APPROVED_LANDING.reset(approved)
+        with telemetry.span(f"run_tool {call.tool}", {"gen_ai.tool.name": call.tool,
+                            "loopd.toolhost": self.name}, kind="server",
+                            parent=call.traceparent) as span:
+            try:
+                answer = tool.provider.run(call.tool, arguments, self.timeout_s, call.cancel)
+            except BaseException as e:  # a tool must not take its worker (or the host) down
+                log.warning("tool %s raised %s: %s", call.tool, type(e).__name__, e)
+                answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
+            finally:
+                APPROVED_LANDING.reset(approved)
+            span.set("loopd.tool.outcome", _OUTCOMES.get(type(answer), "result"))
         try:
             frame = self._frame(call, tool.spec, answer)
         except Exception as e:  # pragma: no cover - a bug here must not lose the call

@@ -21,6 +21,7 @@ from typing import Any
 import pykka
 import zmq
 
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.errors import WireError
 from actors.tools.port import calls
@@ -72,8 +73,9 @@ class ToolPort:
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
         try:
+            telemetry.current().set("loopd.tool.host", self.name)
             frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved,
-                                             landing))
+                                             landing, telemetry.traceparent()))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:

@@ -31,7 +31,8 @@ kind                 direction   fields
 ``request``          port->host  ``id``, ``session`` text, ``call`` int (the session's call
                                  number), ``tool`` text, ``arguments`` map (JSON data, at
                                  most 64 deep), ``approved`` bool (see below),
-                                 ``landing`` text (see below)
+                                 ``landing`` text (see below), ``traceparent`` text
+                                 (see below)
 ``result``           host->port  ``id``, ``content`` text, ``class`` text (as
                                  ``result_class``), ``untrusted`` bool
 ``failed``           host->port  ``id``, ``message`` text (the call failed, or the message
@@ -77,6 +78,10 @@ version changes only for what an older peer cannot read.
 - ``request.landing`` (default ``""``: none named), ``pending_approval.landing`` and
   ``pending_approval.protected`` (default ``""``), added with where a write lands. An older
   port sends no landing: its protected writes are answered ``pending_approval`` every time.
+- ``request.traceparent`` (default ``""``: not traced), added with traces: the W3C trace
+  context (``00-TRACEID-SPANID-FLAGS``) of the call's ``execute_tool`` span, so the host's
+  span of the run joins the turn's trace (docs/telemetry.md). A host that does not trace
+  ignores it; an older port sends none.
 
 In Python, the answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default
 their ``id`` to 0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build
@@ -144,6 +149,8 @@ class ToolRequest:
     approved: bool = added(False, "approvals (22fd1a9)")
     # Where the approved write was seen to land (PendingApproval.landing): it runs only there.
     landing: str = added("", "where a write lands")
+    # The W3C trace context of the session's execute_tool span ("" when not traced).
+    traceparent: str = added("", "traces")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

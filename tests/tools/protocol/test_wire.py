@@ -207,7 +207,7 @@ OLD_MESSAGES: list[wire.Message] = [
 
 
 # Fields added since those frames were written: today's frames carry them too.
-ADDED_SINCE = {"request": ("landing",), "pending_approval": ("landing", "protected")}
+ADDED_SINCE = {"request": ("landing", "traceparent"), "pending_approval": ("landing", "protected")}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -231,9 +231,11 @@ def test_a_request_without_approved_is_not_approved() -> None:
 def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert [(kind, field, default) for kind, field, default, _ in wire.CODEC.added()] == [
         ("request", "approved", False), ("request", "landing", ""),
+        ("request", "traceparent", ""),
         ("pending_approval", "landing", ""), ("pending_approval", "protected", ""),
     ]
     doc = " ".join((wire.__doc__ or "").split())
     assert "``request.approved`` (default ``false``: not approved)" in doc
     assert ("``request.landing`` (default ``\"\"``: none named), ``pending_approval.landing`` "
             "and ``pending_approval.protected`` (default ``\"\"``)") in doc
+    assert "``request.traceparent`` (default ``\"\"``: not traced)" in doc

@@ -1,0 +1,296 @@
+"""Traces: OpenTelemetry spans with the GenAI semantic conventions, exported over OTLP/HTTP.
+
+The one module that imports ``opentelemetry``, and only when tracing is on: when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set, or the
+config's ``telemetry.enabled`` (:func:`configure`), unless ``OTEL_SDK_DISABLED`` is "true".
+Off, every function here is a no-op costing a global read, and nothing of OpenTelemetry is
+loaded (tests/test_public.py checks a fresh interpreter). On, the rest of the standard
+environment applies (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, headers,
+``OTEL_BSP_*``). The decision is taken once per process, at the first span.
+
+Export never slows a turn: spans go to a BatchSpanProcessor's queue (full: dropped) and are
+sent from its thread, each export bounded by ``telemetry.export_timeout_s`` (or
+``OTEL_EXPORTER_OTLP_TIMEOUT``); an endpoint that refuses or hangs costs one warning in the
+log and its spans, never the turn. docs/telemetry.md says what each span means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, Protocol, TypeAlias
+
+__all__ = [
+    "OFF",
+    "Span",
+    "capture_content",
+    "configure",
+    "current",
+    "enabled",
+    "flush",
+    "reset",
+    "span",
+    "traceparent",
+]
+
+log = logging.getLogger(__name__)
+
+Value: TypeAlias = str | bool | int | float | Sequence[str] | Sequence[int]
+
+ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+# Set by a process whose config turned tracing on, so the tool hosts it starts trace too.
+CHILD = "LOOPD_TELEMETRY"
+CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+class Span(Protocol):
+    """What loopd does with a span; the same calls on :data:`OFF` cost nothing."""
+
+    def set(self, key: str, value: Value) -> None: ...
+
+    def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None: ...
+
+    def fail(self, kind: str, message: str) -> None: ...
+
+
+class _Off:
+    """Tracing off: a span, and a context manager giving itself, that does nothing."""
+
+    __slots__ = ()
+
+    def set(self, key: str, value: Value) -> None:
+        pass
+
+    def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
+        pass
+
+    def fail(self, kind: str, message: str) -> None:
+        pass
+
+    def __enter__(self) -> _Off:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+OFF = _Off()
+
+
+class _Live:
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+
+    def set(self, key: str, value: Value) -> None:
+        self._span.set_attribute(key, value)
+
+    def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
+        self._span.add_event(name, dict(attributes or {}))
+
+    def fail(self, kind: str, message: str) -> None:
+        from opentelemetry.trace import StatusCode
+
+        self._span.set_attribute("error.type", kind)
+        self._span.set_status(StatusCode.ERROR, message[:500])
+
+
+class _State:
+    """The process's decision and, when on, its tracer provider."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.decided = False
+        self.tracer: Any = None
+        self.provider: Any = None
+        self.config_on = False
+        self.timeout_s = 2.0
+        self.service = "loopd"
+
+
+_state = _State()
+
+
+def configure(enabled: bool, export_timeout_s: float = 2.0, service: str = "") -> None:
+    """The config's say (``[telemetry]``), before the first span; the tool hosts this
+    process starts inherit an ``enabled``. ``service``: this process's service name
+    when ``OTEL_SERVICE_NAME`` gives none."""
+    with _state.lock:
+        _state.config_on = _state.config_on or enabled
+        _state.timeout_s = export_timeout_s
+        _state.service = service or _state.service
+        if enabled:
+            os.environ[CHILD] = "1"
+
+
+def wanted(env: Mapping[str, str] | None = None, config_on: bool = False) -> bool:
+    """Whether tracing is on for this environment (pure: the tests' and the bench's)."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return config_on or env.get(CHILD) == "1" or any(env.get(k) for k in ENDPOINTS)
+
+
+def enabled() -> bool:
+    """Whether spans are recorded in this process (decides, the first time)."""
+    return _tracer() is not None
+
+
+def capture_content() -> bool:
+    """Message content (prompts, answers, tool arguments and results) goes on spans only
+    when the standard content-capture setting says so."""
+    return os.environ.get(CAPTURE, "").strip().lower() == "true"
+
+
+def _tracer() -> Any:
+    if _state.decided:
+        return _state.tracer
+    with _state.lock:
+        if not _state.decided:
+            if wanted(config_on=_state.config_on):
+                try:
+                    _state.provider, _state.tracer = _start()
+                except ImportError as e:
+                    log.warning("telemetry: tracing was asked for but OpenTelemetry is not "
+                                "installed (%s); install loopd[telemetry]", e)
+            _state.decided = True
+    return _state.tracer
+
+
+def _start() -> tuple[Any, Any]:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    if protocol != "http/protobuf":
+        log.warning("telemetry: OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; loopd "
+                    "exports http/protobuf (port 4318 on most collectors)", protocol)
+    given = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TIMEOUT")
+    timeout = None if given else _state.timeout_s
+    exporter = _bounded(OTLPSpanExporter(timeout=timeout))
+    # The exporter's own complaints, one per failed batch, become one warning (_bounded).
+    logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
+    logging.getLogger("opentelemetry.sdk.trace.export").setLevel(logging.CRITICAL)
+    extra = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": _state.service}
+    provider = TracerProvider(resource=Resource.create(extra))
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter, export_timeout_millis=int(1000 * (timeout or _state.timeout_s))))
+    return provider, provider.get_tracer("loopd")
+
+
+def _bounded(inner: Any) -> Any:
+    """The OTLP exporter, its failures said once (then again only after a success)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Bounded(SpanExporter):
+        failing = False
+
+        def export(self, spans: Any) -> SpanExportResult:
+            try:
+                result = inner.export(spans)
+            except Exception as e:  # the exporter's own bug must not end its thread
+                result, why = SpanExportResult.FAILURE, f"{type(e).__name__}: {e}"
+            else:
+                why = "refused, or no answer in time"
+            if result is SpanExportResult.SUCCESS:
+                self.failing = False
+            elif not self.failing:
+                self.failing = True
+                log.warning("telemetry: the OTLP endpoint %s did not take %d spans (%s); "
+                            "spans are dropped until it does",
+                            getattr(inner, "_endpoint", "?"), len(spans), why)
+            return result  # type: ignore[no-any-return]
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(inner.force_flush(timeout_millis))
+
+    return Bounded()
+
+
+_KINDS = {"internal": 0, "server": 1, "client": 2}
+
+
+def span(name: str, attributes: Mapping[str, Value] | None = None, *, kind: str = "internal",
+         parent: str = "") -> ContextManager[Span]:
+    """A span, current while the block runs; an exception that leaves it marks it failed.
+
+    ``parent``: a W3C ``traceparent`` from another process (the tool wire's, the
+    daemon's): the span joins that trace. Off: :data:`OFF`.
+    """
+    tracer = _tracer()
+    if tracer is None:
+        return OFF
+    return _live(tracer, name, attributes, kind, parent)
+
+
+@contextlib.contextmanager
+def _live(tracer: Any, name: str, attributes: Mapping[str, Value] | None, kind: str,
+          parent: str) -> Iterator[Span]:
+    from opentelemetry.trace import SpanKind
+
+    context = _extract(parent) if parent else None
+    with tracer.start_as_current_span(
+        name, context=context, kind=SpanKind(_KINDS[kind]), attributes=attributes,
+        record_exception=False, set_status_on_exception=False,
+    ) as raw:
+        live = _Live(raw)
+        try:
+            yield live
+        except BaseException as e:
+            live.fail(type(e).__name__, str(e))
+            raise
+
+
+def current() -> Span:
+    """The span current in this thread (:data:`OFF` when there is none)."""
+    if _tracer() is None:
+        return OFF
+    from opentelemetry import trace
+
+    raw = trace.get_current_span()
+    return _Live(raw) if raw.is_recording() else OFF
+
+
+def traceparent() -> str:
+    """The current span as a W3C ``traceparent`` for another process ("" when off)."""
+    if _tracer() is None:
+        return ""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def _extract(parent: str) -> Any:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": parent})
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Send what is queued now (a test's, the bench's, a short process's end)."""
+    provider = _state.provider
+    return True if provider is None else bool(provider.force_flush(int(timeout_s * 1000)))
+
+
+def reset() -> None:
+    """Forget the decision (the provider shut down): the next span decides again from the
+    environment. For tests and the bench, which turn tracing on and off in one process."""
+    with _state.lock:
+        provider, _state.provider, _state.tracer = _state.provider, None, None
+        _state.decided, _state.config_on = False, False
+    if provider is not None:
+        provider.shutdown()
