@@ -111,6 +111,10 @@ def build(record: str | None) -> MCPServer:
             await ctx.session.send_tool_list_changed()
         return f"added {name}"
 
+    @server.resource("notes://today", name="today", description="what to do today")
+    def today() -> str:
+        return "buy milk"
+
     @server.tool(annotations=_READ_ONLY)
     def point() -> Point:
         """A point, as structured output."""

@@ -31,7 +31,12 @@ from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Failed
 from actors.tools.providers.asyncloop import LoopThread, Stopped
 from actors.tools.providers.mcp_link import CLOSE_TIMEOUT_S, PROBE_TIMEOUT_S, McpLink
-from actors.tools.providers.mcp_mapping import strip_userinfo, timeout_message, tool_spec
+from actors.tools.providers.mcp_mapping import (
+    resource_spec,
+    strip_userinfo,
+    timeout_message,
+    tool_spec,
+)
 from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
 
 __all__ = ["McpProvider"]
@@ -97,7 +102,15 @@ class McpProvider:
                     f"MCP server {self.label} did not start within {connect_timeout_s:g} s"
                 ) from None
             raise
+        try:
+            resources = self._loop.submit(self._link.resources()).result(
+                timeout=connect_timeout_s + 5)
+        except Exception:
+            resources = []
+        self._resources = resource_spec(resources, self.label, {t.name for t in tools})
         self._specs = [tool_spec(t) for t in tools]
+        if self._resources is not None:
+            self._specs.append(self._resources)
         self._by_name = {s.name: s for s in self._specs}
         self._on_change: Callable[[], None] = lambda: None
         self._link.on_tools = self._tools_changed
@@ -109,6 +122,8 @@ class McpProvider:
 
     def _tools_changed(self, tools: list[Any]) -> None:
         specs = [tool_spec(t) for t in tools]
+        if self._resources is not None and self._resources.name not in {s.name for s in specs}:
+            specs.append(self._resources)
         if specs == self._specs:
             return
         self._specs, self._by_name = specs, {s.name: s for s in specs}
@@ -135,6 +150,15 @@ class McpProvider:
             return Failed(message=f"MCP server {self.label} is closed")
         # Answer a little before the host gives up, so the message is ours and precise.
         own_s = max(0.001, timeout_s - min(0.5, timeout_s * 0.1))
+        if spec is self._resources:
+            uri = arguments.get("uri")
+            if not isinstance(uri, str) or not uri:
+                return Failed(message='read_resource needs "uri": one of the resources listed')
+            read = self._link.read(uri, own_s, untrusted=spec.untrusted,
+                                   max_output=self._max_output)
+            got = self._loop.wait(read, timeout_s, cancel)
+            return got if not isinstance(got, Stopped) else Failed(
+                message=f"reading {uri} on MCP server {self.label} stopped: {got.name.lower()}")
         call = self._link.call(tool, dict(arguments), own_s, timeout_s,
                                untrusted=spec.untrusted, max_output=self._max_output)
         try:

@@ -21,9 +21,15 @@ from types import TracebackType
 from typing import Any
 
 from actors.base.errors import McpError
-from actors.tools.protocol.wire import Answer, Failed
+from actors.tools.protocol.wire import Answer, Failed, Result
 from actors.tools.providers.mcp_auth import Authorizer, elicitation_answer, http_auth
-from actors.tools.providers.mcp_mapping import answer_of, reason, timeout_message
+from actors.tools.providers.mcp_mapping import (
+    answer_of,
+    cut_text,
+    describe_content,
+    reason,
+    timeout_message,
+)
 from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
 from actors.wire.tether import tethered
 
@@ -51,6 +57,7 @@ PROBE_TIMEOUT_S = 5.0
 # The stdio SDK's own shutdown is bounded (stdin close 2 s, SIGTERM 2 s, SIGKILL 2 s).
 CLOSE_TIMEOUT_S = 10.0
 _MAX_TOOL_PAGES = 100
+_MAX_RESOURCE_PAGES = 10
 _END_OF_STREAM = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
@@ -147,7 +154,7 @@ class _LastError(logging.Handler):
 @contextlib.asynccontextmanager
 async def _http(
     url: str, headers: dict[str, str], auth: httpx2.Auth | None,
-    on_refusal: Callable[[Refusal], None],
+    on_refusal: Callable[[Refusal | None], None],
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The streamable-HTTP transport on a client of our own: headers, auth, and a note of
     each refusal (the SDK turns a 401 into "Server returned an error response")."""
@@ -156,9 +163,13 @@ async def _http(
 
     async def note(response: httpx2.Response) -> None:
         # only the endpoint's own answers: OAuth discovery meets 404s on its way
-        if response.status_code >= 400 and response.request.url == endpoint:
+        if response.request.url != endpoint:
+            return
+        if response.status_code >= 400:
             on_refusal(Refusal(response.status_code, response.reason_phrase,
                                response.headers.get("www-authenticate", "")))
+        else:  # the 401 before an OAuth flow that then succeeded is no longer the story
+            on_refusal(None)
 
     client = create_mcp_http_client(headers=headers or None, auth=auth)
     client.event_hooks = {"request": [], "response": [note]}
@@ -247,7 +258,7 @@ class McpLink:
         assert self._url is not None
         return _watched(_http(self._url, self._headers, self._auth, self._refused), ended)
 
-    def _refused(self, refusal: Refusal) -> None:
+    def _refused(self, refusal: Refusal | None) -> None:
         self.refusal = refusal
 
     async def _prepare(self) -> None:
@@ -265,6 +276,45 @@ class McpLink:
         self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
         return elicitation_answer(self._elicitation, params, self.label)
+
+    async def resources(self) -> list[mcp_types.Resource]:
+        """The server's resources (first pages), or none when it offers none or fails."""
+        conn = self._conn
+        if conn is None or conn.client.server_capabilities.resources is None:
+            return []
+        found: list[mcp_types.Resource] = []
+        cursor: str | None = None
+        try:
+            for _ in range(_MAX_RESOURCE_PAGES):
+                page = await asyncio.wait_for(
+                    conn.client.list_resources(cursor=cursor, cache_mode="bypass"),
+                    self._connect_timeout_s,
+                )
+                found.extend(page.resources)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        except Exception as e:
+            log.info("MCP server %s did not list its resources: %s", self.label, reason(e))
+        return found
+
+    async def read(self, uri: str, own_s: float, *, untrusted: bool,
+                   max_output: int | None) -> Answer:
+        """One resource's contents as an answer (text as is, binary described)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + own_s
+        try:
+            conn = await self._connection(deadline)
+            result = await asyncio.wait_for(conn.client.read_resource(uri),
+                                            max(0.001, deadline - loop.time()))
+        except TimeoutError:
+            return Failed(message=f"MCP server {self.label} did not send {uri} in time")
+        except Exception as e:
+            return Failed(message=f"MCP server {self.label} could not read {uri}: {reason(e)}")
+        parts = [describe_content(mcp_types.EmbeddedResource(type="resource", resource=c))
+                 for c in result.contents]
+        return Result(content=cut_text("\n".join(parts) or f"({uri} is empty)", max_output),
+                      untrusted=untrusted)
 
     async def first_listing(self) -> list[mcp_types.Tool]:
         """Start the server and list its tools, or raise McpError saying why not."""

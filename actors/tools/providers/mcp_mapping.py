@@ -26,11 +26,13 @@ from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.protocol.wire import Answer, Failed, Result
 
 __all__ = [
+    "RESOURCE_TOOL",
     "answer_of",
     "cut_text",
     "describe_content",
     "policy",
     "reason",
+    "resource_spec",
     "result_text",
     "strip_userinfo",
     "timeout_message",
@@ -62,6 +64,31 @@ def tool_spec(tool: mcp_types.Tool) -> ToolSpec:
         result_class=ResultClass.PUBLIC,
         needs_approval=needs_approval,
         untrusted=untrusted,
+    )
+
+
+RESOURCE_TOOL = "read_resource"
+_RESOURCES_SHOWN = 20
+
+
+def resource_spec(
+    resources: list[mcp_types.Resource], label: str, tool_names: set[str]
+) -> ToolSpec | None:
+    """A ``read_resource(uri)`` tool for a server's resources (None: it has none, or a tool
+    of its own has the name). Their contents are untrusted: outside text."""
+    if not resources or RESOURCE_TOOL in tool_names:
+        return None
+    shown = [f"{r.uri} ({r.name}{': ' + r.description if r.description else ''})"
+             for r in resources[:_RESOURCES_SHOWN]]
+    more = len(resources) - len(shown)
+    listing = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+    return ToolSpec(
+        name=RESOURCE_TOOL,
+        description=f"Read a resource of MCP server {label} by its uri. Resources: {listing}",
+        parameters={"type": "object", "properties": {"uri": {
+            "type": "string", "description": "the resource's uri, as listed"}},
+            "required": ["uri"], "additionalProperties": False},
+        result_class=ResultClass.PUBLIC, needs_approval=False, untrusted=True,
     )
 
 

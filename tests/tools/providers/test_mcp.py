@@ -535,6 +535,17 @@ def test_git_tools_through_a_tool_host_and_port(repo: Path) -> None:
         assert "A  new.txt" in _status(repo)
 
 
+def test_resources_are_readable_by_the_model_through_a_tool(test_server: McpProvider) -> None:
+    spec = next(s for s in test_server.specs() if s.name == "read_resource")
+    assert "notes://today (today: what to do today)" in spec.description
+    assert spec.untrusted and not spec.needs_approval
+    answer = test_server.run("read_resource", {"uri": "notes://today"}, CALL_S, NO_CANCEL)
+    assert isinstance(answer, Result) and answer.untrusted
+    assert answer.content.endswith("buy milk") and "notes://today" in answer.content
+    missing = test_server.run("read_resource", {"uri": "notes://nope"}, CALL_S, NO_CANCEL)
+    assert isinstance(missing, Failed) and "could not read notes://nope" in missing.message
+
+
 def test_tools_list_changed_reaches_the_port_and_find_tool() -> None:
     with mcp_port(command=[sys.executable, str(TEST_SERVER)]) as port:
         registry = Registry([port])
