@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
     except McpError as e:
         print(f"client: {e}", file=sys.stderr)
         return 1
+    print(f"client: protocol {provider.protocol_version}", file=sys.stderr, flush=True)
     no_cancel = threading.Event()
     with provider:
         for spec in provider.specs():

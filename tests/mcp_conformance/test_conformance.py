@@ -98,7 +98,9 @@ def test_the_scenarios_here_are_the_suites() -> None:
      for s, why in SCENARIOS.items()],
 )
 def test_scenario(scenario: str, tmp_path: Path) -> None:
-    _run(scenario, "client.py", tmp_path)
+    said = _run(scenario, "client.py", tmp_path)
+    if scenario == "initialize":  # the older era (a server written with the SDK: the newer)
+        assert "client: protocol 2025-11-25" in said
 
 
 @pytest.mark.timeout(300)

@@ -113,6 +113,8 @@ class McpProvider:
             self._specs.append(self._resources)
         self._by_name = {s.name: s for s in self._specs}
         self._on_change: Callable[[], None] = lambda: None
+        log.info("MCP server %s speaks MCP %s; %d tools", self.label, self.protocol_version,
+                 len(self._specs))
         self._link.on_tools = self._tools_changed
 
     def watch(self, on_change: Callable[[], None]) -> None:
@@ -128,6 +130,11 @@ class McpProvider:
             return
         self._specs, self._by_name = specs, {s.name: s for s in specs}
         self._on_change()
+
+    @property
+    def protocol_version(self) -> str:
+        """The MCP version the live session speaks ("" when none is open)."""
+        return self._link.protocol_version
 
     @property
     def connected(self) -> bool:

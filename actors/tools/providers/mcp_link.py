@@ -249,6 +249,13 @@ class McpLink:
         conn = self._conn
         return conn is not None and conn.usable
 
+    @property
+    def protocol_version(self) -> str:
+        """The MCP version the live session speaks ("" when none is open): the SDK negotiates
+        the 2026-07-28 stateless wire where the server speaks it, an older one otherwise."""
+        conn = self._conn
+        return str(conn.client.protocol_version) if conn is not None and conn.usable else ""
+
     def _transport(self, ended: asyncio.Event) -> Any:
         if self._command is not None:
             # Tethered, so the server dies with this host even if the host is killed.

@@ -470,6 +470,9 @@ def test_a_streamable_http_server(
     make_provider: Callable[..., McpProvider], http_server: str
 ) -> None:
     provider = make_provider(url=http_server)
+    # a server written with the SDK speaks the 2026-07-28 stateless wire; the conformance
+    # suite's servers speak 2025-11-25 (tests/mcp_conformance): both eras, one client
+    assert provider.protocol_version == "2026-07-28"
     assert "echo" in {s.name for s in provider.specs()}
     over = provider.run("echo", {"text": "over http"}, CALL_S, NO_CANCEL)
     assert over == Result(content="over http")
