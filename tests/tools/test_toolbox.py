@@ -293,6 +293,16 @@ def test_the_shell_settings_reach_the_host_that_runs_run_command(workspace: Path
     assert "--sandbox" not in files and "--hide" in files  # the file tools refuse them too
 
 
+def test_hosts_are_given_no_allow_whatever_tools_allow_says(workspace: Path) -> None:
+    """Every call that needs approval comes back to the session's gate, which asks for a
+    protected write (and what a deny rule cannot check) whatever allows the tool; a host
+    given --allow would run those unasked."""
+    tools = Config().replace("tools", allow=("write_file", "run_command")).tools
+    argv = host_argv("files", "ipc:///y", tools, workspace,
+                     standard=("write_file", "run_command"))
+    assert "--allow" not in argv
+
+
 
 def test_run_command_without_a_sandbox_is_warned_at_start(make: Make) -> None:
     box = make(
