@@ -150,8 +150,9 @@ class Gate:
         if pending.protected:
             return False
         if said is Verdict.ALLOW:
-            self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.ALWAYS, "rule",
-                         "", str(rule))
+            if not _standing(rule, self.tools, rules):
+                self._decide(call, tool, ApprovalDecision.ALLOW, ApprovalScope.ALWAYS,
+                             "rule", "", str(rule))
             return True
         granted = RuleBook(session_grants(self.records()), rules.deny)
         said, rule = verdict(granted, tool, arguments)
@@ -236,6 +237,13 @@ class Gate:
         self.append(record)
         self.emit(ApprovalDecided(call=call, tool=tool, decision=decision.value,
                                   scope=scope.value, by=by, reason=reason, rule=rule))
+
+
+def _standing(rule: Rule | None, tools: ToolsConfig, rules: RuleBook) -> bool:
+    """True for a whole tool the config's ``tools.allow`` names, no deny rule naming it:
+    standing policy, run without a record (as when tool hosts were given it)."""
+    return (rule is not None and rule.prefix is None and rule in RuleBook.of(tools.allow).allow
+            and not any(d.tool == rule.tool for d in rules.deny))
 
 
 _SCOPES = {Choice.ONCE: ApprovalScope.ONCE, Choice.SESSION: ApprovalScope.SESSION,
