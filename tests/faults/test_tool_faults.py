@@ -16,6 +16,7 @@ hundreds of processes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -71,6 +72,14 @@ def shell(tmp_path: Path) -> Iterator[Toolbox]:
         box.close()
 
 
+def _commands_allowed(rig: TurnRig) -> TurnRig:
+    """The turn's own tools.allow lets run_command run (the session's gate decides: the
+    host is given no --allow)."""
+    config = rig.config.replace("tools", allow=("run_command",))
+    rig.runtime = dataclasses.replace(rig.runtime, config=config)
+    return rig
+
+
 def _host(box: Toolbox) -> psutil.Process:
     pid = box.status()["shell"].pid
     assert pid is not None
@@ -94,7 +103,7 @@ def _next_turn_works(rig: TurnRig, box: Toolbox) -> None:
 
 
 def test_a_host_killed_mid_call(shell: Toolbox, fake: FakeLlama, turn_rig: MakeRig) -> None:
-    rig = turn_rig(fake.url, registry=shell.registry)
+    rig = _commands_allowed(turn_rig(fake.url, registry=shell.registry))
     host = _host(shell)
     turn = Background(lambda: rig.turn('kill :: run_command {"command": "sleep 41.1"}'))
     wait_until(lambda: bool(living(["sleep", "41.1"])), what="the command to start")
@@ -114,7 +123,7 @@ def test_a_host_killed_mid_call(shell: Toolbox, fake: FakeLlama, turn_rig: MakeR
 
 
 def test_a_host_frozen_mid_call(shell: Toolbox, fake: FakeLlama, turn_rig: MakeRig) -> None:
-    rig = turn_rig(fake.url, registry=shell.registry)
+    rig = _commands_allowed(turn_rig(fake.url, registry=shell.registry))
     host = _host(shell)
     # the command outlasts any delay before the freeze: its answer never comes from this host
     turn = Background(lambda: rig.turn('hung :: run_command {"command": "sleep 21.3; echo late"}'))
@@ -195,7 +204,7 @@ def test_a_host_answering_garbage(junk: ToolPort, fake: FakeLlama, turn_rig: Mak
 def test_a_command_printing_gigabytes_is_capped_at_the_host_in_bounded_memory(
     shell: Toolbox, fake: FakeLlama, turn_rig: MakeRig
 ) -> None:
-    rig = turn_rig(fake.url, registry=shell.registry)
+    rig = _commands_allowed(turn_rig(fake.url, registry=shell.registry))
     host = _host(shell)
     before = host.memory_info().rss
     peak = Peak(lambda: host.memory_info().rss)
@@ -226,7 +235,7 @@ def test_a_tree_of_hundreds_of_processes_is_killed_whole(
     """The call is given up (here: cancelled) once the tree has grown, whenever that is on
     this machine; every process of it then goes. (The timeout's own kill of a tree is in
     tests/tools/providers/test_command.py.)"""
-    rig = turn_rig(fake.url, registry=shell.registry)
+    rig = _commands_allowed(turn_rig(fake.url, registry=shell.registry))
     cancel = CancelToken()
     message = f'bomb :: run_command {{"command": "{FORK}"}}'
     turn = Background(lambda: run_turn(rig.log, rig.runtime, message, rig.events.append, cancel))
