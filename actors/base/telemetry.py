@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeAlias
 __all__ = [
     "OFF",
     "Span",
+    "calling",
     "capture_content",
     "configure",
     "current",
@@ -261,6 +262,22 @@ def current() -> Span:
 
     raw = trace.get_current_span()
     return _Live(raw) if raw.is_recording() else OFF
+
+
+def calling(host: str, tool: str) -> str:
+    """A call leaves for ``host``: the current (``execute_tool``) span names the host and
+    the tool that runs (call_tool's target, not call_tool); the W3C ``traceparent`` for the
+    request ("" when off)."""
+    if _tracer() is None:
+        return ""
+    from opentelemetry import trace
+
+    raw = trace.get_current_span()
+    if raw.is_recording():
+        raw.set_attribute("loopd.tool.host", host)
+        raw.set_attribute("gen_ai.tool.name", tool)
+        raw.update_name(f"execute_tool {tool}")
+    return traceparent()
 
 
 def traceparent() -> str:

@@ -67,9 +67,10 @@ def tool(dispatch: Callable[[T, ToolCall, int], Answered]
             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id, "gen_ai.tool.type": "function",
             "gen_ai.conversation.id": self.log.name, "loopd.tool.call": number,
+            "loopd.tool.called_as": call.name,  # call_tool: the port names the tool it runs
         }
         if telemetry.capture_content():
-            attributes["gen_ai.tool.call.arguments"] = json.dumps(call.arguments, default=str)
+            attributes["gen_ai.tool.call.arguments"] = call.arguments  # the model's JSON
         with telemetry.span(f"execute_tool {call.name}", attributes) as span:
             answered = dispatch(self, call, number)
             span.set("loopd.tool.outcome", answered.outcome)

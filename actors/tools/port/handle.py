@@ -73,9 +73,8 @@ class ToolPort:
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
         try:
-            telemetry.current().set("loopd.tool.host", self.name)
             frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved,
-                                             landing, telemetry.traceparent()))
+                                             landing, telemetry.calling(self.name, tool)))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:
