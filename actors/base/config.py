@@ -319,9 +319,9 @@ class EmbeddedConfig:
     slots: int = field(default=2, metadata=limits(1, 64))
     # A new session's system prompt on the embedded model when session.system is empty, and
     # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
-    # Its worked examples are calls only: an answer's example text became answers ("2 plus 2
-    # is 4.", "written by William Shakespeare"), so the questions that need no tool are
-    # listed without an answer.
+    # Its worked examples hold no reply text: an example's answer became answers ("2 plus 2
+    # is 4.", "written by William Shakespeare"), and so did a phrase after ANSWER ("and my
+    # own reply: ..."), so a question that needs no tool shows the word ANSWER alone.
     system: str = (
         "You are a helpful assistant with tools: the files and code of the workspace, and "
         "any other tool find_tool finds (a person's own services: weather, tickets, "
@@ -329,8 +329,8 @@ class EmbeddedConfig:
         "what the files or the code say, or what a tool can look up. Answer everything "
         "else yourself.\n"
         "\n"
-        "Start each answer with TOOL and one call, or with ANSWER and your own reply.\n"
-        "Examples of a first answer that needs a tool:\n"
+        "Begin with TOOL to call one tool, or with ANSWER to reply.\n"
+        "Examples of a first answer:\n"
         'Q: What files are there? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: How many bytes is a.txt? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: What does a.txt say? A: TOOL {"name": "read_file", "arguments": {"path": '
@@ -345,9 +345,10 @@ class EmbeddedConfig:
         '"arguments": {"path": "c.txt", "content": "hi"}}\n'
         'Q: How many orders are open? A: TOOL {"name": "find_tool", "arguments": '
         '{"query": "orders"}}\n'
-        "Questions like these need no tool: start with ANSWER and reply in your own words: "
-        "What is 2 plus 2? What colour is grass? How do you say thank you in Spanish? "
-        "Who wrote Hamlet? Hello! Reply with OK.\n"
+        "Q: What is 2 plus 2? A: ANSWER\n"
+        "Q: Who wrote Hamlet? A: ANSWER\n"
+        "Q: How do you say thank you in Spanish? A: ANSWER\n"
+        "Q: Hello! A: ANSWER\n"
         "\n"
         "After a tool's result, answer the question from it in one sentence."
     )

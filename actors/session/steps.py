@@ -27,6 +27,8 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   name ("the weather in Oslo": get_weather) gets a call of one of those tools, one step per
   tool it names (:func:`~actors.tools.search.asked_for`): left the choice, the embedded model
   made up 17 of 19 such answers.
+- A first response may look a tool up only when the question has a word some tool's name
+  or description holds: "What is the capital of Japan?" was looked up, then answered.
 - A short follow-up ("And in Lyon?") after a turn that called such a tool gets a call of
   that tool again.
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
@@ -64,7 +66,7 @@ from actors.session.listing import listed_entry
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.providers.workspace import Workspace
-from actors.tools.search import asked_for
+from actors.tools.search import asked_for, finds_any
 from actors.tools.toolbox import uses_workspace
 from actors.tools.workspace_words import Holdings, workspace_words
 
@@ -123,6 +125,8 @@ def next_step(
             uses_workspace(config)):
         held = _code_question(question, names, config, hidden)
     values, barred = held or ((), frozenset())
+    if first and "find_tool" in names and not finds_any(specs, question):
+        barred |= {"find_tool"}  # a lookup its words find nothing with ("capital of Japan")
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})

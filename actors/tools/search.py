@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from actors.tools.protocol.spec import ToolSpec
 
-__all__ = ["asked_for", "find"]
+__all__ = ["asked_for", "find", "finds_any"]
 
 
 def find(specs: Sequence[ToolSpec], query: str, limit: int = 5) -> str:
@@ -139,3 +139,10 @@ def asked_for(question: str, specs: Sequence[ToolSpec]) -> tuple[frozenset[str],
         if found and found not in groups:
             groups.append(found)
     return tuple(groups)
+
+
+def finds_any(specs: Sequence[ToolSpec], query: str) -> bool:
+    """Whether :func:`find` would answer ``query`` with a tool: a word of it (not a verb
+    every kind of tool has, nor a stop word) in a tool's name or description."""
+    words = [w for w in _query_words(query) if w not in _GENERIC]
+    return any(_score(words, s) > 0 for s in specs)

@@ -135,10 +135,15 @@ def test_a_question_naming_tools_of_its_own_gets_a_call_of_each(
     again = _rules(r3.fake.requests[2])
     assert again["root"] == CALL_ONLY and again["call"] == "call-call-tool | call-get-weather"
     assert [c[3] for c in port3.calls] == [{"city": "Oslo"}, {"city": "Lyon"}]
-    # a question that names none of them keeps the choice
+    # a question that names none of them keeps the choice, but a lookup its words cannot
+    # find anything with is not offered
     r2, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "ws", OWN)
     r2.turn("What is the capital of Japan?")
-    assert _rules(r2.fake.requests[0])["root"] == CHOICE
+    free = _rules(r2.fake.requests[0])
+    assert free["root"] == CHOICE and "call-find-tool" not in free["call"]
+    r4, _ = _rig(rig, [answer("ANSWER Fine.")], tmp_path / "ws", OWN)
+    r4.turn("Which city is it sunny in?")  # "city": get_weather's description: a lookup
+    assert "call-find-tool" in _rules(r4.fake.requests[0])["call"]
 
 
 def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
@@ -178,8 +183,10 @@ def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
     system = EmbeddedConfig().system
     examples = [line for line in system.splitlines() if line.startswith("Q: ")]
     assert len(examples) >= 6
-    assert all(" A: TOOL {" in line for line in examples)  # calls, never an answer's text
-    assert "A: ANSWER" not in system and not re.search(r"ANSWER [A-Z0-9]", system)
+    # a call, or the word ANSWER alone: never text a reply could copy
+    assert all(" A: TOOL {" in line or line.endswith(" A: ANSWER") for line in examples)
+    assert any(line.endswith(" A: ANSWER") for line in examples)
+    assert not re.search(r"A: ANSWER \S", system)
     for leaked in ("2 plus 2 is 4", "Shakespeare", "Grass is green", "gracias", "Hamlet was"):
         assert leaked not in system
     assert "only when the question is about the workspace" not in system
