@@ -179,8 +179,11 @@ def _start() -> tuple[Any, Any]:
     timeout = None if given else _state.timeout_s
     exporter = _bounded(OTLPSpanExporter(timeout=timeout))
     # The exporter's own complaints, one per failed batch, become one warning (_bounded).
-    logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
-    logging.getLogger("opentelemetry.sdk.trace.export").setLevel(logging.CRITICAL)
+    # A full queue (spans dropped while the endpoint fails) would say so per span, in the
+    # turn's thread.
+    for name in ("opentelemetry.exporter.otlp.proto.http", "opentelemetry.sdk.trace.export",
+                 "opentelemetry.sdk._shared_internal"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     extra = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": _state.service}
     provider = TracerProvider(resource=Resource.create(extra))
     provider.add_span_processor(BatchSpanProcessor(
