@@ -5,10 +5,11 @@ gives it (docs/llama-server.md#saving-and-restoring-a-slot). loopd names a sessi
 ``KEY.bin`` with ``KEY = NAME-HASH``, the hash taken of the session's log path, so two log
 directories holding a session of the same name never share a file. Beside it loopd keeps
 ``KEY.json`` (:class:`SlotFile`): the session, the token count, the fingerprint of the
-server that saved it (model identity, per-slot ``n_ctx``, server build), when it was saved
-and last used, its size and crc32. A state is restored on a server of the same model and
-build whatever its context size, as long as the context holds the state's tokens: that is
-what llama-server itself takes (a larger context, or a smaller one the state fits in).
+server that saved it (model identity, per-slot ``n_ctx``, slot count, server build), when it
+was saved and last used, its size and crc32. A state is restored on a server of the same
+model, slot count and build whatever its context size, as long as the context holds the
+state's tokens: that is what llama-server itself takes (a larger context, or a smaller one
+the state fits in).
 
 Two kinds of save directory:
 
@@ -102,7 +103,8 @@ _CONTEXT = re.compile(r";n_ctx=\d*")
 
 def same_server(saved: str, fingerprint: str) -> bool:
     """Whether a state saved by a server with fingerprint ``saved`` is for one with
-    ``fingerprint``: the same model and build; the context size does not count."""
+    ``fingerprint``: the same model, slot count and build; the context size does not
+    count."""
     return _CONTEXT.sub("", saved) == _CONTEXT.sub("", fingerprint)
 
 

@@ -770,7 +770,10 @@ def _probe(spec: ServerSpec, client: LlamaClient, settings: KeeperSettings,
     settings_ = props.get("default_generation_settings")
     n_ctx = _int(settings_.get("n_ctx") if isinstance(settings_, Mapping) else None, 0)
     model = spec.identity or _model_identity(props)
-    fingerprint = f"model={model};n_ctx={n_ctx};build={props.get('build_info', '?')}"
+    # The slot count too: with one KV stream a slot (llama-server's default for an explicit
+    # -np), a state saved with another count is refused ("n_stream mismatch").
+    fingerprint = (f"model={model};n_ctx={n_ctx};slots={slots};"
+                   f"build={props.get('build_info', '?')}")
     server = _Server(spec.url, client, [_Slot(i) for i in range(max(1, slots))], fingerprint,
                      None, n_ctx)
     where = spec.save_dir if spec.save_dir is not None else settings.meta_dir

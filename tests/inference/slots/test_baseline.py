@@ -185,8 +185,9 @@ def test_a_baseline_file_that_is_gone(make: Any) -> None:
 
 
 @pytest.mark.parametrize("props", [{"build_info": "b2-other"},
-                                   {"model_path": "/models/another.gguf"}])
-def test_a_stale_baseline_from_another_server_build_or_model(
+                                   {"model_path": "/models/another.gguf"},
+                                   {"total_slots": 2}])  # another KV stream layout
+def test_a_stale_baseline_from_another_server_build_model_or_slot_count(
     make: Any, props: dict[str, Any],
 ) -> None:
     rig = make(slots=1)
