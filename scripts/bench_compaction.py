@@ -47,7 +47,7 @@ from actors.base.errors import SessionFull
 from actors.base.events import Event
 from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.inference.types import ChatRequest, Completion
-from actors.session.actor import session_path
+from actors.log.sessiondir import session_path
 from actors.session.messages import SUMMARY_FRAME
 from actors.session.world import start_world
 from tests.support.fake_llama import FakeLlama, Reply, answer, context_full, render_prompt

@@ -24,7 +24,7 @@ from typing import Any
 
 from actors.base import config as cfg
 from actors.inference.slots.files import remove_session_files, slot_dirs
-from actors.session.actor import session_path
+from actors.log.sessiondir import session_path
 from actors.session.fork import fork_session
 from actors.session.world import World, start_world
 from scripts.benchkit import SMOKE_SERVER, facts, scratch, skipped, timed_turn

@@ -36,7 +36,7 @@ from actors.inference.llama import LlamaClient
 from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.inference.types import ChatRequest, Completion
 from actors.log.records import Record, Usage
-from actors.session.actor import session_path
+from actors.log.sessiondir import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World, start_world
 from scripts.benchkit import SMOKE_SERVER, facts, scratch, skipped, timed_turn

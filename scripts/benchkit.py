@@ -20,7 +20,7 @@ from actors.base.cancel import CancelToken
 from actors.base.events import Content, Event, Reasoning, ToolCallDelta
 from actors.inference.slots.files import remove_session_files, slot_dirs
 from actors.log.records import Record, Usage
-from actors.session.actor import session_path
+from actors.log.sessiondir import session_path
 from actors.session.turn import Runtime
 from actors.session.world import World
 

@@ -401,7 +401,7 @@ def run_tasks(
     person does without compaction); its row says ``restarted`` and counts both attempts'
     tokens processed, summary tokens, compactions and seconds. ``way`` labels the rows."""
     from actors.inference.slots.files import remove_session_files, slot_dirs
-    from actors.session.actor import session_path
+    from actors.log.sessiondir import session_path
     from actors.session.world import start_world
 
     root = Path(tempfile.mkdtemp(prefix="loopd-eval-"))

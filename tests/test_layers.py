@@ -42,7 +42,9 @@ _CLIENT = (
     "actors.base", "actors.wire", "actors.tools.protocol.wire", "actors.tools.protocol.spec",
     "actors.log.records", "actors.log.outcome", "actors.log.server_values",
     "actors.daemon.protocol", "actors.daemon.address", "actors.daemon.client",
+    "actors.service.types", "actors.service.remote",
 )
+_WORLD = ("actors.log", "actors.inference", "actors.tools", "actors.approval", "actors.session")
 # folder -> the folders (or modules) of loopd it may reach, its own included; the most
 # specific folder of a module decides. Third-party packages are free but for pykka.
 MAY_REACH: dict[str, tuple[str, ...]] = {
@@ -64,18 +66,22 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
         "actors.approval", "actors.session",
     ),
     "actors.daemon": _CLIENT,
-    "actors.daemon.server": (*_CLIENT, "actors.log", "actors.inference", "actors.tools",
-                             "actors.approval", "actors.session", "actors.daemon.server"),
+    # the session service: its types and the daemon's side are a client's; in this process
+    # it is the world's, and the choice between them reaches both
+    "actors.service": _CLIENT,
+    "actors.service.local": (*_CLIENT, *_WORLD, "actors.service.local"),
+    "actors.service.choose": (*_CLIENT, *_WORLD, "actors.service"),
+    "actors.daemon.server": (*_CLIENT, *_WORLD, "actors.service", "actors.daemon.server"),
     # loopd acp: what the CLI may reach but the CLI itself and the daemon's server side
-    "actors.acp": (*_CLIENT, "actors.log", "actors.inference", "actors.tools",
-                   "actors.approval", "actors.session", "actors.acp"),
+    "actors.acp": (*_CLIENT, *_WORLD, "actors.service", "actors.acp"),
     "actors.cli": ("actors",),
     "actors": _CLIENT,  # the package's public face: the client, the config, the errors
 }
 NO_PYKKA = (
     "actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers",
     "actors.tools.host", "actors.log", "actors.daemon.protocol", "actors.daemon.address",
-    "actors.daemon.client", "actors.inference.smallmodel",
+    "actors.daemon.client", "actors.inference.smallmodel", "actors.service.types",
+    "actors.service.remote",
 )
 
 

@@ -2,6 +2,6 @@
 
 It runs in the ``loopd acp`` process only: the CLI starts it, nothing else imports it.
 ``stdio`` is the wire, ``updates`` the mapping of loopd's events and records to ACP,
-``backend`` where turns run (the daemon or this process), ``agent`` the protocol's
-methods, ``main`` the process.
+``agent`` the protocol's methods over the session service (:mod:`actors.service`: the
+daemon or this process), ``main`` the process.
 """

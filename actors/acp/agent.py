@@ -6,9 +6,10 @@ coroutine is the only reader of that queue: it turns events into ``session/updat
 notifications in the order the turn made them, and a call waiting for approval into a
 ``session/request_permission`` sent in the same order (after the call's ``tool_call``).
 
-- ``initialize`` answers at once; the backend (the daemon, or a world in this process:
-  :mod:`actors.acp.backend`) starts with the first ``session/new`` or ``session/load``,
-  whose ``cwd`` is the workspace. One ``loopd acp`` serves one workspace.
+- ``initialize`` answers at once; the backend (the session service: the daemon when it
+  serves the workspace, else a world in this process, :mod:`actors.service.choose`) starts
+  with the first ``session/new`` or ``session/load``, whose ``cwd`` is the workspace. One
+  ``loopd acp`` serves one workspace.
 - ``session/cancel``, an approval answered "cancelled", or the client going away cancel the
   turn like Ctrl-C: it ends cleanly (the log stays valid) with stop reason ``cancelled``.
 - A session's id is its loopd name: ``loopd chat --session NAME`` and ``loopd log show
@@ -60,14 +61,15 @@ from acp.schema import (
 )
 
 from actors.acp import updates as up
-from actors.acp.backend import Backend, start_backend
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import LoopdError
 from actors.base.events import ApprovalRequested, Choice, Decision, Event
 from actors.log.outcome import TurnOutcome
-from actors.session.actor import check_name, list_sessions, session_path
-from actors.session.workspace import kept_workspace, other_workspace
+from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
+from actors.service.choose import choose
+from actors.service.types import SessionService
+from actors.session.workspace import other_workspace
 
 __all__ = ["LoopdAgent"]
 
@@ -145,7 +147,7 @@ class LoopdAgent:
         self.config, self.local, self.say = config, local, say
         self.fixed_workspace = workspace  # --workspace: every session's, whatever its cwd
         self.client: Client | None = None
-        self.backend: Backend | None = None
+        self.backend: SessionService | None = None
         self.sessions: dict[str, _Session] = {}
         self._starting = asyncio.Lock()
         self._work: set[concurrent.futures.Future[Any]] = set()
@@ -381,12 +383,12 @@ class LoopdAgent:
             raise _invalid(f"cwd {cwd} is not a directory")
         return path.resolve()
 
-    async def _backend(self, cwd: str) -> Backend:
+    async def _backend(self, cwd: str) -> SessionService:
         workspace = self._workspace(cwd)
         async with self._starting:
             if self.backend is None:
                 self.backend = await self._call(
-                    start_backend, self.config, workspace, local=self.local, say=self.say)
+                    _start_service, self.config, workspace, self.local, self.say)
                 self.say(f"serving {workspace} (turns run in {self.backend.where})")
         if self.backend.workspace != workspace:
             raise _invalid(f"this loopd acp serves {self.backend.workspace}; a session in "
@@ -437,7 +439,7 @@ class LoopdAgent:
         if self._work:
             await asyncio.wait([asyncio.wrap_future(f) for f in self._work])
         if self.backend is not None:
-            await asyncio.to_thread(self.backend.close)
+            await asyncio.to_thread(self.backend.shutdown)
         self._pool.shutdown(wait=True)
 
 
@@ -460,6 +462,15 @@ def _version() -> str:
 def _new_name() -> str:
     """A new session's name: when it was made, and a few random letters."""
     return f"acp-{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def _start_service(config: Config, workspace: Path, local: bool,
+                   say: Callable[[str], None]) -> SessionService:
+    """The daemon when it answers and serves ``workspace`` (and not ``local``: also --url or
+    --log-dir, a world of this command's own), else a world here; exactly as ``loopd run``
+    decides (README, "Keep it running")."""
+    return choose(config.replace("tools", workspace=str(workspace)), say, local=local,
+                  fixed=True)
 
 
 def _name(session_id: str) -> str:

@@ -1,18 +1,19 @@
 """``loopd sessions fork``, ``loopd rewind`` and ``/undo`` in chat: a branch costs nothing, an
 undo loses nothing.
 
-Both go through the daemon when one answers (its slot keeper saves the source's KV state
-first, and a rewind obeys its rule that a session attached to another client is not
-touched), else they run here: a fork only reads the source and writes the new session
-(actors.session.fork), a rewind opens the session (refused while another process has it
-open) and appends its record. ``--log-dir`` (a world of the command's own) keeps them here.
-``/undo [N]`` rewinds the chat's own session, wherever its turns run.
+Both go through the session service (actors.service.choose): the daemon when one answers
+(its slot keeper saves the source's KV state first, and a rewind obeys its rule that a
+session attached to another client is not touched), else here, starting no model server: a
+fork only reads the source and writes the new session (actors.session.fork), a rewind
+opens the session (refused while another process has it open) and appends its record.
+``--log-dir`` (a world of the command's own) keeps them here; a rewind runs no tool, so it
+runs on the session's own workspace whatever ``--workspace`` says. ``/undo [N]`` rewinds
+the chat's own session, wherever its turns run.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,19 +21,19 @@ from rich.markup import escape
 from actors.base import config as cfg
 from actors.base.errors import UsageError
 from actors.cli.chat import Chat, command
-from actors.session.actor import check_name
-from actors.session.workspace import kept_workspace
+from actors.log.sessiondir import check_name
+from actors.service.choose import choose
+from actors.service.types import SessionService
 
 __all__ = ["fork", "rewind", "rewound_text"]  # and the chat command /undo
 
 
-def _client(args: argparse.Namespace, config: cfg.Config) -> Any:
-    """The daemon's client, or None: run here (none answers, or --local / --log-dir)."""
-    if getattr(args, "local", False) or args.log_dir:
-        return None
-    from actors.daemon.client import find_daemon
-
-    return find_daemon(config)
+def _service(args: argparse.Namespace, config: cfg.Config,
+             session: str | None = None) -> SessionService:
+    """The daemon, or this process (none answers, or --local / --log-dir); said nothing."""
+    own = ["--log-dir"] if args.log_dir else []
+    return choose(config, lambda _: None, session=session,
+                  local=getattr(args, "local", False), own=own)
 
 
 def fork(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
@@ -41,17 +42,12 @@ def fork(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     if args.at is not None and args.at < 0:
         raise UsageError(f"--at is a turn of {args.source} (1, 2, ...; 0: only its start), "
                          f"not {args.at}")
-    client = _client(args, config)
-    if client is not None:
-        with client:
-            answer = client.fork(args.source, args.name, args.at)
-        at, records, tokens = answer.at, answer.records, answer.state_tokens
-    else:
-        from actors.session.fork import fork_session
-
-        report = fork_session(config, args.source, args.name, args.at)
-        at, records = report.forked.at, report.records
-        tokens = report.state.tokens if report.state is not None else 0
+    service = _service(args, config)
+    try:
+        forked = service.fork(args.source, args.name, args.at)
+    finally:
+        service.shutdown()
+    at, records, tokens = forked.at, forked.records, forked.state_tokens
     state = (f"it starts from {args.source}'s saved KV state ({tokens:,} tokens): its first "
              "message is processed alone" if tokens else
              f"{args.source} has no saved KV state: its first message processes the whole "
@@ -89,24 +85,12 @@ def rewind(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     check_name(args.session)
     if args.turns < 1:
         raise UsageError(f"--turns is how many turns to take back: 1 or more, not {args.turns}")
-    client = _client(args, config)
-    if client is not None:
-        with client:
-            answer = client.rewind(args.session, args.turns)
-        taken, left = answer.taken, answer.left
-    else:
-        from actors.session.actor import open_session
-
-        kept = kept_workspace(config, args.session)  # a rewind runs no tool: any will do
-        if kept is not None:
-            config = config.replace("tools", workspace=str(kept))
-        proxy = open_session(config, args.session)
-        try:
-            report = proxy.rewind(args.turns).get()
-        finally:
-            proxy.actor_ref.stop()
-        taken, left = report.taken, report.left
-    err.print(escape(rewound_text(args.session, taken, left)), highlight=False)
+    service = _service(args, config, args.session)  # on the session's own workspace
+    try:
+        rewound = service.rewind(args.session, args.turns)
+    finally:
+        service.shutdown()
+    err.print(escape(rewound_text(args.session, rewound.taken, rewound.left)), highlight=False)
     return 0
 
 
@@ -116,5 +100,5 @@ def _undo(chat: Chat, argument: str) -> None:
         chat.say(f"/undo takes a number of turns (/undo, /undo 2), not {argument!r}", "yellow")
         return
     turns = int(argument or 1)
-    taken, left = chat.conversation.rewind(turns)
-    chat.say(rewound_text(chat.session, taken, left))
+    rewound = chat.conversation.rewind(turns)
+    chat.say(rewound_text(chat.session, rewound.taken, rewound.left))

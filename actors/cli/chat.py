@@ -28,7 +28,7 @@ from actors.cli.conversation import Conversation, last_usage
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import LiveView, summary
 from actors.log.outcome import TurnOutcome
-from actors.session.actor import list_sessions
+from actors.log.sessiondir import list_sessions
 
 __all__ = ["COMMANDS", "Chat", "Command", "command", "line_reader", "parse", "run_chat"]
 

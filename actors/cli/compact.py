@@ -76,7 +76,7 @@ def _elide_here(name: str, config: cfg.Config, sink: Callable[[Event], None]) ->
     """Compact session ``name`` by elision in this process: its log, no world (the summary
     needs no model; an elide started llama-server and three tool hosts for nothing)."""
     from actors.log.file import SessionLog
-    from actors.session.actor import check_name, session_path
+    from actors.log.sessiondir import check_name, session_path
     from actors.session.compactor import compact_session
 
     check_name(name)

@@ -42,10 +42,9 @@ from actors.cli.view import (
 )
 from actors.log.file import read_log
 from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
-from actors.session.actor import list_sessions, remove_session, session_path
+from actors.log.sessiondir import kept_workspace, list_sessions, session_path
 from actors.session.limits import shown_tokens
 from actors.session.messages import turn_of, view
-from actors.session.workspace import kept_workspace
 
 __all__ = ["main"]
 
@@ -247,6 +246,8 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     if args.sessions_command == "fork":
         return branch.fork(args, config, err)
     if args.sessions_command == "rm":
+        from actors.service.local import remove_session  # its KV state's files too
+
         remove_session(config, args.name)
         err.print(f"session {args.name} deleted")
         return OK

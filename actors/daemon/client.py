@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
@@ -47,11 +47,13 @@ from actors.daemon.address import not_private, runtime_dir
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
+from actors.service.types import CompactReport, Forked, Opened, Rewound
 from actors.wire.loop import Heartbeat, Loop
 from actors.wire.peers import new_routing_id
 
 __all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
 
+R = TypeVar("R")
 CurveKeys = tuple[bytes, bytes, bytes]  # the daemon's public key, our public and secret keys
 
 
@@ -135,10 +137,15 @@ class Client:
             raise remote_error(answer)
         return not isinstance(answer, _Gone)
 
-    def open(self, session: str, create: bool = True) -> p.Opened:
+    def call(self, request: Callable[[int], p.Message], kind: type[R]) -> R:
+        """Send ``request(id)``; the session service's result of type ``kind`` its answer
+        carries (actors.daemon.protocol.result): how an operation of the service crosses
+        the wire, whatever its message (actors.service.remote)."""
+        return p.result(kind, self._ask(request, p.REPLIES[kind]))
+
+    def open(self, session: str, create: bool = True) -> Opened:
         """Attach ``session`` to this client (created when missing and ``create``)."""
-        answer: p.Opened = self._ask(lambda rid: p.Open(rid, session, create), p.Opened)
-        return answer
+        return self.call(lambda rid: p.Open(rid, session, create), Opened)
 
     def close_session(self, session: str) -> None:
         self._ask(lambda rid: p.Close(rid, session), p.Ok)
@@ -159,23 +166,23 @@ class Client:
                 return records
             start = page.next
 
-    def fork(self, source: str, session: str, at: int | None = None) -> p.ForkReply:
+    def fork(self, source: str, session: str, at: int | None = None) -> Forked:
         """Make ``session`` a fork of ``source`` (up to the end of its turn ``at``; all by
         default), starting from its KV state (docs/rendering.md#fork-and-rewind)."""
-        answer: p.ForkReply = self._ask(lambda rid: p.Fork(rid, source, session, at),
-                                        p.ForkReply)
-        return answer
+        return self.call(lambda rid: p.Fork(rid, source, session, at), Forked)
 
-    def rewind(self, session: str, turns: int = 1) -> p.Rewound:
+    def rewind(self, session: str, turns: int = 1) -> Rewound:
         """Take back ``session``'s last ``turns`` turns (they stay in its log); refused
         while another client has it attached (SessionInUse) or a turn runs on it."""
-        answer: p.Rewound = self._ask(lambda rid: p.Rewind(rid, session, turns), p.Rewound)
-        return answer
+        return self.call(lambda rid: p.Rewind(rid, session, turns), Rewound)
 
-    def compact(self, session: str) -> p.CompactReply:
+    def compact(self, session: str) -> CompactReport:
         """Compact ``session``'s conversation now (docs/rendering.md#compaction)."""
-        answer: p.CompactReply = self._ask(lambda rid: p.Compact(rid, session), p.CompactReply)
-        return answer
+        return self.call(lambda rid: p.Compact(rid, session), CompactReport)
+
+    def remove(self, session: str) -> None:
+        """Delete ``session`` (its log and saved KV state); refused while it is attached."""
+        self._ask(lambda rid: p.Remove(rid, session), p.Ok)
 
     def status(self) -> p.StatusReply:
         answer: p.StatusReply = self._ask(p.Status, p.StatusReply)

@@ -68,6 +68,7 @@ kind            fields                                         answer
 ``rewind``      ``id``, ``session``, ``turns`` int (how many   ``rewound``
                 turns to take back, 1 or more)
 ``compact``     ``id``, ``session``                            ``compacted``
+``remove``      ``id``, ``session``                            ``ok``
 ==============  =============================================  ===============================
 
 Messages, daemon to client
@@ -123,6 +124,9 @@ Messages, daemon to client
   turn) is ``error`` ``UsageError``. The same rule as ``rewind``: refused on a session
   attached to another client (``SessionInUse``) and while a turn runs on it; one not
   attached is opened for it and closed again.
+- ``ok`` to ``remove``: the session's log directory and its saved KV state are deleted.
+  Refused on a session attached to any client (``SessionInUse``; close it first), and
+  (``SessionLocked``) while another process has it open.
 - ``approval``: ``id`` (of the turn), ``call`` int, ``tool`` text, ``arguments`` text (the
   call's arguments as JSON), ``prompt`` text, ``rule`` text (what a ``session`` or
   ``always`` answer grants; "" when only ``once`` or ``deny`` apply), ``timeout_s`` float
@@ -155,6 +159,8 @@ changes only for what an older peer cannot read. Added to version 1:
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
+``remove`` is a new message of version 1 (the session service): a daemon from before
+answers it ``error`` (an unknown kind).
 ``compact`` and ``compacted`` are new messages of version 1 (compaction), like ``fork``; the
 events ``compacting`` and ``compacted`` are new in version 1 too: a client from
 before ends a turn that compacts with a WireError (an unknown event). So does the event
@@ -171,12 +177,13 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from actors.base import events as ev
 from actors.base.errors import WireError
 from actors.base.events import Choice
 from actors.log.records import SlotUse
+from actors.service import types as svc
 from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both protocols
 from actors.wire.codec import CHECK, Codec, Natural, added, shape_of
 
@@ -184,9 +191,9 @@ __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Compact",
     "CompactReply", "Done", "Error",
     "EventMessage", "Fork", "ForkReply", "Log", "Message", "Ok", "Open", "Opened", "Ping",
-    "Pong", "ReadLog", "Rewind", "Rewound", "SessionList", "Sessions", "Status",
+    "Pong", "ReadLog", "Remove", "Rewind", "Rewound", "SessionList", "Sessions", "Status",
     "StatusReply", "Stop", "Turn", "decode",
-    "decode_event", "encode", "encode_event",
+    "decode_event", "encode", "encode_event", "reply", "result",
 ]  # fmt: skip
 
 VERSION = 1
@@ -367,6 +374,12 @@ class CompactReply:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Remove:
+    id: Natural
+    session: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMessage:
     KIND: ClassVar[str] = "event"
 
@@ -412,7 +425,7 @@ Message: TypeAlias = Any  # one of MESSAGES
 MESSAGES = (
     Ping, Pong, Bye, Open, Opened, Close, Ok, Turn, Cancel, Approve, Sessions, SessionList,
     ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval, Fork,
-    ForkReply, Rewind, Rewound, Compact, CompactReply,
+    ForkReply, Rewind, Rewound, Compact, CompactReply, Remove,
 )  # fmt: skip
 """Every message of the protocol; a new one is its dataclass above, its name here and its
 row in the document."""
@@ -421,6 +434,38 @@ CODEC = Codec(
     "loopd client protocol", MESSAGES, version=VERSION, max_frame=MAX_FRAME,
     max_array=1_000_000,
 )  # fmt: skip
+
+
+# --- the session service's results: each is its answer's fields after ``id`` -------------
+
+R = TypeVar("R")
+
+REPLIES: dict[type[Any], type[Any]] = {
+    svc.Opened: Opened, svc.Forked: ForkReply, svc.Rewound: Rewound,
+    svc.CompactReport: CompactReply,
+}  # fmt: skip
+"""A result of :class:`actors.service.types.SessionService` -> the message that carries it."""
+
+
+def _names(cls: type[Any]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+for _result, _message in REPLIES.items():  # a field added to one and not the other fails here
+    if _names(_message) != ["id", *_names(_result)]:
+        raise TypeError(f"{_message.__name__} must be id + the fields of {_result.__name__}")
+
+
+def reply(rid: int, done: Any) -> Message:
+    """The answer to request ``rid`` that carries the service's result ``done``."""
+    return REPLIES[type(done)](rid, *(getattr(done, n) for n in _names(type(done))))
+
+
+def result(kind: type[R], msg: Message) -> R:
+    """The service's result of type ``kind`` that the answer ``msg`` carries."""
+    if not isinstance(msg, REPLIES[kind]):
+        raise WireError(f"the daemon answered {type(msg).__name__}, not {REPLIES[kind].__name__}")
+    return kind(*(getattr(msg, n) for n in _names(kind)))
 
 
 def encode(msg: Message) -> bytes:

@@ -9,9 +9,6 @@ actor again, which turns "open elsewhere" or "corrupt" into an exception for the
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -19,10 +16,9 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors.base.config import Config
-from actors.base.durable import lock
-from actors.base.errors import SessionError, SessionLocked, UsageError
 from actors.log.file import OpenReport, SessionLog
 from actors.log.records import Baseline, Record
+from actors.log.sessiondir import check_name, session_path
 from actors.session.workspace import keep_workspace
 
 if TYPE_CHECKING:
@@ -31,29 +27,7 @@ if TYPE_CHECKING:
     from actors.session.fork import RewindReport
     from actors.session.turn import Runtime, TurnOutcome
 
-__all__ = [
-    "SessionActor", "check_name", "list_sessions", "open_session", "remove_session",
-    "session_path",
-]
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def check_name(name: str) -> str:
-    """``name`` when it is a safe directory name for a session, else UsageError (bad usage:
-    exit 2, refused before anything starts)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise UsageError(
-            f"session name {name!r} is not allowed: use 1 to 128 letters, digits, '.', '_' "
-            f"or '-', starting with a letter or digit (it becomes a directory name)"
-        )
-    return name
-
-
-def session_path(config: Config, name: str) -> Path:
-    """Where session ``name``'s log lives: ``log.dir/NAME/log.bin`` (the name checked)."""
-    return config.log_dir / check_name(name) / "log.bin"
-
+__all__ = ["SessionActor", "open_session"]
 
 class SessionActor(pykka.ThreadingActor):
     """Owns ``config.log_dir / name / log.bin``; answers reads and appends in order."""
@@ -177,43 +151,3 @@ def open_session(
         ref.stop(timeout=timeout)
         raise
     return proxy
-
-
-def list_sessions(config: Config) -> list[str]:
-    """The names of the sessions under ``config.log_dir``, sorted."""
-    root = config.log_dir
-    if not root.is_dir():
-        return []
-    return sorted(
-        p.name for p in root.iterdir() if _NAME.fullmatch(p.name) and (p / "log.bin").is_file()
-    )
-
-
-def remove_session(config: Config, name: str) -> None:
-    """Delete session ``name``: its saved KV state files, then its log directory.
-
-    Refused (SessionLocked) while the session is open in a process; SessionError when there
-    is no such session.
-    """
-    from actors.inference.slots.files import remove_session_files, slot_dirs
-
-    path = session_path(config, name)
-    if path.parent.is_symlink():  # rmtree would refuse it; through it, anything could go
-        raise SessionError(
-            f"session {name}: its directory {path.parent} is a symlink (to "
-            f"{os.readlink(path.parent)}); loopd deletes nothing through a symlink: remove "
-            "it, and what it points to if you mean to, yourself"
-        )
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise SessionError(f"session {name} does not exist ({path})") from None
-    except OSError as e:  # ELOOP: log.bin is a symlink
-        raise SessionError(f"session {name}: {path} cannot be opened: {e.strerror}") from None
-    try:
-        if not lock(fd, wait=False):
-            raise SessionLocked(f"session {name} is open in another process: end it there first")
-        remove_session_files(slot_dirs(config), path)
-        shutil.rmtree(path.parent)
-    finally:
-        os.close(fd)

@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,14 +45,18 @@ from actors.base.errors import SessionError, UsageError
 from actors.inference.slots.files import SlotFile, copy_state, remove_session_files, slot_dirs
 from actors.log.file import frame, read_frames
 from actors.log.records import Forked, Record, Rewind, User
-from actors.session.actor import check_name, session_path
+from actors.log.sessiondir import (
+    FORK_LOCK,
+    WORKSPACE,
+    check_name,
+    fork_leftovers,
+    fork_tmp,
+    session_path,
+)
 from actors.session.messages import view
-from actors.session.workspace import FILE as WORKSPACE_FILE
 
 __all__ = ["ForkReport", "RewindReport", "fork_session", "rewind_target"]
 
-_LOCK = ".forks.lock"
-_TMP = ".fork-"  # hidden (a session's name starts with a letter or digit)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ def fork_session(
         raise UsageError(f"a fork needs a new name: session {src} exists")
     root = config.log_dir
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with locked(root / _LOCK):
+    with locked(root / FORK_LOCK):
         _sweep(config)
         if target.parent.exists() or target.parent.is_symlink():
             raise UsageError(f"session {new} exists ({target.parent}); fork into a new name")
@@ -93,12 +96,12 @@ def fork_session(
         count = _cut(src, records, at)
         taken = sum(1 for r in records[:count] if isinstance(r, User))
         forked = Forked(from_=src, at=taken)
-        tmp = root / f"{_TMP}{new}-{uuid.uuid4().hex[:8]}"
+        tmp = fork_tmp(config, new)
         try:
             tmp.mkdir(mode=0o700)  # first: a fork killed after it leaves a name to sweep
             state = copy_state(slot_dirs(config), source, target)
             _write_session(tmp, data[: ends[count - 1]] + frame(forked),
-                           source.parent / WORKSPACE_FILE)
+                           source.parent / WORKSPACE)
             os.rename(tmp, target.parent)  # a directory made since is not empty: refused
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -161,7 +164,7 @@ def _write_session(tmp: Path, log: bytes, workspace: Path) -> None:
     finally:
         os.close(fd)
     with contextlib.suppress(FileNotFoundError):
-        shutil.copyfile(workspace, tmp / WORKSPACE_FILE, follow_symlinks=False)
+        shutil.copyfile(workspace, tmp / WORKSPACE, follow_symlinks=False)
     fsync_dir(tmp)
 
 
@@ -169,10 +172,7 @@ def _sweep(config: Config) -> None:
     """Remove what forks killed half-way left (forks are one at a time: none runs now): the
     hidden directory, and the KV state copied for a session that was then never made (a
     session made later under that name must not start from a state that is not its own)."""
-    for leftover in config.log_dir.glob(f"{_TMP}*"):
-        if not leftover.is_dir() or leftover.is_symlink():
-            continue
-        name = leftover.name[len(_TMP):].rpartition("-")[0]
+    for leftover, name in fork_leftovers(config):
         with contextlib.suppress(UsageError):  # a name no fork made: only the directory
             target = session_path(config, name)
             if not target.parent.exists():

@@ -1,10 +1,11 @@
 """A session keeps the workspace it was made with.
 
 The file tools of a session work on one directory: the workspace of the command that made
-the session. It is remembered beside the log (``log.dir/NAME/workspace``, the resolved
-path as text, written once when the session is first opened) rather than in the log's
-Baseline record, so that the log's bytes and every older loopd's reading of them stay as
-they are. A session older than this file adopts the workspace of its next open.
+the session. It is remembered beside the log (``log.dir/NAME/workspace``, in the session
+directory, actors.log.sessiondir: the resolved path as text, written once when the session
+is first opened) rather than in the log's Baseline record, so that the log's bytes and
+every older loopd's reading of them stay as they are. A session older than this file
+adopts the workspace of its next open.
 
 A command given no ``--workspace`` runs a session on its own workspace (the CLI says so
 when that is not the config's); a world whose workspace is another refuses the session
@@ -18,20 +19,9 @@ from pathlib import Path
 from actors.base.config import Config
 from actors.base.durable import replace_file
 from actors.base.errors import UsageError
+from actors.log.sessiondir import WORKSPACE, kept_workspace
 
-__all__ = ["FILE", "keep_workspace", "kept_workspace", "other_workspace"]
-
-FILE = "workspace"
-
-
-def kept_workspace(config: Config, name: str) -> Path | None:
-    """The workspace session ``name`` was made with; None when none is known (no such
-    session yet, or one made before sessions kept theirs)."""
-    try:
-        text = (config.log_dir / name / FILE).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-        return None
-    return Path(text) if text else None
+__all__ = ["keep_workspace", "other_workspace"]
 
 
 def other_workspace(name: str, kept: Path, given: Path) -> str:
@@ -50,6 +40,6 @@ def keep_workspace(config: Config, name: str) -> None:
         return
     kept, here = kept_workspace(config, name), config.workspace
     if kept is None:
-        replace_file(config.log_dir / name / FILE, f"{here}\n".encode())
+        replace_file(config.log_dir / name / WORKSPACE, f"{here}\n".encode())
     elif kept != here:
         raise UsageError(other_workspace(name, kept, here))

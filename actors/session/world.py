@@ -28,7 +28,7 @@ from actors.inference.actor import Inference
 from actors.inference.slots.files import meta_dir
 from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.records import Baseline, now
-from actors.session.actor import open_session
+from actors.session.actor import SessionActor, open_session
 from actors.session.fork import ForkReport, fork_session
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
@@ -70,7 +70,7 @@ class World:
     model: str
     embedded: bool = False  # the embedded model: its own system prompt and pinned tools
     urls: tuple[str, ...] = ()  # the model servers' (the embedded one's when it runs)
-    sessions: list[Any] = dataclasses.field(default_factory=list)
+    sessions: list[pykka.ActorProxy[SessionActor]] = dataclasses.field(default_factory=list)
     stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
     hidden: tuple[str, ...] = ()  # loopd's own places, which the file tools refuse
     save_state: Callable[[str], None] = lambda _: None  # the slot keeper's save_now
@@ -104,7 +104,7 @@ class World:
             created=now(),
         )
 
-    def session(self, name: str) -> Any:
+    def session(self, name: str) -> pykka.ActorProxy[SessionActor]:
         """The proxy of session ``name``'s actor, created on first use."""
         proxy = open_session(self.config, name, baseline=self.baseline())
         self.sessions.append(proxy)

@@ -11,6 +11,8 @@ import os
 import re
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from actors.daemon.client import Client, find_daemon
 from actors.log.records import Assistant, ToolResult, User
 from actors.wire.curve import load_public, load_secret
 from actors.wire.procs import is_alive, kill_tree
-from tests.daemon.daemonkit import Daemon, cli, daemon_config
+from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config, env
 from tests.support.curve_host import server_keys
 from tests.support.fake_llama import FakeLlama
 from tests.support.watch import wait_until
@@ -182,6 +184,35 @@ def test_run_and_chat_go_through_the_daemon_and_show_the_same(daemon: Daemon) ->
         "User", "Assistant", "Assistant"] * 2  # fmt: skip
     chat = cli(daemon.config_path, "chat", "--session", "c")  # stdin empty: Ctrl-D at once
     assert chat.returncode == 0 and "session c" in chat.stdout
+
+
+def _imported(config: Path, *args: str) -> set[str]:
+    """Every module a ``loopd run`` process imported (``python -X importtime`` lists them)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "actors.cli", "run", "t1", *args,
+         "--config", str(config)],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stdout == "done t1.\n", result.stderr
+    return {line.rpartition("|")[2].strip() for line in result.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+WORLD = {"actors.session.actor", "actors.service.local", "actors.inference.actor",
+         "actors.inference.slots.keeper", "actors.tools.toolbox", "actors.session.world"}
+
+
+def test_loopd_run_through_the_daemon_loads_no_pykka(daemon: Daemon) -> None:
+    """What a command the daemon runs pays for: its client and the session service's types,
+    none of the world (no pykka, no session actor, no inference actor or slot keeper, no
+    tool hosts). The same check on a ``--local`` run sees them, so it can fail."""
+    through = _imported(daemon.config_path, "--session", "imports")
+    assert {"actors.service.remote", "actors.daemon.client"} <= through
+    world = {m for m in through if m.partition(".")[0] == "pykka" or m in WORLD}
+    assert world == set()
+    here = _imported(daemon.config_path, "--session", "imports-here", "--local")
+    assert {"pykka", *WORLD} <= here
 
 
 def _turn_view(stderr: str) -> str:

@@ -14,7 +14,8 @@ from actors.base.config import Config, parse
 from actors.base.errors import LogCorrupt, SessionError, SessionLocked, UsageError
 from actors.log.file import SessionLog
 from actors.log.records import Baseline, ToolResult, User
-from actors.session.actor import SessionActor, check_name, list_sessions, open_session
+from actors.log.sessiondir import check_name, list_sessions
+from actors.session.actor import SessionActor, open_session
 from actors.tools.protocol.spec import ResultClass
 from tests.support.watch import HANG_S
 

@@ -11,8 +11,8 @@ import pytest
 from actors.base.config import Config, parse
 from actors.base.errors import UsageError
 from actors.log.records import Baseline
+from actors.log.sessiondir import kept_workspace
 from actors.session.actor import open_session
-from actors.session.workspace import kept_workspace
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 BASE = Baseline(system="s", tools=(), model="m", created=T0, time=T0)

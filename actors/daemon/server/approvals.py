@@ -1,5 +1,6 @@
-"""Approval for a turn run for a client: the question goes to the client, the turn waits;
-and the client's own allow rules for the turn (``loopd run --approve``).
+"""Approval for a turn run for a client: the question goes to the client, the turn waits.
+(The client's own allow rules for the turn, ``loopd run --approve``, are
+:class:`actors.service.local.TurnRules`.)
 
 :class:`RemoteApprover` is an :class:`actors.approval.gate.Approver`. It is called in the session
 actor's thread when a call needs the person's approval: it sends the client an ``approval``
@@ -14,14 +15,11 @@ import queue
 import time
 from collections.abc import Callable
 
-from actors.approval.rulesfile import RuleStore
 from actors.base.cancel import CancelToken
-from actors.base.errors import UsageError
 from actors.base.events import ApprovalRequested, Decision
-from actors.base.rules import Rule, RuleBook, parse_rules
 from actors.daemon import protocol as p
 
-__all__ = ["RemoteApprover", "TurnRules"]
+__all__ = ["RemoteApprover"]
 
 _POLL_S = 0.05  # how often the wait looks at the cancel token
 
@@ -54,22 +52,3 @@ class RemoteApprover:
             if msg.call == request.call:  # else a late answer to an earlier question
                 return Decision(msg.choice, msg.reason, msg.by or "person")
         return None
-
-
-class TurnRules(RuleStore):
-    """The daemon's rules (its rules file, shared by every session) and one turn's
-    ``--approve`` rules on top; an "always" or "never" answer is saved in the shared store."""
-
-    def __init__(self, shared: RuleStore, texts: tuple[str, ...]) -> None:
-        try:
-            self.extra = RuleBook(parse_rules(texts))
-        except ValueError as e:
-            raise UsageError(f"--approve: {e}") from None
-        self.shared = shared
-
-    def current(self) -> tuple[RuleBook, str]:
-        book, problem = self.shared.current()
-        return book + self.extra, problem
-
-    def save(self, rule: Rule, *, deny: bool = False) -> None:
-        self.shared.save(rule, deny=deny)

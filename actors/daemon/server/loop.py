@@ -1,5 +1,10 @@
 """The daemon's request loop: one ROUTER socket, the clients' state, heartbeats, shutdown.
 
+Every request runs through the in-process session service
+(:class:`actors.service.local.LocalService`), one per client on the one table of sessions:
+the same methods and results a command in this process uses, each result carried by its
+answer message (:func:`actors.daemon.protocol.reply`).
+
 The loop's thread owns the socket (ZeroMQ sockets are not thread-safe) and never waits on
 a session: it answers ``ping`` and ``status`` at once and hands every other request to a
 thread of its own (opening a session reads its log; a turn waits on its session actor).
@@ -43,20 +48,19 @@ from typing import Any
 import zmq
 
 from actors.base.cancel import CancelToken
-from actors.base.errors import DaemonError, LoopdError, SessionError, WireError
-from actors.base.events import Event, TornTail
+from actors.base.errors import DaemonError, LoopdError, WireError
+from actors.base.events import Event
 from actors.daemon import protocol as p
-from actors.log.file import read_records
-from actors.log.outcome import TurnOutcome
+from actors.log.records import Record
 from actors.log.records import encode as encode_record
-from actors.session.actor import list_sessions, session_path
+from actors.service.local import LocalService, SessionTable, Worlds
+from actors.session.world import World
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Heartbeat, Loop
 from actors.wire.peers import short
 
-from .approvals import RemoteApprover, TurnRules
+from .approvals import RemoteApprover
 from .listening import Listening
-from .sessions import Sessions
 
 __all__ = ["PAGE_BYTES", "SEND_QUEUE", "Server"]
 
@@ -82,7 +86,7 @@ class Server:
     """Serves the client protocol on ``sock`` (bound by the caller) for the World's sessions."""
 
     def __init__(
-        self, app: Any, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
+        self, app: World, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
         max_frame_bytes: int, max_clients: int = 64, max_sessions_per_client: int = 32,
         max_requests_per_client: int = 48, max_requests: int = 256,
         max_client_bytes: int = 64 * 1024 * 1024,
@@ -98,7 +102,7 @@ class Server:
         self.max_client_bytes = max_client_bytes
         self._jobs = 0  # requests in progress, all clients
         self._flushing: Any = None  # the timer that offers queued answers again
-        self.sessions = Sessions(app, max_sessions_per_client)
+        self.sessions = SessionTable(Worlds(app.config, app), max_sessions_per_client)
         self.on_stopping = on_stopping  # called as the stop begins (the stop's deadline)
         self.started = time.monotonic()
         self._clients: dict[bytes, _Client] = {}
@@ -280,14 +284,15 @@ class Server:
                     approver = client.approvers.get(rid)
                 if approver is not None:  # else the turn has ended: nothing waits for it
                     approver.answer(msg)
-            case p.Turn() | p.Open() | p.Fork() | p.Rewind() | p.Compact() if self._loop.stopping:
+            case (p.Turn() | p.Open() | p.Fork() | p.Rewind() | p.Compact() | p.Remove()
+                  ) if self._loop.stopping:
                 stopping = DaemonError("the loopd daemon is stopping; start it again to go on")
                 self._send(peer, p.encode(_error(msg.id, stopping)))
             case p.Turn():
                 if self._admit(peer, client, msg.id):
                     self._start_turn(peer, client, msg)
             case (p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind()
-                  | p.Compact()):
+                  | p.Compact() | p.Remove()):
                 if self._admit(peer, client, msg.id):
                     self._run_request(peer, client, msg.id, f"daemon-{type(msg).__name__.lower()}",
                                       lambda: self._job(peer, msg))
@@ -387,40 +392,34 @@ class Server:
             log.exception("request %s failed", type(msg).__name__)
             self._post(peer, _error(msg.id, e))
 
+    def _service(self, peer: bytes) -> LocalService:
+        """The in-process session service, for client ``peer``."""
+        return LocalService(self.sessions, peer)
+
     def _answers(self, peer: bytes, msg: p.Message) -> list[p.Message]:
+        service = self._service(peer)
         match msg:
             case p.Open(id=rid, session=name, create=create):
-                created, count, cut = self.sessions.attach(peer, name, create)
-                context = self.app.runtime.inference.context(name)
-                return [p.Opened(rid, name, created, count, cut, context)]
+                return [p.reply(rid, service.open(name, create))]
             case p.Close(id=rid, session=name):
-                self.sessions.detach(peer, name)
+                service.close(name)
                 return [p.Ok(rid)]
             case p.Sessions(id=rid):
-                return [p.SessionList(rid, tuple(list_sessions(self.app.config)))]
+                return [p.SessionList(rid, service.list())]
             case p.ReadLog(id=rid, session=name, start=start):
-                return self._log_pages(rid, name, start)
+                return self._log_pages(rid, service.records(name), start)
             case p.Fork(id=rid, source=source, session=name, at=at):
-                forked = self.app.fork(source, name, at)
-                tokens = forked.state.tokens if forked.state is not None else 0
-                return [p.ForkReply(rid, name, source, forked.forked.at, forked.records, tokens)]
+                return [p.reply(rid, service.fork(source, name, at))]
             case p.Rewind(id=rid, session=name, turns=turns):
-                rewound = self.sessions.rewind(peer, name, turns)
-                return [p.Rewound(rid, name, rewound.rewind.to_turn, rewound.taken,
-                                  rewound.left)]
+                return [p.reply(rid, service.rewind(name, turns))]
             case p.Compact(id=rid, session=name):
-                wait = self.app.config.inference.timeout_s + 30
-                done = self.sessions.alone(peer, name, lambda proxy: proxy.compact(
-                    self.app.runtime, lambda _: None).get(timeout=wait))
-                return [p.CompactReply(rid, name, done.tokens_before, done.tokens_after,
-                                       done.turns_kept, done.ms)]
+                return [p.reply(rid, service.compact(name, lambda _: None))]
+            case p.Remove(id=rid, session=name):
+                service.remove(name)
+                return [p.Ok(rid)]
         raise AssertionError(f"no job for {type(msg).__name__}")
 
-    def _log_pages(self, rid: int, name: str, start: int) -> list[p.Message]:
-        path = session_path(self.app.config, name)  # read like `loopd log show` does: a
-        if not path.is_file():  # reader never waits for a session's turn to end
-            raise SessionError(f"session {name} does not exist ({path})")
-        records = read_records(path, name=name)
+    def _log_pages(self, rid: int, records: tuple[Record, ...], start: int) -> list[p.Message]:
         budget = min(self.max_frame // 2, PAGE_BYTES)
         page: list[bytes] = []
         size, n = 0, start
@@ -455,24 +454,12 @@ class Server:
         approver: RemoteApprover,
     ) -> None:  # fmt: skip
         name, rid = msg.session, msg.id
-        try:
-            if not self.sessions.is_attached(peer, name):
-                _, _, cut = self.sessions.attach(peer, name, create=True)
-                if cut:
-                    self._post(peer, p.encode_event(rid, TornTail(session=name, cut_bytes=cut)))
-            proxy = self.sessions.begin_turn(peer, name)
-        except LoopdError as e:
-            self._end_turn(client, rid)
-            self._post(peer, _error(rid, e))
-            return
         sink: Callable[[Event], None] = lambda event: self._post(  # noqa: E731
             peer, p.encode_event(rid, event)
         )
         try:
-            runtime = self.app.runtime
-            if msg.approve:
-                runtime = dataclasses.replace(runtime, rules=TurnRules(runtime.rules, msg.approve))
-            outcome: TurnOutcome = proxy.turn(runtime, msg.text, sink, token, approver).get()
+            outcome = self._service(peer).turn(name, msg.text, sink, approver, token,
+                                               msg.approve)
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
                 encode_record(outcome.usage), outcome.restored, outcome.context,
@@ -484,7 +471,6 @@ class Server:
             log.exception("turn on session %s failed", name)
             answer = _error(rid, e)
         finally:
-            self.sessions.end_turn(name)
             self._end_turn(client, rid)
         self._post(peer, answer)
 

@@ -67,6 +67,7 @@ from actors.inference.slots.files import (
 from actors.inference.types import BaselineUse, Completion, InferError, InferErrorKind
 from actors.log import server_values
 from actors.log.records import SlotState, SlotUse
+from actors.log.sessiondir import log_file
 
 __all__ = [
     "KeeperSettings",
@@ -472,7 +473,7 @@ class SlotKeeper:
             session = self._sessions.get(name)
             if session is None:
                 log_dir = self._settings.log_dir
-                key = slot_key(log_dir / name / "log.bin") if log_dir is not None else name
+                key = slot_key(log_file(log_dir, name)) if log_dir is not None else name
                 session = self._sessions[name] = _Session(name, key)
             return session
 

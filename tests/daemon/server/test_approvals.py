@@ -20,7 +20,8 @@ from actors.base.errors import UsageError
 from actors.base.events import ApprovalRequested, Choice, Decision
 from actors.base.rules import Rule, RuleBook, parse_rule
 from actors.daemon import protocol as p
-from actors.daemon.server.approvals import RemoteApprover, TurnRules
+from actors.daemon.server.approvals import RemoteApprover
+from actors.service.local import TurnRules
 from tests.support.watch import HANG_S
 
 WAIT = HANG_S  # a hang guard

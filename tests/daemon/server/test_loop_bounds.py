@@ -4,9 +4,9 @@ a bounded number of threads, and the daemon goes on), and what it holds for a cl
 never reads is bounded in bytes (past a tenth its requests are refused, past the whole it
 is given up and the bytes freed).
 
-The real loop (actors/daemon/server/loop.py) on a real ROUTER socket, in this process; its
-World is a stand-in whose ``fork`` waits on a gate, so how many requests are in progress at
-once is decided by the test, not by timing."""
+The real loop (actors/daemon/server/loop.py) on a real ROUTER socket, in this process; the
+in-process session service it calls forks on a stand-in World whose ``fork`` waits on a
+gate, so how many requests are in progress at once is decided by the test, not by timing."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ from actors.daemon.server import loop as loop_module
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.log.file import SessionLog
 from actors.log.records import Baseline, User
-from actors.session.actor import session_path
+from actors.log.sessiondir import session_path
+from actors.service import local as local_module
+from actors.service.local import LocalService
+from actors.service.types import Forked
 from tests.support.watch import HANG_S, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,11 +45,11 @@ class Gated:
         self.waiting = 0
         self._lock = threading.Lock()
 
-    def fork(self, source: str, name: str, at: int | None) -> Any:
+    def fork(self, source: str, name: str, at: int | None) -> Forked:
         with self._lock:
             self.waiting += 1
         self.gate.wait(HANG_S)
-        return SimpleNamespace(state=None, forked=SimpleNamespace(at=1), records=2)
+        return Forked(name, source, 1, 2, 0)
 
     def describe(self) -> str:
         return "stand-in"
@@ -83,6 +86,10 @@ class Rig:
         self.ctx.destroy(linger=0)
 
 
+def _stand_in_fork(self: LocalService, source: str, name: str, at: int | None = None) -> Any:
+    return self.table.worlds.get().fork(source, name, at)  # Gated's: it waits on the gate
+
+
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Any]:
     rigs: list[Rig] = []
@@ -91,7 +98,9 @@ def make(tmp_path: Path) -> Iterator[Any]:
         rigs.append(Rig(tmp_path / str(len(rigs)), **limits))
         return rigs[-1]
 
-    yield start
+    with pytest.MonkeyPatch.context() as patch:  # its own: a test's undo() leaves it
+        patch.setattr(LocalService, "fork", _stand_in_fork)
+        yield start
     for rig in rigs:
         rig.close()
 
@@ -154,13 +163,13 @@ def gated_reads(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """read_log's reads wait on the returned gate: the test decides how many are in
     progress when the answers come."""
     gate = threading.Event()
-    read = loop_module.read_records
+    read = local_module.read_records
 
     def gated(path: Path, *, name: str = "") -> Any:
         gate.wait(HANG_S)
         return read(path, name=name)
 
-    monkeypatch.setattr(loop_module, "read_records", gated)
+    monkeypatch.setattr(local_module, "read_records", gated)
     return gate
 
 

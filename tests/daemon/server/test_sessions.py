@@ -1,4 +1,4 @@
-"""actors/daemon/server/sessions.py on its own: one client per session, and when a session's
+"""actors/service/local.py's SessionTable on its own: one client per session, and when a session's
 actor is stopped (a client closing it, a client gone mid-turn, the daemon stopping).
 
 Real session actors on real logs in a temporary directory; the clients are just ids, as
@@ -25,9 +25,9 @@ from actors.base.errors import (
     SessionLocked,
     UsageError,
 )
-from actors.daemon.server.sessions import Sessions
 from actors.inference.types import InferError
 from actors.log.records import Baseline
+from actors.service.local import SessionTable, Worlds
 from actors.session.actor import open_session
 from actors.session.turn import Runtime
 from actors.session.world import World
@@ -48,25 +48,25 @@ class HookedWorld(World):
 
 
 @pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[Sessions]:
+def sessions(tmp_path: Path) -> Iterator[SessionTable]:
     config = Config().replace("log", dir=str(tmp_path / "sessions"), fsync="never")
     runtime = Runtime(config=config, inference=cast(Any, None), registry=Registry([]))
-    table = Sessions(HookedWorld(runtime=runtime, model="m"))
+    table = SessionTable(Worlds(config, HookedWorld(runtime=runtime, model="m")))
     yield table
     table.close_all()
 
 
-def closed(table: Sessions, name: str) -> bool:
+def closed(table: SessionTable, name: str) -> bool:
     """Whether the session's actor let go of its log (it can be opened again here)."""
     try:
-        proxy = open_session(table.app.config, name)
+        proxy = open_session(table.config, name)
     except SessionLocked:
         return False
     proxy.actor_ref.stop(timeout=30)
     return True
 
 
-def test_a_session_is_attached_to_one_client(sessions: Sessions) -> None:
+def test_a_session_is_attached_to_one_client(sessions: SessionTable) -> None:
     assert sessions.attach(A, "s", create=True) == (True, 1, 0)  # created: the Baseline
     assert sessions.attach(A, "s", create=True) == (False, 1, 0)  # again: already attached
     with pytest.raises(SessionInUse, match=r"^session s is in use by another client$"):
@@ -76,17 +76,17 @@ def test_a_session_is_attached_to_one_client(sessions: Sessions) -> None:
     assert not closed(sessions, "s")
 
 
-def test_a_session_that_does_not_exist_is_not_left_claimed(sessions: Sessions) -> None:
+def test_a_session_that_does_not_exist_is_not_left_claimed(sessions: SessionTable) -> None:
     with pytest.raises(SessionError):
         sessions.attach(A, "missing", create=False)
     assert sessions.rows() == []
     assert sessions.attach(B, "missing", create=True)[0] is True  # nobody holds the name
 
 
-def test_a_log_open_elsewhere_is_refused_and_not_left_claimed(sessions: Sessions) -> None:
+def test_a_log_open_elsewhere_is_refused_and_not_left_claimed(sessions: SessionTable) -> None:
     sessions.attach(A, "s", create=True)
     sessions.detach(A, "s")
-    elsewhere = open_session(sessions.app.config, "s")
+    elsewhere = open_session(sessions.config, "s")
     try:
         with pytest.raises(SessionLocked):
             sessions.attach(A, "s", create=False)
@@ -96,7 +96,7 @@ def test_a_log_open_elsewhere_is_refused_and_not_left_claimed(sessions: Sessions
     assert sessions.attach(A, "s", create=False) == (False, 1, 0)
 
 
-def test_one_turn_at_a_time_and_only_for_the_attached_client(sessions: Sessions) -> None:
+def test_one_turn_at_a_time_and_only_for_the_attached_client(sessions: SessionTable) -> None:
     sessions.attach(A, "s", create=True)
     with pytest.raises(UsageError, match="session s is not open for this client"):
         sessions.begin_turn(B, "s")
@@ -112,7 +112,7 @@ def test_one_turn_at_a_time_and_only_for_the_attached_client(sessions: Sessions)
     sessions.end_turn("s")
 
 
-def test_detaching_stops_the_actor(sessions: Sessions) -> None:
+def test_detaching_stops_the_actor(sessions: SessionTable) -> None:
     sessions.attach(A, "s", create=True)
     sessions.detach(B, "s")  # not B's: nothing happens
     assert not closed(sessions, "s")
@@ -121,7 +121,9 @@ def test_detaching_stops_the_actor(sessions: Sessions) -> None:
     assert sessions.attach(B, "s", create=False) == (False, 1, 0)  # free for another client
 
 
-def test_a_client_gone_mid_turn_keeps_the_session_until_the_turn_ends(sessions: Sessions) -> None:
+def test_a_client_gone_mid_turn_keeps_the_session_until_the_turn_ends(
+    sessions: SessionTable,
+) -> None:
     sessions.attach(A, "busy", create=True)
     sessions.attach(A, "idle", create=True)
     sessions.attach(B, "other", create=True)
@@ -136,7 +138,7 @@ def test_a_client_gone_mid_turn_keeps_the_session_until_the_turn_ends(sessions: 
     assert not closed(sessions, "other")  # another client's session is untouched
 
 
-def test_close_all_stops_every_actor(sessions: Sessions) -> None:
+def test_close_all_stops_every_actor(sessions: SessionTable) -> None:
     for client, name in ((A, "one"), (B, "two")):
         sessions.attach(client, name, create=True)
     sessions.close_all()
@@ -144,9 +146,9 @@ def test_close_all_stops_every_actor(sessions: Sessions) -> None:
     assert closed(sessions, "one") and closed(sessions, "two")
 
 
-def test_a_session_released_while_it_opens_is_closed_and_says_so(sessions: Sessions) -> None:
+def test_a_session_released_while_it_opens_is_closed_and_says_so(sessions: SessionTable) -> None:
     """The client went (or the daemon began to stop) while the log was being read."""
-    world = cast(HookedWorld, sessions.app)
+    world = cast(HookedWorld, sessions.worlds.get())
     # the release arrives while the name is claimed and the log not yet open
     world.hook = lambda: sessions.release_client(A)  # type: ignore[method-assign]
     with pytest.raises(DaemonError, match="session s was closed while it opened"):
@@ -177,20 +179,20 @@ class BlockedModel:
 
 
 def test_a_session_whose_actor_is_still_stopping_is_waited_for_not_found_locked(
-    sessions: Sessions, caplog: pytest.LogCaptureFixture
+    sessions: SessionTable, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Detached is not yet closed: the actor lets go of the log when its work ends. Another
     client opening the session then waits for that instead of finding the log locked."""
     sessions.attach(A, "s", create=True)
     proxy = sessions.begin_turn(A, "s")
     model = BlockedModel()
-    runtime = Runtime(config=sessions.app.config, inference=model, registry=Registry([]))
+    runtime = Runtime(config=sessions.config, inference=model, registry=Registry([]))
     work = proxy.turn(runtime, "Hi?", lambda _e: None)  # the actor is busy with it
     assert model.asked.wait(HANG_S)
     sessions.end_turn("s")  # the table's turn is over; the actor's work is not
     detaching = Background(lambda: sessions.detach(A, "s"))  # waits for the actor's stop
     wait_until(lambda: sessions.rows() == [], what="the session to leave the table")
-    caplog.set_level(logging.INFO, logger="loopd.daemon")
+    caplog.set_level(logging.INFO, logger="loopd.service")
     opening = Background(lambda: sessions.attach(B, "s", create=False))
     wait_until(lambda: "waiting for its last actor" in caplog.text, what="the open to wait")
     model.gate.set()
