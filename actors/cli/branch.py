@@ -66,7 +66,7 @@ def _compacted_after(config: cfg.Config, source: str, copied: int) -> bool:
     """Whether ``source`` has a Compaction past the ``copied`` records a fork took."""
     from actors.log.file import read_log
     from actors.log.records import Compaction
-    from actors.session.actor import session_path
+    from actors.log.sessiondir import session_path
 
     records, _ = read_log(session_path(config, source), name=source)
     return any(isinstance(r, Compaction) for r in records[copied:])
