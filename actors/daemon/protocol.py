@@ -69,6 +69,7 @@ kind            fields                                         answer
                 turns to take back, 1 or more)
 ``compact``     ``id``, ``session``                            ``compacted``
 ``remove``      ``id``, ``session``                            ``ok``
+``state``       ``id``, ``session``                            ``session_state``
 ==============  =============================================  ===============================
 
 Messages, daemon to client
@@ -124,6 +125,10 @@ Messages, daemon to client
   turn) is ``error`` ``UsageError``. The same rule as ``rewind``: refused on a session
   attached to another client (``SessionInUse``) and while a turn runs on it; one not
   attached is opened for it and closed again.
+- ``session_state``: ``id``, ``session``, ``records`` int (in its log now), ``turns`` int
+  (its User records), ``attached`` bool (a client has it open), ``busy`` bool (a turn runs
+  on it), ``workspace`` text (the workspace it was made with; "": not known). A session
+  that does not exist is ``error`` ``SessionError``.
 - ``ok`` to ``remove``: the session's log directory and its saved KV state are deleted.
   Refused on a session attached to any client (``SessionInUse``; close it first), and
   (``SessionLocked``) while another process has it open.
@@ -159,8 +164,8 @@ changes only for what an older peer cannot read. Added to version 1:
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
-``remove`` is a new message of version 1 (the session service): a daemon from before
-answers it ``error`` (an unknown kind).
+``remove``, ``state`` and ``session_state`` are new messages of version 1 (the
+session service): a daemon from before answers them ``error`` (an unknown kind).
 ``compact`` and ``compacted`` are new messages of version 1 (compaction), like ``fork``; the
 events ``compacting`` and ``compacted`` are new in version 1 too: a client from
 before ends a turn that compacts with a WireError (an unknown event). So does the event
@@ -191,7 +196,8 @@ __all__ = [
     "CODEC", "VERSION", "Approval", "Approve", "Bye", "Cancel", "Close", "Compact",
     "CompactReply", "Done", "Error",
     "EventMessage", "Fork", "ForkReply", "Log", "Message", "Ok", "Open", "Opened", "Ping",
-    "Pong", "ReadLog", "Remove", "Rewind", "Rewound", "SessionList", "Sessions", "Status",
+    "Pong", "ReadLog", "Remove", "Rewind", "Rewound", "SessionList", "SessionState",
+    "SessionStatus", "Sessions", "Status",
     "StatusReply", "Stop", "Turn", "decode",
     "decode_event", "encode", "encode_event", "reply", "result",
 ]  # fmt: skip
@@ -380,6 +386,25 @@ class Remove:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SessionStatus:
+    KIND: ClassVar[str] = "state"
+
+    id: Natural
+    session: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionState:
+    id: Natural
+    session: str
+    records: Natural
+    turns: Natural
+    attached: bool
+    busy: bool
+    workspace: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMessage:
     KIND: ClassVar[str] = "event"
 
@@ -425,7 +450,7 @@ Message: TypeAlias = Any  # one of MESSAGES
 MESSAGES = (
     Ping, Pong, Bye, Open, Opened, Close, Ok, Turn, Cancel, Approve, Sessions, SessionList,
     ReadLog, Log, Status, StatusReply, Stop, EventMessage, Done, Error, Approval, Fork,
-    ForkReply, Rewind, Rewound, Compact, CompactReply, Remove,
+    ForkReply, Rewind, Rewound, Compact, CompactReply, Remove, SessionStatus, SessionState,
 )  # fmt: skip
 """Every message of the protocol; a new one is its dataclass above, its name here and its
 row in the document."""
@@ -442,7 +467,7 @@ R = TypeVar("R")
 
 REPLIES: dict[type[Any], type[Any]] = {
     svc.Opened: Opened, svc.Forked: ForkReply, svc.Rewound: Rewound,
-    svc.CompactReport: CompactReply,
+    svc.CompactReport: CompactReply, svc.SessionState: SessionState,
 }  # fmt: skip
 """A result of :class:`actors.service.types.SessionService` -> the message that carries it."""
 

@@ -36,9 +36,9 @@ from actors.base.events import Approver, Sink, TornTail
 from actors.base.rules import Rule, RuleBook, parse_rules
 from actors.log.file import read_records
 from actors.log.outcome import TurnOutcome
-from actors.log.records import Record
-from actors.log.sessiondir import list_sessions, session_path
-from actors.service.types import CompactReport, Forked, Opened, Rewound
+from actors.log.records import Record, User
+from actors.log.sessiondir import kept_workspace, list_sessions, session_path
+from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
 from actors.session.actor import SessionActor, open_session
 from actors.session.fork import RewindReport, fork_session
 from actors.session.world import World, start_world
@@ -420,6 +420,13 @@ class LocalService:
             runtime, sink).get(timeout=wait))
         return CompactReport(name, done.tokens_before, done.tokens_after, done.turns_kept,
                              done.ms)
+
+    def status(self, name: str) -> SessionState:
+        records = self.records(name)
+        busy = {row["name"]: row["busy"] for row in self.table.rows()}
+        return SessionState(name, len(records), sum(isinstance(r, User) for r in records),
+                            name in busy, busy.get(name, False),
+                            str(kept_workspace(self.config, name) or ""))
 
     def list(self) -> tuple[str, ...]:
         return tuple(list_sessions(self.config))

@@ -15,10 +15,11 @@ from types import TracebackType
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.events import Approver, Compacted, Sink
+from actors.daemon import protocol as p
 from actors.daemon.client import Client
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Record
-from actors.service.types import CompactReport, Forked, Opened, Rewound
+from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
 
 __all__ = ["RemoteService"]
 
@@ -81,6 +82,9 @@ class RemoteService:
         sink(Compacted(why="person", tokens_before=done.tokens_before,
                        tokens_after=done.tokens_after, turns_kept=done.turns_kept, ms=done.ms))
         return done
+
+    def status(self, name: str) -> SessionState:
+        return self.client.call(lambda rid: p.SessionStatus(rid, name), SessionState)
 
     def list(self) -> tuple[str, ...]:
         return tuple(self.client.sessions())

@@ -25,7 +25,10 @@ from actors.base.events import Approver, Sink
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Record
 
-__all__ = ["CompactReport", "Forked", "Opened", "Rewound", "SessionService", "TurnOutcome"]
+__all__ = [
+    "CompactReport", "Forked", "Opened", "Rewound", "SessionService", "SessionState",
+    "TurnOutcome",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +76,20 @@ class CompactReport:
     ms: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionState:
+    """One session as it is now: the records of its log and its turns (User records), whether
+    a client has it attached and a turn runs on it, the workspace it was made with ("": not
+    known)."""
+
+    session: str
+    records: int
+    turns: int
+    attached: bool
+    busy: bool
+    workspace: str
+
+
 class SessionService(Protocol):
     """Sessions by name, for one client: this command (or one client of the daemon).
 
@@ -105,6 +122,8 @@ class SessionService(Protocol):
     def fork(self, source: str, name: str, at: int | None = None) -> Forked: ...
 
     def compact(self, name: str, sink: Sink) -> CompactReport: ...
+
+    def status(self, name: str) -> SessionState: ...
 
     def list(self) -> tuple[str, ...]: ...  # the sessions of its log directory, sorted
 

@@ -38,6 +38,7 @@ SAMPLES: list[Any] = [
     p.Fork(10, "a", "b", None), p.Fork(10, "a", "b", 2), p.ForkReply(10, "b", "a", 2, 5, 4646),
     p.Rewind(11, "s", 1), p.Rewound(11, "s", 1, (2, 3), (1,)),
     p.Compact(12, "s"), p.CompactReply(12, "s", 900, 300, 2, 41.5), p.Remove(13, "s"),
+    p.SessionStatus(14, "s"), p.SessionState(14, "s", 5, 2, True, False, "/w"),
 ]  # fmt: skip
 
 

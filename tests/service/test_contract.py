@@ -20,7 +20,7 @@ from actors.base.errors import (
 )
 from actors.base.events import NO_APPROVER, Event
 from actors.log.records import Baseline, Compaction, Rewind, User
-from actors.service.types import CompactReport, Forked, Opened, Rewound
+from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
 from tests.service.conftest import FULL, HANG, Place
 from tests.support.watch import HANG_S, wait_until
 
@@ -167,6 +167,24 @@ def test_compact_shortens_and_refuses_a_conversation_with_nothing_to_drop(place:
     assert isinstance(done, CompactReport) and done.session == name
     assert done.turns_kept == 3 and done.tokens_before > 0  # (a tiny talk grows: the frame)
     assert isinstance(place.service.records(name)[-1], Compaction)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def test_status_says_what_a_session_is_now(place: Place) -> None:
+    name = place.name("status")
+    _turn(place, name, "t1")
+    _turn(place, name, "t2")
+    state = place.service.status(name)
+    assert state == SessionState(name, len(place.service.records(name)), 2, True, False,
+                                 str(place.service.workspace))
+    place.service.close(name)
+    assert place.service.status(name).attached is False
+    with pytest.raises(SessionError, match="does not exist"):
+        place.service.status(place.name("nothing"))
+    with pytest.raises(UsageError, match="is not allowed"):
+        place.service.status("../bad")
 
 
 # --- list, remove ------------------------------------------------------------------------------

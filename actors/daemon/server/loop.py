@@ -292,7 +292,7 @@ class Server:
                 if self._admit(peer, client, msg.id):
                     self._start_turn(peer, client, msg)
             case (p.Open() | p.Close() | p.Sessions() | p.ReadLog() | p.Fork() | p.Rewind()
-                  | p.Compact() | p.Remove()):
+                  | p.Compact() | p.Remove() | p.SessionStatus()):
                 if self._admit(peer, client, msg.id):
                     self._run_request(peer, client, msg.id, f"daemon-{type(msg).__name__.lower()}",
                                       lambda: self._job(peer, msg))
@@ -417,6 +417,8 @@ class Server:
             case p.Remove(id=rid, session=name):
                 service.remove(name)
                 return [p.Ok(rid)]
+            case p.SessionStatus(id=rid, session=name):
+                return [p.reply(rid, service.status(name))]
         raise AssertionError(f"no job for {type(msg).__name__}")
 
     def _log_pages(self, rid: int, records: tuple[Record, ...], start: int) -> list[p.Message]:
