@@ -220,7 +220,7 @@ class SessionConfig:
     # "auto": 0.4 on the embedded model (a 0.5B model answers worse as its prompt grows:
     # the long chat of make eval passed 30/34 turns at 0.4, 25/34 at 0.8), 0.8 for a server
     # named by url. Raised (up to 0.8) where the baseline leaves too little room after it
-    # (actors/session/compaction.threshold).
+    # (actors.session.compaction.threshold).
     compact_at: float = field(default=0.4, metadata=limits(0.05, 1.0, auto=(0.4, 0.8)))
     # The last whole turns that fit in this share of the context stay verbatim.
     compact_keep: float = field(default=0.25, metadata=limits(0.0, 0.9))
