@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
@@ -33,6 +34,7 @@ __all__ = [
     "current",
     "enabled",
     "flush",
+    "joined",
     "reset",
     "span",
     "traceparent",
@@ -284,14 +286,35 @@ def calling(host: str, tool: str) -> str:
 
 
 def traceparent() -> str:
-    """The current span as a W3C ``traceparent`` for another process ("" when off)."""
-    if _tracer() is None:
+    """The current span as a W3C ``traceparent`` for another process: loopd's own, or a
+    script's that traces itself (OpenTelemetry already loaded); "" when there is none."""
+    if _tracer() is None and "opentelemetry.trace" not in sys.modules:
         return ""
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier.get("traceparent", "")
+
+
+def joined(parent: str) -> ContextManager[object]:
+    """While the block runs, ``parent`` (a W3C ``traceparent`` from another process) is
+    the current context: what starts a span in it, or passes it on, joins that trace.
+    No span of its own; nothing when off or ``parent`` is empty."""
+    if not parent or _tracer() is None:
+        return OFF
+    return _attached(parent)
+
+
+@contextlib.contextmanager
+def _attached(parent: str) -> Iterator[object]:
+    from opentelemetry import context
+
+    token = context.attach(_extract(parent))
+    try:
+        yield None
+    finally:
+        context.detach(token)
 
 
 def _extract(parent: str) -> Any:

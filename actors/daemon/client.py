@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import zmq
 
-from actors.base import errors
+from actors.base import errors, telemetry
 from actors.base.cancel import CancelToken, wait_out
 from actors.base.config import Config
 from actors.base.errors import DaemonError, LoopdError, WireError
@@ -203,7 +203,8 @@ class Client:
         token set when the turn ends or the daemon goes, a deadline); it is called in the
         thread that iterates. Without one, such calls are denied (nobody to ask).
         ``approve``: allow rules for this turn only (``loopd run --approve``)."""
-        rid, answers = self._request(lambda r: p.Turn(r, session, text, approve))
+        rid, answers = self._request(
+            lambda r: p.Turn(r, session, text, approve, telemetry.traceparent()))
         return RemoteTurn(self, rid, answers, on_approval)
 
     def _request(self, make: Callable[[int], Any]) -> tuple[int, queue.SimpleQueue[Any]]:

@@ -52,7 +52,9 @@ kind            fields                                         answer
 ``close``       ``id``, ``session``                            ``ok``
 ``turn``        ``id``, ``session``, ``text``, ``approve``     ``event``... then ``done``
                 list of text (allow rules for this turn
-                only, like ``tools.allow`` entries)
+                only, like ``tools.allow`` entries),
+                ``traceparent`` text (the client's W3C
+                trace context: the turn's spans join it)
 ``cancel``      ``id`` (of the turn)                           the turn ends: ``error``
                                                                ``Cancelled``
 ``approve``     ``id`` (of the turn), ``call`` int,            (the turn goes on)
@@ -160,7 +162,9 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``status_reply.model`` (default "": not said), when ``loopd status`` came to show it;
 - ``opened.context`` (default 0: not known) and ``done.context`` (default 0: not known),
   when chat came to say how full a session is;
-- ``done.compactions`` (default 0: none), with compaction.
+- ``done.compactions`` (default 0: none), with compaction;
+- ``turn.traceparent`` (default "": the turn's trace starts in the daemon), with traces
+  (docs/telemetry.md): the ``00-TRACEID-SPANID-FLAGS`` of the client's current span.
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
@@ -258,6 +262,7 @@ class Turn:
     session: str
     text: str
     approve: tuple[str, ...] = added((), "loopd run --approve through the daemon (e06167b)")
+    traceparent: str = added("", "traces")  # the client's span: the turn's trace joins it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import pykka
 
 from actors.approval.rulesfile import RuleStore
+from actors.base import telemetry
 from actors.base.cancel import CancelToken, wait_out
 from actors.base.config import Config
 from actors.base.errors import DaemonError, LimitError, SessionError, SessionInUse, UsageError
@@ -385,6 +386,8 @@ class LocalService:
             runtime = self.table.worlds.get().runtime
             if approve:
                 runtime = dataclasses.replace(runtime, rules=TurnRules(runtime.rules, approve))
+            if parent := telemetry.traceparent():  # the caller's span (a daemon client's)
+                runtime = dataclasses.replace(runtime, traceparent=parent)
             future = proxy.turn(runtime, text, sink, token, approver)
 
             def step() -> TurnOutcome | None:

@@ -24,6 +24,9 @@ class _Turn(Protocol):
     @property
     def log(self) -> Any: ...
 
+    @property
+    def runtime(self) -> Any: ...
+
 
 T = TypeVar("T", bound=_Turn)
 
@@ -41,7 +44,8 @@ def turn(run: Callable[[T, str], TurnOutcome]) -> Callable[[T, str], TurnOutcome
         }
         if telemetry.capture_content():
             attributes["gen_ai.input.messages"] = _message("user", content)
-        with telemetry.span(f"invoke_agent {AGENT}", attributes) as span:
+        parent = self.runtime.traceparent  # the caller's (a daemon client's), else ""
+        with telemetry.span(f"invoke_agent {AGENT}", attributes, parent=parent) as span:
             outcome = run(self, content)
             for key, value in (("iterations", outcome.iterations),
                                ("tool_calls", outcome.tool_calls), ("cut", outcome.cut),

@@ -78,8 +78,8 @@ class Runtime:
     registry: Registry
     # The rules file and the command's --approve rules (tools.allow/deny come from config).
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
-    # loopd's own places in the workspace, which the file tools refuse (the toolbox's)
-    hidden: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()  # loopd's own places, which the file tools refuse (toolbox's)
+    traceparent: str = ""  # the caller's span (a daemon client's): the turn's is its child
 
 
 def run_turn(

@@ -139,7 +139,7 @@ OLD_MESSAGES: list[Any] = [
 
 # Fields added to version 1 after those frames were written: today's encoding has them too.
 ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""}, "opened": {"context": 0},
-               "done": {"context": 0, "compactions": 0}}
+               "done": {"context": 0, "compactions": 0}, "turn": {"traceparent": ""}}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -180,7 +180,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert {(kind, field) for kind, field, _, _ in added} == {
         ("opened", "cut_bytes"), ("turn", "approve"), ("status_reply", "workspace"),
         ("status_reply", "model"), ("opened", "context"), ("done", "context"),
-        ("done", "compactions"),
+        ("done", "compactions"), ("turn", "traceparent"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

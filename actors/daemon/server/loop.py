@@ -47,6 +47,7 @@ from typing import Any
 
 import zmq
 
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.errors import DaemonError, LoopdError, WireError
 from actors.base.events import Event
@@ -460,8 +461,9 @@ class Server:
             peer, p.encode_event(rid, event)
         )
         try:
-            outcome = self._service(peer).turn(name, msg.text, sink, approver, token,
-                                               msg.approve)
+            with telemetry.joined(msg.traceparent):  # the turn's spans join the client's
+                outcome = self._service(peer).turn(name, msg.text, sink, approver, token,
+                                                   msg.approve)
             answer: p.Message = p.Done(
                 rid, outcome.content, outcome.iterations, outcome.tool_calls, outcome.cut,
                 encode_record(outcome.usage), outcome.restored, outcome.context,
