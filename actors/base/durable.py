@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["fsync_dir", "lock", "locked", "replace_file", "write_all"]
+__all__ = ["fsync_dir", "lock", "locked", "named", "replace_file", "write_all"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -57,15 +57,27 @@ def fsync_dir(path: Path) -> None:
 def replace_file(path: Path, data: bytes) -> None:
     """``data`` in ``path``, whole or not at all, durably: written to a temporary file of
     this process beside it (mode 0600; never through a link someone left in its place),
-    then renamed over ``path``."""
+    then renamed over ``path``. An OSError names ``path``; the temporary file is gone then."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # a crash's leftover
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the old file stays whole, the half new one goes
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise named(e, path) from None
     fsync_dir(path.parent)
+
+
+def named(error: OSError, path: Path) -> OSError:
+    """``error`` naming ``path`` (a failed ``write`` or ``fsync`` names no file)."""
+    if error.filename is not None:
+        return error
+    return OSError(error.errno, error.strerror or str(error), str(path))

@@ -164,12 +164,17 @@ class SessionLog:
         """
         fd = self._writable()
         data = b"".join(frame(r) for r in records)  # a RecordError here writes nothing
+        size = os.fstat(fd).st_size
         try:
             write_all(fd, data)
             if self._fsync == "always":
                 _fdatasync(fd)
         except OSError as e:
-            self._break(f"writing failed: {e}")
+            # a full disk may take part of the write: those bytes go again at once (a
+            # reader must not find half a record), as the tail scan would cut them on open
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            self._break(f"writing {self.path} failed: {e.strerror or e}")
         self._records.extend(records)
         self._snapshot = None
         for record in records:
@@ -182,7 +187,7 @@ class SessionLog:
         try:
             _fdatasync(fd)
         except OSError as e:
-            self._break(f"fsync failed: {e}")
+            self._break(f"fsync of {self.path} failed: {e.strerror or e}")
 
     def next_call(self) -> int:
         """The next tool-call number of the session (1, 2, ...); never the same one twice."""

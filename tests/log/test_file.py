@@ -507,7 +507,8 @@ def test_fsync_error_breaks_the_log(opened: SessionLog, monkeypatch: pytest.Monk
         raise OSError(errno.EIO, "I/O error")
 
     monkeypatch.setattr(logmod, "_fdatasync", fail)
-    with pytest.raises(SessionError, match=r"session s1: writing failed: .*reopen the session"):
+    with pytest.raises(SessionError,
+                       match=r"session s1: writing .*log.bin failed: I/O error; .*reopen the"):
         opened.append(User(content="a"))
     monkeypatch.undo()
     with pytest.raises(SessionError, match="refuses writes after an earlier failure"):
@@ -516,11 +517,14 @@ def test_fsync_error_breaks_the_log(opened: SessionLog, monkeypatch: pytest.Monk
         opened.sync()
 
 
-def test_short_write_then_error_leaves_a_torn_tail_that_reopen_cuts(
+def test_short_write_then_error_leaves_no_half_record(
     opened: SessionLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A full disk that took 5 bytes of the record: they go again at once (a reader must
+    not find them), and the session reopens with nothing to cut."""
     real_write = os.write
     fd = opened._fd
+    size = opened.path.stat().st_size
     calls = 0
 
     def flaky(f: int, data: bytes | memoryview) -> int:
@@ -533,15 +537,16 @@ def test_short_write_then_error_leaves_a_torn_tail_that_reopen_cuts(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", flaky)
-    with pytest.raises(SessionError, match="No space left"):
+    with pytest.raises(SessionError, match=r"writing .*log.bin failed: No space left"):
         opened.append(User(content="lost"))
     monkeypatch.undo()
     assert opened.records == (opened.baseline,)
     path = opened.path
+    assert path.stat().st_size == size
     opened.close()
     log, report = SessionLog.open(path)
     with log:
-        assert report.cut_bytes == 5
+        assert report.cut_bytes == 0
         assert log.records == (log.baseline,)
 
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from actors.base.config import Config
-from actors.base.durable import write_all
+from actors.base.durable import named, write_all
 from actors.inference.embedded.server import slot_dir
 
 __all__ = [
@@ -281,9 +281,14 @@ class SlotStore:
             tmp.unlink()  # a crash's leftover, or something put there: never written through
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(dataclasses.asdict(meta)))
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(dataclasses.asdict(meta)))
+            os.replace(tmp, target)
+        except OSError as e:  # a full disk: the older metadata stays, the half one goes
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise named(e, target) from None
 
     def touch(self, key: str, meta: SlotFile) -> None:
         """Mark ``key``'s file used now (it was restored)."""
