@@ -390,8 +390,13 @@ def _serve(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
             client.close()
         return client is not None
 
-    pid = detach([a for a in args.argv[1:] if a != "--detach"], config, answers)
-    err.print(f"loopd daemon started (pid {pid})", highlight=False)
+    # The workspace the config or --workspace names, resolved here and passed on: the
+    # daemon serves that folder whatever its own directory, and says which ("." is the
+    # folder this command runs in; `loopd serve --detach` from the wrong folder served it).
+    given = [a for a in args.argv[1:] if a != "--detach"]
+    pid = detach([*given, "--workspace", str(config.workspace)], config, answers)
+    err.print(f"loopd daemon started (pid {pid}) on workspace {config.workspace} "
+              "(tools.workspace, or --workspace DIR)", highlight=False)
     return OK
 
 

@@ -306,6 +306,7 @@ def test_serve_detach_returns_once_the_daemon_answers(config: Path) -> None:
     pid = int(match.group(1)) if match else 0
     try:
         assert started.returncode == 0 and pid, started.stderr
+        assert f"on workspace {loaded.workspace}" in " ".join(started.stderr.split())
         client = find_daemon(loaded)  # it answers the moment --detach returns
         assert client is not None
         with client:
