@@ -470,10 +470,6 @@ def _embedded_model(url: Any, servers: Any) -> bool:
     return not (url or servers)
 
 
-def _as_table(section: Any) -> dict[str, Any]:
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
-
-
 def _check(key: str, kind: Any, rule: Allowed, value: Any, embedded: bool) -> Any:
     """``value`` (from a file) as the field of type ``kind`` holds it, or a ConfigError that
     names ``key`` and what is allowed."""

@@ -40,7 +40,7 @@ __all__ = [
     "traceparent",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loopd.telemetry")
 
 Value: TypeAlias = str | bool | int | float | Sequence[str] | Sequence[int]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["Complaints"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loopd.wire")
 
 
 class Complaints:

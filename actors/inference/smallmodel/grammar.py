@@ -2,7 +2,7 @@
 
 A small model left free writes tool calls as bare JSON with made-up keys, repeats the
 same call until ``max_tokens``, or answers a question with a call written as text. Under
-``inference.constrained_calls`` each request carries :func:`answer_grammar`, and the server
+``inference.constrained_calls`` each request carries :func:`build_grammar`'s grammar, and the server
 samples only what it allows: either
 
 - the word ``TOOL``, then exactly one call ``{"name": "<tool>", "arguments": {...}}`` of a
@@ -57,7 +57,7 @@ from typing import Any
 
 from actors.inference.smallmodel.decision import ANSWER, TOOL
 
-__all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "Values", "answer_grammar", "build_grammar",
+__all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "Values", "build_grammar",
            "cached_grammar"]
 
 # Generic JSON, for schemas (or parts of them) the subset does not cover. White space is
@@ -277,25 +277,6 @@ class Built:
     plain: tuple[str, ...] = ()
 
 
-def answer_grammar(
-    offered: Sequence[Mapping[str, Any]],
-    registry: Iterable[tuple[str, Mapping[str, Any]]],
-    *,
-    calls: bool = True,
-    text: bool = True,
-    exclude: frozenset[str] = frozenset(),
-    values: Values = (),
-) -> str:
-    """The grammar for one answer: a call of an ``offered`` tool (request ``tools`` entries)
-    or of a ``registry`` tool (``(name, parameters)``), or plain text; ``calls=False``:
-    plain text only; ``text=False``: a call only; the tools named in ``exclude`` cannot be
-    called (by their name nor through ``call_tool``); ``values``: ``(tool, argument,
-    allowed)``, a string argument of a tool held to one of the allowed values (none: an
-    optional argument left out)."""
-    return build_grammar(offered, registry, calls=calls, text=text, exclude=exclude,
-                         values=values).grammar
-
-
 def build_grammar(
     offered: Sequence[Mapping[str, Any]],
     registry: Iterable[tuple[str, Mapping[str, Any]]],
@@ -305,9 +286,14 @@ def build_grammar(
     exclude: frozenset[str] = frozenset(),
     values: Values = (),
 ) -> Built:
-    """:func:`answer_grammar`, saying which tools' arguments are plain JSON (a schema past
-    :data:`TOOL_CAP`, or past :data:`TOTAL_CAP` for all tools, or one it cannot read). In
-    time and size linear in the schemas; never raises."""
+    """The grammar for one answer (``grammar``): a call of an ``offered`` tool (request
+    ``tools`` entries) or of a ``registry`` tool (``(name, parameters)``), or plain text;
+    ``calls=False``: plain text only; ``text=False``: a call only; the tools named in
+    ``exclude`` cannot be called (by their name nor through ``call_tool``); ``values``:
+    ``(tool, argument, allowed)``, a string argument of a tool held to one of the allowed
+    values (none: an optional argument left out). And which tools' arguments are plain JSON
+    (``plain``: a schema past :data:`TOOL_CAP`, or past :data:`TOTAL_CAP` for all tools, or
+    one it cannot read). In time and size linear in the schemas; never raises."""
     if not calls:
         return Built(f"root ::= {_text(ANSWER)} text" + _COMMON)
     rules = _Rules()
@@ -386,7 +372,7 @@ def cached_grammar(
     exclude: frozenset[str] = frozenset(),
     values: Values = (),
 ) -> str:
-    """:func:`answer_grammar`, built once per set of tools (the same ``offered`` object and
+    """:func:`build_grammar`'s grammar, built once per set of tools (the same ``offered`` object and
     the same schema objects, by identity: a session's baseline and its hosts' specs), not
     per request. A tool whose arguments are left as plain JSON is said once (logged)."""
     key = (id(offered), tuple((name, id(params)) for name, params in registry), calls, text,

@@ -41,7 +41,7 @@ from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
 
 __all__ = ["McpProvider"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loopd.mcp")
 
 
 class McpProvider:

@@ -49,7 +49,7 @@ from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth, resolv
 
 __all__ = ["Authorizer", "TokenFile", "elicitation_answer", "http_auth", "schema_defaults"]
 
-log = logging.getLogger("actors.tools.providers.mcp")
+log = logging.getLogger("loopd.mcp")
 
 _CALLBACK_PATH = "/callback"
 _PAGE = (

@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["PROBE_TIMEOUT_S", "McpLink"]
 
-log = logging.getLogger("actors.tools.providers.mcp")
+log = logging.getLogger("loopd.mcp")
 
 # How long a hung-looking server gets to answer a tools/list probe after a call timed out.
 PROBE_TIMEOUT_S = 5.0

@@ -1,4 +1,4 @@
-"""answer_grammar: one call of a tool that can be called (its schema's shape), or plain text.
+"""build_grammar: one call of a tool that can be called (its schema's shape), or plain text.
 
 These check the grammar's text: every rule referenced is defined, each tool's call and
 argument shape is there, and the same tools give the same grammar. That llama-server
@@ -21,7 +21,6 @@ from actors.inference.smallmodel import grammar as grammar_module
 from actors.inference.smallmodel.grammar import (
     TOOL_CAP,
     TOTAL_CAP,
-    answer_grammar,
     build_grammar,
     cached_grammar,
 )
@@ -65,7 +64,7 @@ def _call_head(name: str) -> str:
 
 
 def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
-    grammar = answer_grammar(META_TOOLS, REGISTRY)
+    grammar = build_grammar(META_TOOLS, REGISTRY).grammar
     rules = _well_formed(grammar)
     # a decision word first: the model chooses between a call and text before writing either
     assert rules["root"] == '"TOOL " call | "ANSWER " text'
@@ -77,7 +76,7 @@ def test_the_default_tools_give_a_well_formed_grammar_naming_each() -> None:
 
 
 def test_required_then_optional_arguments() -> None:
-    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
+    rules = _well_formed(build_grammar(META_TOOLS, REGISTRY).grammar)
     assert rules["read-file-args"] == (
         '"{" "\\"path\\": " read-file-args-path ( ", " "\\"offset\\": " natural )? '
         '( ", " "\\"start_line\\": " natural )? ( ", " "\\"end_line\\": " natural )? "}"'
@@ -103,7 +102,7 @@ def test_enums_nested_objects_arrays_and_unions() -> None:
         },
         "required": ["mode"],
     }
-    rules = _well_formed(answer_grammar([], [("t", schema)]))
+    rules = _well_formed(build_grammar([], [("t", schema)]).grammar)
     assert rules["t-args-mode"] == '"\\"fast\\"" | "\\"slow\\""'
     assert rules["t-args-opts"] == '"{" "\\"n\\": " integer "}"'
     assert rules["t-args-tags"] == '"[" ws ( string ( "," ws string )* )? "]"'
@@ -114,13 +113,13 @@ def test_enums_nested_objects_arrays_and_unions() -> None:
 
 def test_pinned_tools_offered_directly_and_unknown_schemas_fall_back_to_json() -> None:
     offered = baseline_tools(list(STANDARD_SPECS.values()), ["read_file"])
-    rules = _well_formed(answer_grammar(offered, [("odd", {"type": "object"})]))
+    rules = _well_formed(build_grammar(offered, [("odd", {"type": "object"})]).grammar)
     assert "call-read-file" in rules["call"].split(" | ")
     assert rules["call-odd"].endswith(" object \"}\"")
 
 
 def test_plain_text_cannot_start_like_a_call() -> None:
-    rules = _rules(answer_grammar(META_TOOLS, REGISTRY))
+    rules = _rules(build_grammar(META_TOOLS, REGISTRY).grammar)
     first = re.match(r"\[\^([^\]]*)\]", rules["text"])
     assert first is not None
     for c in ("{", "\\[", "<", "`", " ", "\\n"):
@@ -134,15 +133,15 @@ names = st.text(alphabet="abcdefghij_-.", min_size=1, max_size=8)
 def test_the_same_tools_give_the_same_grammar(tools: list[str]) -> None:
     registry = [(n, {"type": "object", "properties": {"a": {"type": "string"}},
                      "required": ["a"]}) for n in tools]
-    grammar = answer_grammar(META_TOOLS, registry)
-    assert grammar == answer_grammar(META_TOOLS, list(registry))
+    grammar = build_grammar(META_TOOLS, registry).grammar
+    assert grammar == build_grammar(META_TOOLS, list(registry)).grammar
     _well_formed(grammar)
     for n in tools:
         assert _call_head(n) in grammar
 
 
 def test_text_only_when_calls_are_not_allowed() -> None:
-    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, calls=False))
+    rules = _well_formed(build_grammar(META_TOOLS, REGISTRY, calls=False).grammar)
     assert rules["root"] == '"ANSWER " text'
     assert not any(name.startswith("call") for name in rules)
 
@@ -156,7 +155,7 @@ def _string_rule(grammar: str, rule: str) -> re.Pattern[str]:
 
 
 def test_a_path_cannot_hold_a_glob_or_a_control_character() -> None:
-    grammar = answer_grammar([], REGISTRY)
+    grammar = build_grammar([], REGISTRY).grammar
     for rule in ("read-file-args-path", "list-dir-args-path", "search-files-args-path",
                  "write-file-args-path"):
         path = _string_rule(grammar, rule)
@@ -171,7 +170,7 @@ def test_a_path_cannot_hold_a_glob_or_a_control_character() -> None:
 def test_only_a_pattern_of_one_negated_class_is_held() -> None:
     def rule_for(pattern: str) -> str:
         schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}}
-        return _rules(answer_grammar([], [("t", schema)]))["t-args"]
+        return _rules(build_grammar([], [("t", schema)]).grammar)["t-args"]
 
     assert "t-args-p" in rule_for("^[^x]*$")
     for other in ("^[a-z]*$", "^[^x]+$", "[^x]*", "^a.*$", "^[^x]*$|y"):
@@ -179,7 +178,7 @@ def test_only_a_pattern_of_one_negated_class_is_held() -> None:
 
 
 def test_a_call_only_when_text_is_not_allowed() -> None:
-    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, text=False))
+    rules = _well_formed(build_grammar(META_TOOLS, REGISTRY, text=False).grammar)
     assert rules["root"] == '"TOOL " call'
     assert "text" not in _references(rules["root"])
 
@@ -190,7 +189,7 @@ def test_a_call_only_when_text_is_not_allowed() -> None:
 
 def _optional_members(n: int) -> dict[str, str]:
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
-    return _well_formed(answer_grammar([], [("t", schema)]))
+    return _well_formed(build_grammar([], [("t", schema)]).grammar)
 
 
 def test_optional_members_are_chained_in_linear_size() -> None:
@@ -231,7 +230,7 @@ def test_a_deeply_nested_type_list_takes_linear_time(nested: Callable[[int], Any
     """A type list naming a kind twice, or two kinds whose sub-schemas are one object: each
     level was built twice, 2^28 builds at 28 levels (the old builder never ends here; its
     18 took seconds). Built once each now, and past 32 levels the arguments are plain JSON."""
-    rules = _well_formed(answer_grammar([], [("deep", nested(28))]))
+    rules = _well_formed(build_grammar([], [("deep", nested(28))]).grammar)
     assert not rules["call-deep"].endswith(' object "}"')  # held to its shape
     assert len(rules) < 28 * 8
     built = build_grammar([], [("deeper", nested(200))])
@@ -294,14 +293,14 @@ def test_the_grammar_is_built_once_per_set_of_tools(monkeypatch: pytest.MonkeyPa
 
 def test_excluded_tools_cannot_be_called_by_name_nor_through_call_tool() -> None:
     """A later step of a turn does not call again a tool the turn has called already."""
-    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY,
-                                       exclude=frozenset({"search_files"})))
+    rules = _well_formed(build_grammar(META_TOOLS, REGISTRY,
+                                       exclude=frozenset({"search_files"})).grammar)
     grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items())
     assert _call_head("search_files") not in grammar
     assert "call-search-files" not in rules["call-tool-arguments"].split(" | ")
     assert _call_head("read_file") in grammar and rules["root"] == '"TOOL " call | "ANSWER " text'
-    assert answer_grammar(META_TOOLS, REGISTRY) != answer_grammar(
-        META_TOOLS, REGISTRY, exclude=frozenset({"read_file"}))
+    assert build_grammar(META_TOOLS, REGISTRY).grammar != build_grammar(
+        META_TOOLS, REGISTRY, exclude=frozenset({"read_file"})).grammar
 
 
 def test_held_values_hold_a_string_argument_and_none_leave_an_optional_one_out() -> None:
@@ -310,9 +309,9 @@ def test_held_values_hold_a_string_argument_and_none_leave_an_optional_one_out()
     held = (("read_file", "path", ("a.txt", 'b "c".md')), ("read_file", "offset", ()),
             ("read_file", "start_line", ()), ("read_file", "end_line", ()),
             ("search_files", "pattern", ("Omar",)))
-    rules = _well_formed(answer_grammar(META_TOOLS, REGISTRY, values=held))
+    rules = _well_formed(build_grammar(META_TOOLS, REGISTRY, values=held).grammar)
     assert rules["read-file-args-path"] == '"\\"a.txt\\"" | "\\"b \\\\\\"c\\\\\\".md\\""'
     assert rules["read-file-args"] == '"{" "\\"path\\": " read-file-args-path "}"'
     assert rules["search-files-args-pattern"] == '"\\"Omar\\""'
-    free = _well_formed(answer_grammar(META_TOOLS, REGISTRY))
+    free = _well_formed(build_grammar(META_TOOLS, REGISTRY).grammar)
     assert "offset" in free["read-file-args"] and "search-files-args-pattern" not in free

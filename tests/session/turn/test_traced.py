@@ -167,7 +167,7 @@ def test_an_endpoint_that_refuses_or_hangs_never_fails_a_turn(
     endpoint = _refusing() if kind == "refuses" else f"http://127.0.0.1:{hanging.getsockname()[1]}"
     _traced(monkeypatch, endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="0.3")
     try:
-        with caplog.at_level(logging.WARNING, logger="actors.base.telemetry"):
+        with caplog.at_level(logging.WARNING, logger="loopd.telemetry"):
             r = rig([answer("One."), answer("Two."), answer("Three.")])
             assert [r.turn().content for _ in range(2)] == ["One.", "Two."]
             telemetry.flush(10)  # the first failure said, with the export bounded
