@@ -7,11 +7,12 @@ save directory and under the same ``slots.disk_mb``, and restored into the slot 
 session (or of any session whose own state cannot be restored), so its first request
 processes only its message (docs/slots.md#a-new-session-starts-warm).
 
-The key has two parts. The file's name hashes the rendered prefix (:func:`baseline_key`):
-the system prompt, the tools and the chat template, so a config that changes any of them
-gets another file. Its metadata holds the rest: the model and the server build that saved
-it (the fingerprint); a file of another model or build under the same name is *stale*,
-never restored, and replaced by the next save. Baselines no config uses any more go: all
+The key has two parts. The file's name hashes the rendered prefix and the server's slot
+count (:func:`baseline_key`): the system prompt, the tools and the chat template, so a
+config that changes any of them gets another file, and configs of another slot count keep
+their own. Its metadata holds the rest: the model and the server build that saved it (the
+fingerprint); a file of another model or build under the same name is *stale*, never
+restored, and replaced by the next save. Baselines no config uses any more go: all
 but the :data:`KEPT` most recently used when one is saved (:func:`unused_baselines`),
 besides the least-recently-used bound the sessions' files share (``slots.disk_mb``).
 
@@ -65,9 +66,12 @@ def common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def baseline_key(prefix: str) -> str:
-    """The name (``KEY.bin``, ``KEY.json``) of the saved state of the rendered ``prefix``."""
-    return PREFIX + hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
+def baseline_key(prefix: str, slots: int = 1) -> str:
+    """The name (``KEY.bin``, ``KEY.json``) of the saved state of the rendered ``prefix`` on
+    a server of ``slots`` slots (a state restores only on the same count: configs of one
+    and of two slots keep a baseline each, side by side)."""
+    text = f"slots={slots}\n{prefix}"
+    return PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def is_baseline(key: str) -> bool:

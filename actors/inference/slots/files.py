@@ -236,9 +236,12 @@ class SlotStore:
     def file_name(key: str) -> str:
         return f"{key}.bin"
 
-    def save_name(self, key: str) -> str:
-        """The name the server saves to: a temporary one when loopd can rename it."""
-        return f"{key}.new.bin" if self.reachable else self.file_name(key)
+    def save_name(self, key: str, tag: str = "") -> str:
+        """The name the server saves to: a temporary one when loopd can rename it (``tag``
+        in it when several processes may save ``key`` at once: a baseline)."""
+        if not self.reachable:
+            return self.file_name(key)
+        return f"{key}.{tag}.new.bin" if tag else f"{key}.new.bin"
 
     def _meta_path(self, key: str) -> Path:
         return self.dir / f"{key}.json"
@@ -321,10 +324,11 @@ class SlotStore:
 
     # --- after a save ------------------------------------------------------------------
 
-    def commit(self, key: str, meta: SlotFile) -> SlotFile:
-        """Put the file the server just saved in place and write its metadata."""
+    def commit(self, key: str, meta: SlotFile, tag: str = "") -> SlotFile:
+        """Put the file the server just saved (as ``save_name(key, tag)``) in place and
+        write its metadata."""
         if self.reachable:
-            os.replace(self.dir / self.save_name(key), self.dir / self.file_name(key))
+            os.replace(self.dir / self.save_name(key, tag), self.dir / self.file_name(key))
             _make_private(self.dir / self.file_name(key))
             found = self.size_crc(key)
             if found is not None:
@@ -354,11 +358,11 @@ class SlotStore:
         self._write_meta(new_key, copied)
         return copied
 
-    def discard_save(self, key: str) -> None:
+    def discard_save(self, key: str, tag: str = "") -> None:
         """Drop what the server saved (an empty slot: the older file stays the session's)."""
         if self.reachable:
             with contextlib.suppress(OSError):
-                (self.dir / self.save_name(key)).unlink()
+                (self.dir / self.save_name(key, tag)).unlink()
 
     def all(self) -> list[tuple[str, SlotFile]]:
         out = []

@@ -621,7 +621,7 @@ class SlotKeeper:
         prefix = baseline.common_prefix(a, b)
         if not prefix:
             raise InferError(InferErrorKind.PROTOCOL, "the chat template shares no prefix")
-        found = (prefix, baseline.baseline_key(prefix))
+        found = (prefix, baseline.baseline_key(prefix, len(server.slots)))
         with self._cond:
             if len(server.prefixes) >= _PREFIXES:  # the oldest first: one per config in use
                 server.prefixes.pop(next(iter(server.prefixes)))
@@ -691,14 +691,15 @@ class SlotKeeper:
 
     def _save_baseline(self, server: _Server, store: SlotStore, index: int, key: str) -> str:
         """Save slot ``index`` (holding just the baseline) as ``key``; what happened."""
+        tag = str(os.getpid())  # other processes may save the same baseline at once
         try:
-            answer = server.client.slot_action(index, "save", store.save_name(key))
+            answer = server.client.slot_action(index, "save", store.save_name(key, tag))
             tokens = server_values.count(answer.get("n_saved")) or 0
             if tokens <= 0:
-                store.discard_save(key)
+                store.discard_save(key, tag)
                 return BASE_NOT_SAVED.format(message="the slot was empty")
             now = time.time()
-            store.commit(key, SlotFile(
+            store.commit(key, tag=tag, meta=SlotFile(
                 session=baseline.BASELINE_SESSION, file=store.file_name(key), tokens=tokens,
                 fingerprint=server.fingerprint, server=server.url, saved=now, used=now,
                 bytes=server_values.count(answer.get("n_written")) or 0,

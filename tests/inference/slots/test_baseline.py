@@ -75,6 +75,7 @@ def test_the_key_hashes_the_rendered_prefix_and_the_prefix_is_where_renderings_p
     key = base.baseline_key("<sys>terse</sys><user>")
     assert key == base.baseline_key("<sys>terse</sys><user>")
     assert key != base.baseline_key("<sys>verbose</sys><user>")  # another system prompt
+    assert key != base.baseline_key("<sys>terse</sys><user>", slots=2)  # another slot count
     assert base.is_baseline(key) and not base.is_baseline(slotfiles.slot_key(Path("/l/a/log")))
     assert base.common_prefix("<s>x</s><u>a", "<s>x</s><u>b") == "<s>x</s><u>"
 
@@ -185,9 +186,8 @@ def test_a_baseline_file_that_is_gone(make: Any) -> None:
 
 
 @pytest.mark.parametrize("props", [{"build_info": "b2-other"},
-                                   {"model_path": "/models/another.gguf"},
-                                   {"total_slots": 2}])  # another KV stream layout
-def test_a_stale_baseline_from_another_server_build_model_or_slot_count(
+                                   {"model_path": "/models/another.gguf"}])
+def test_a_stale_baseline_from_another_server_build_or_model(
     make: Any, props: dict[str, Any],
 ) -> None:
     rig = make(slots=1)
@@ -212,6 +212,21 @@ def test_another_config_gets_its_own_baseline(make: Any) -> None:
     assert use is not None and "processed first" in use.reason
     assert rig.losses("b") == [] and answered(rig, "b")
     assert len(baselines(rig)) == 2
+
+
+def test_another_slot_count_keeps_a_baseline_of_its_own(make: Any) -> None:
+    """A state restores only on a server of the same slot count (one KV stream a slot):
+    configs of one and of two slots sharing a directory each keep theirs, no loss."""
+    rig = make(slots=1)
+    rig.turn("a")
+    rig.restart(total_slots=2)
+    rig.turn("b")
+    use = first_usage(rig, "b").slot
+    assert use is not None and "processed first" in use.reason
+    assert rig.losses("b") == [] and len(baselines(rig)) == 2
+    rig.restart(total_slots=1)
+    rig.turn("c")
+    warm(rig, "c")
 
 
 def test_a_baseline_the_server_refuses(make: Any) -> None:
