@@ -54,9 +54,10 @@ def run_to_moment(module: str, root: Path, k: int, when: str,
             ready, _, _ = select.select([proc.stdout], [], [], HANG_S)
             assert ready, (f"{module} neither reached moment {k} nor finished: "
                            f"{(root / 'child.err').read_text()[-3000:]}")
-            line = proc.stdout.readline().strip()
+            line = proc.stdout.readline()
             assert line, (f"{module} ended (code {proc.wait()}) before moment {k}: "
                           f"{(root / 'child.err').read_text()[-3000:]}")
+            line = line.strip()
             if line.startswith(("moment ", "finished ")):
                 break
             if said is not None:

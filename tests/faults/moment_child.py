@@ -14,8 +14,9 @@ A *step* is one call of ``os.write``, ``fsync``, ``fdatasync``, ``ftruncate``, `
 child prints ``moment K WHEN OP PHASE`` and every thread that reaches a step after it
 waits for ever: nothing more is written before the test's SIGKILL. WHEN is ``before``
 (the step not done), ``after`` (done), or ``half`` (a write of half its bytes: a torn
-write). Without a moment (K = -1) the run prints ``phase NAME STEP`` as each phase starts
-and ends with ``finished STEPS``.
+write). Without a moment (K = -1) the run prints ``trace OP PATH ...`` for each step
+(:func:`_trace`) and ``phase NAME STEP`` as each phase starts, and ends with
+``finished STEPS``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class _Moment:
                 if n == self.k:
                     self.stopped = True
             if n != self.k:
+                if self.k < 0:  # the clean run: the trace of its steps, for their order
+                    with self.lock:  # whole lines, in the order of the steps
+                        print(_trace(op, args), flush=True)
+                        return real(*args, **kwargs)
                 return real(*args, **kwargs)
             when = self.when if op == "write" or self.when != "half" else "after"
             try:  # a step that fails (mkdir of a directory there) is a moment too
@@ -81,6 +86,18 @@ class _Moment:
             print(f"moment {n} {when} {op} {self.phase}", flush=True)
             _wait()
         return step
+
+
+def _trace(op: str, args: tuple[Any, ...]) -> str:
+    """``trace OP PATH [TO]``: the file (an fd's, read from /proc), where a rename puts it,
+    and ``dir`` when a directory is renamed."""
+    where = args[0]
+    if isinstance(where, int):
+        where = os.readlink(f"/proc/self/fd/{where}")
+    words = ["trace", op, os.fsdecode(where)]
+    if op in ("rename", "replace"):
+        words += [os.fsdecode(args[1]), "dir" if os.path.isdir(args[0]) else "file"]
+    return " ".join(words)
 
 
 def _wait() -> Any:
