@@ -3,16 +3,19 @@ handle; off, one shared no-op (:data:`OFF`) that hands the sink and the completi
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from actors.base import telemetry
-from actors.base.events import Content, Event, Reasoning, Sink, ToolCallDelta
+from actors.base.events import Content, Event, Queued, Reasoning, Sink, ToolCallDelta
 from actors.inference.types import ChatRequest, Completion
+from actors.log.records import SlotUse
 
-__all__ = ["OFF", "Chat", "chat"]
+__all__ = ["OFF", "Chat", "chat", "kv_restore", "kv_save"]
 
 PROVIDER = "llama.cpp"  # gen_ai.provider.name: llama-server's
 
@@ -26,7 +29,10 @@ class Chat:
     def watch(self, sink: Sink) -> Sink:
         """``sink``, noting when the first token (answer, reasoning or call) arrives."""
         def noting(event: Event) -> None:
-            if not self.first and isinstance(event, Content | Reasoning | ToolCallDelta):
+            if isinstance(event, Queued):  # waiting for a slot or an actor
+                self.span.event("loopd.queued", {"loopd.waiting_for": event.waiting_for,
+                                                 "loopd.ahead": event.ahead})
+            elif not self.first and isinstance(event, Content | Reasoning | ToolCallDelta):
                 self.first = time.monotonic()
                 ms = round((self.first - self.started) * 1000, 3)
                 self.span.set("loopd.time_to_first_token_ms", ms)
@@ -104,6 +110,43 @@ class _On(Chat):
 def chat(request: ChatRequest, model: str) -> Chat:
     """The ``chat {model}`` span of ``request`` (a context manager), or :data:`OFF`."""
     return _On(request, model) if telemetry.enabled() else OFF
+
+
+def kv_restore(restore: Callable[..., SlotUse]) -> Callable[..., SlotUse]:
+    """``loopd.kv_restore`` around the slot keeper's restore of a session's KV state (a
+    child of the request's ``chat``): tokens, ms, or why nothing was restored."""
+
+    @functools.wraps(restore)
+    def traced(keeper: Any, target: int, index: int, session: Any, note: str) -> SlotUse:
+        if not telemetry.enabled():
+            return restore(keeper, target, index, session, note)
+        with telemetry.span("loopd.kv_restore", {"gen_ai.conversation.id": session.name,
+                                                 "loopd.slot.id": index}) as span:
+            use = restore(keeper, target, index, session, note)
+            span.set("loopd.slot.state", use.state.value)
+            span.set("loopd.kv.restored_tokens", use.restored)
+            span.set("loopd.kv.restore_ms", use.restore_ms)
+            if use.reason:
+                span.set("loopd.kv.reason", use.reason)
+            return use
+
+    return traced
+
+
+def kv_save(save: Callable[..., bool]) -> Callable[..., bool]:
+    """``loopd.kv_save`` around the slot keeper's save of a slot (after a turn, in its
+    saver thread: a span of its own, the session named); the keeper adds tokens and bytes."""
+
+    @functools.wraps(save)
+    def traced(keeper: Any, target: int, index: int, key: str) -> bool:
+        if not telemetry.enabled():
+            return save(keeper, target, index, key)
+        with telemetry.span("loopd.kv_save", {"loopd.slot.id": index}) as span:
+            ok = save(keeper, target, index, key)
+            span.set("loopd.kv.saved", ok)
+            return ok
+
+    return traced
 
 
 def _output(completion: Completion) -> str:

@@ -63,6 +63,7 @@ from actors.log.records import (
     Usage,
     User,
 )
+from actors.session import traced
 from actors.session.compaction import (
     SUMMARY_REQUEST,
     Choice,
@@ -186,6 +187,7 @@ class Compactor:
 
     # --- how ---------------------------------------------------------------------------
 
+    @traced.compaction
     def compact(self, by: CompactionBy, tokens_before: int, pending: str | None = None, *,
                 n_ctx: int = 0) -> Compacted | None:
         """Append a Compaction of the conversation; None when nothing can be dropped."""

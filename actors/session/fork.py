@@ -53,6 +53,7 @@ from actors.log.sessiondir import (
     fork_tmp,
     session_path,
 )
+from actors.session import traced
 from actors.session.messages import view
 
 __all__ = ["ForkReport", "RewindReport", "fork_session", "rewind_target"]
@@ -68,6 +69,7 @@ class ForkReport:
     state: SlotFile | None
 
 
+@traced.fork
 def fork_session(
     config: Config, src: str, new: str, at: int | None = None, *,
     save: Callable[[str], None] | None = None,

@@ -8,14 +8,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from actors.base import telemetry
 from actors.log.outcome import TurnOutcome
 from actors.log.records import ToolCall
 from actors.session.limits import Answered
 
-__all__ = ["AGENT", "tool", "turn"]
+__all__ = ["AGENT", "compaction", "fork", "tool", "turn"]
 
 AGENT = "loopd"  # gen_ai.agent.name
 
@@ -29,6 +29,7 @@ class _Turn(Protocol):
 
 
 T = TypeVar("T", bound=_Turn)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def turn(run: Callable[[T, str], TurnOutcome]) -> Callable[[T, str], TurnOutcome]:
@@ -85,6 +86,47 @@ def tool(dispatch: Callable[[T, ToolCall, int], Answered]
             return answered
 
     return traced
+
+
+def compaction(compact: F) -> F:
+    """``loopd.compaction`` around a compaction (a child of the turn, or of nothing for
+    ``loopd compact``): why, the tokens before and after, the turns kept, its cost."""
+
+    @functools.wraps(compact)
+    def traced(self: Any, by: Any, tokens_before: int, *args: Any, **kwargs: Any) -> Any:
+        if not telemetry.enabled():
+            return compact(self, by, tokens_before, *args, **kwargs)
+        with telemetry.span("loopd.compaction", {"gen_ai.conversation.id": self.log.name,
+                                                 "loopd.compaction.why": by.value}) as span:
+            done = compact(self, by, tokens_before, *args, **kwargs)
+            if done is None:
+                span.set("loopd.compaction.nothing_to_drop", True)
+                return done
+            for key in ("tokens_before", "tokens_after", "turns_kept", "ms", "processed",
+                        "generated"):
+                span.set(f"loopd.compaction.{key}", getattr(done, key))
+            return done
+
+    return cast(F, traced)
+
+
+def fork(make: F) -> F:
+    """``loopd.fork`` around a fork: the source, the new session, the turns and records
+    copied, the KV state's tokens copied (0: none)."""
+
+    @functools.wraps(make)
+    def traced(config: Any, src: str, new: str, *args: Any, **kwargs: Any) -> Any:
+        if not telemetry.enabled():
+            return make(config, src, new, *args, **kwargs)
+        with telemetry.span("loopd.fork", {"loopd.fork.source": src,
+                                           "gen_ai.conversation.id": new}) as span:
+            report = make(config, src, new, *args, **kwargs)
+            span.set("loopd.fork.at", report.forked.at)
+            span.set("loopd.fork.records", report.records)
+            span.set("loopd.fork.state_tokens", report.state.tokens if report.state else 0)
+            return report
+
+    return cast(F, traced)
 
 
 def _message(role: str, text: str) -> str:

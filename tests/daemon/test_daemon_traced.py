@@ -4,7 +4,6 @@ receiver (tests/support/otlp.py)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from actors.base import telemetry
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama
-from tests.support.otlp import Receiver, Span
+from tests.support.otlp import Receiver, Span, traced
 from tests.support.scripted_llama import agent
 from tests.tools.hostkit import short_dir
 
@@ -25,11 +24,7 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     """Tracing on here and in what starts after (the daemon, its hosts): the receiver's
     endpoint, batches sent at once."""
     with Receiver() as rx:
-        for key in [k for k in os.environ if k.startswith("OTEL_") or k == telemetry.CHILD]:
-            monkeypatch.delenv(key)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
-        telemetry.reset()
+        traced(monkeypatch, rx.endpoint)
         try:
             yield rx
         finally:

@@ -3,17 +3,20 @@
 
 ``with Receiver() as rx: ... rx.endpoint`` (for ``OTEL_EXPORTER_OTLP_ENDPOINT``);
 ``rx.wait(lambda spans: ...)`` blocks until the spans received so far satisfy it.
+:func:`traced` (a fixture's helper) turns tracing on for the test's process and for what it
+starts: to the receiver, batches sent at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Receiver", "Span"]
+__all__ = ["Receiver", "Span", "traced"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +63,21 @@ def decode(body: bytes) -> list[Span]:
                     status=s.status.code,
                 ))
     return spans
+
+
+def traced(monkeypatch: Any, endpoint: str, **env: str) -> None:
+    """Tracing on to ``endpoint`` here and in the processes started after (their
+    environment): no other OTEL_ setting, batches sent every 20 ms; the decision taken
+    again (:func:`actors.base.telemetry.reset`; the caller resets it again at the end)."""
+    from actors.base import telemetry
+
+    for key in [k for k in os.environ if k.startswith("OTEL_") or k == telemetry.CHILD]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    telemetry.reset()
 
 
 class Receiver:

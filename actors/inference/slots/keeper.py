@@ -54,7 +54,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
+from actors.inference import traced
 from actors.inference.llama import LlamaClient
 from actors.inference.slots import baseline
 from actors.inference.slots.files import (
@@ -481,6 +483,7 @@ class SlotKeeper:
         with self._cond:
             return next((s for s in self._sessions.values() if s.key == key), None)
 
+    @traced.kv_save
     def _save(self, target: int, index: int, key: str) -> bool:
         """Save slot ``index`` as ``key``'s state; False (and a note) when it failed."""
         server = self._servers[target]
@@ -491,6 +494,8 @@ class SlotKeeper:
         try:
             answer = server.client.slot_action(index, "save", store.save_name(key))
             tokens = server_values.count(answer.get("n_saved")) or 0
+            telemetry.current().set("loopd.kv.saved_tokens", tokens)  # on loopd.kv_save
+            telemetry.current().set("gen_ai.conversation.id", session.name)
             if tokens <= 0:
                 store.discard_save(key)  # nothing in the slot: the older file stays
                 return True
@@ -518,6 +523,7 @@ class SlotKeeper:
                 with self._cond:
                     lost.note = TOO_LARGE if gone == key else ""
 
+    @traced.kv_restore
     def _restore(self, target: int, index: int, session: _Session, note: str) -> SlotUse:
         server = self._servers[target]
 

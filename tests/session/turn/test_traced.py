@@ -16,11 +16,12 @@ import pytest
 
 from actors.base import telemetry
 from actors.base.config import parse
+from actors.session.fork import fork_session
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
 from tests.session.turn.conftest import ECHO, Rig, ScriptedPort
-from tests.support.fake_llama import answer
-from tests.support.otlp import Receiver, Span
+from tests.support.fake_llama import answer, context_full
+from tests.support.otlp import Receiver, Span, traced
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
@@ -32,24 +33,10 @@ def _call_tool(tool: str, **arguments: Any) -> tuple[str, str]:
     return ("call_tool", json.dumps({"name": tool, "arguments": arguments}))
 
 
-def _traced(monkeypatch: pytest.MonkeyPatch, endpoint: str, **env: str) -> None:
-    """Tracing on for this process and the hosts it starts, to ``endpoint``, batches sent
-    at once (OTEL_BSP_SCHEDULE_DELAY)."""
-    import os
-
-    for key in [k for k in os.environ if k.startswith("OTEL_") or k == telemetry.CHILD]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    telemetry.reset()
-
-
 @pytest.fixture
 def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     with Receiver() as rx:
-        _traced(monkeypatch, rx.endpoint)
+        traced(monkeypatch, rx.endpoint)
         try:
             yield rx
         finally:
@@ -165,7 +152,7 @@ def test_an_endpoint_that_refuses_or_hangs_never_fails_a_turn(
     hanging.bind(("127.0.0.1", 0))
     hanging.listen(8)
     endpoint = _refusing() if kind == "refuses" else f"http://127.0.0.1:{hanging.getsockname()[1]}"
-    _traced(monkeypatch, endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="0.3")
+    traced(monkeypatch, endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="0.3")
     try:
         with caplog.at_level(logging.WARNING, logger="loopd.telemetry"):
             r = rig([answer("One."), answer("Two."), answer("Three.")])
@@ -193,3 +180,30 @@ def test_tracing_on_in_the_config_reaches_the_tool_hosts_env(
         assert telemetry.wanted(dict(os.environ))
     finally:
         telemetry.reset()
+
+
+def test_loopds_own_spans_a_compaction_in_its_turn_and_a_fork(rig: Make, otlp: Receiver) -> None:
+    r = rig([answer("one"), answer("two"), context_full(9000, 8192), answer("three")])
+    r.config = r.config.replace("session", compaction="elide")  # no summary request
+    r.runtime = dataclasses.replace(r.runtime, config=r.config)
+    r.turn("first question")
+    r.turn("second question")
+    assert r.turn("third question").content == "three"  # compacted, asked again
+    report = fork_session(r.config, "s", "s2")
+    assert telemetry.flush()
+    spans = otlp.wait(lambda s: {"loopd.compaction", "loopd.fork"} <= {x.name for x in s}
+                      and len([x for x in s if x.name == "invoke_agent loopd"]) == 3)
+    compaction = _one(spans, "loopd.compaction")
+    (third,) = [s for s in spans if s.name == "invoke_agent loopd"
+                and s.trace_id == compaction.trace_id]
+    assert compaction.parent_id == third.span_id
+    done = compaction.attributes
+    assert done["loopd.compaction.why"] and done["gen_ai.conversation.id"] == "s"
+    assert done["loopd.compaction.tokens_after"] < done["loopd.compaction.tokens_before"]
+    chats = [s for s in spans if s.name.startswith("chat ") and s.trace_id == third.trace_id]
+    full = [s for s in chats if s.status == 2]
+    assert len(chats) == 2 and len(full) == 1  # the request the context refused, failed
+    assert full[0].attributes["error.type"] == "InferError"
+    fork = _one(spans, "loopd.fork").attributes
+    assert fork["loopd.fork.source"] == "s" and fork["gen_ai.conversation.id"] == "s2"
+    assert fork["loopd.fork.at"] == 3 and fork["loopd.fork.records"] == report.records
