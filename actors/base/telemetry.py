@@ -35,6 +35,7 @@ __all__ = [
     "enabled",
     "flush",
     "joined",
+    "record",
     "reset",
     "span",
     "traceparent",
@@ -111,6 +112,8 @@ class _State:
         self.decided = False
         self.tracer: Any = None
         self.provider: Any = None
+        self.meters: Any = None  # the MeterProvider
+        self.histograms: dict[str, Any] = {}
         self.config_on = False
         self.timeout_s = 2.0
         self.service = "loopd"
@@ -158,6 +161,7 @@ def _tracer() -> Any:
             if wanted(config_on=_state.config_on):
                 try:
                     _state.provider, _state.tracer = _start()
+                    _state.meters = _meters(_state.provider.resource)
                 except ImportError as e:
                     log.warning("telemetry: tracing was asked for but OpenTelemetry is not "
                                 "installed (%s); install loopd[telemetry]", e)
@@ -184,13 +188,50 @@ def _start() -> tuple[Any, Any]:
     # A full queue (spans dropped while the endpoint fails) would say so per span, in the
     # turn's thread.
     for name in ("opentelemetry.exporter.otlp.proto.http", "opentelemetry.sdk.trace.export",
-                 "opentelemetry.sdk._shared_internal"):
+                 "opentelemetry.sdk._shared_internal", "opentelemetry.sdk.metrics"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     extra = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": _state.service}
     provider = TracerProvider(resource=Resource.create(extra))
     provider.add_span_processor(BatchSpanProcessor(
         exporter, export_timeout_millis=int(1000 * (timeout or _state.timeout_s))))
     return provider, provider.get_tracer("loopd")
+
+
+def _meters(resource: Any) -> Any:
+    """The GenAI metrics' provider: OTLP/HTTP every ``OTEL_METRIC_EXPORT_INTERVAL`` (60 s),
+    each export bounded like the spans'."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    given = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TIMEOUT")
+    timeout = None if given else _state.timeout_s
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(timeout=timeout),
+        export_timeout_millis=1000 * (timeout or _state.timeout_s))
+    return MeterProvider(resource=resource, metric_readers=[reader])
+
+
+# The GenAI client metrics (histograms): name -> (unit, description).
+METRICS = {
+    "gen_ai.client.token.usage": ("{token}", "Tokens used per model request, by "
+                                  "gen_ai.token.type (input, output)"),
+    "gen_ai.client.operation.duration": ("s", "Duration of a model request"),
+}
+
+
+def record(name: str, value: float, attributes: Mapping[str, Value]) -> None:
+    """One measurement of a GenAI metric (:data:`METRICS`); nothing when off."""
+    if _tracer() is None or _state.meters is None:
+        return
+    histogram = _state.histograms.get(name)
+    if histogram is None:
+        unit, description = METRICS[name]
+        histogram = _state.meters.get_meter("loopd").create_histogram(
+            name, unit=unit, description=description)
+        _state.histograms[name] = histogram
+    histogram.record(value, dict(attributes))
 
 
 def _bounded(inner: Any) -> Any:
@@ -325,7 +366,9 @@ def _extract(parent: str) -> Any:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Send what is queued now (a test's, the bench's, a short process's end)."""
-    provider = _state.provider
+    provider, meters = _state.provider, _state.meters
+    if meters is not None:
+        meters.force_flush(int(timeout_s * 1000))
     return True if provider is None else bool(provider.force_flush(int(timeout_s * 1000)))
 
 
@@ -334,6 +377,9 @@ def reset() -> None:
     environment. For tests and the bench, which turn tracing on and off in one process."""
     with _state.lock:
         provider, _state.provider, _state.tracer = _state.provider, None, None
+        meters, _state.meters, _state.histograms = _state.meters, None, {}
         _state.decided, _state.config_on = False, False
     if provider is not None:
         provider.shutdown()
+    if meters is not None:
+        meters.shutdown()

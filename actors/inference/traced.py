@@ -25,6 +25,7 @@ class Chat:
 
     def __init__(self, span: telemetry.Span, started: float) -> None:
         self.span, self.started, self.first = span, started, 0.0
+        self.metric: dict[str, telemetry.Value] = {}  # the metrics' attributes
 
     def watch(self, sink: Sink) -> Sink:
         """``sink``, noting when the first token (answer, reasoning or call) arrives."""
@@ -63,6 +64,14 @@ class Chat:
                 put("loopd.kv.restore_ms", completion.slot.restore_ms)
         if telemetry.capture_content():
             put("gen_ai.output.messages", _output(completion))
+        measured: dict[str, telemetry.Value] = {**self.metric, "server.address": where.hostname
+                                                or server}
+        telemetry.record("gen_ai.client.operation.duration", time.monotonic() - self.started,
+                         measured)
+        for kind, count in (("input", completion.prompt_tokens),
+                            ("output", completion.completion_tokens)):
+            telemetry.record("gen_ai.client.token.usage", count,
+                             {**measured, "gen_ai.token.type": kind})
         return completion
 
     def __enter__(self) -> Chat:
@@ -98,6 +107,8 @@ class _On(Chat):
             attributes["gen_ai.input.messages"] = json.dumps(request.messages, default=str)
         self._cm = telemetry.span(f"chat {model}", attributes, kind="client")
         super().__init__(telemetry.OFF, time.monotonic())
+        self.metric = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
+                       "gen_ai.request.model": model}
 
     def __enter__(self) -> Chat:
         self.span = self._cm.__enter__()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Receiver", "Span", "traced"]
+__all__ = ["Point", "Receiver", "Span", "traced"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,11 +80,35 @@ def traced(monkeypatch: Any, endpoint: str, **env: str) -> None:
     telemetry.reset()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """One histogram data point of a metric."""
+
+    metric: str
+    unit: str
+    count: int
+    sum: float
+    attributes: dict[str, Any]
+
+
+def decode_metrics(body: bytes) -> list[Point]:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    request = ExportMetricsServiceRequest()
+    request.ParseFromString(body)
+    return [Point(m.name, m.unit, p.count, p.sum, _attrs(p.attributes))
+            for rm in request.resource_metrics for scope in rm.scope_metrics
+            for m in scope.metrics for p in m.histogram.data_points]
+
+
 class Receiver:
-    """Takes ``POST /v1/traces`` (protobuf) and keeps the spans."""
+    """Takes ``POST /v1/traces`` and ``/v1/metrics`` (protobuf) and keeps what they hold."""
 
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self.points: list[Point] = []
         self.posts = 0
         self._changed = threading.Condition()
         receiver = self
@@ -93,12 +117,15 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 got = decode(body) if self.path == "/v1/traces" else []
-                self.send_response(200 if self.path == "/v1/traces" else 404)
+                points = decode_metrics(body) if self.path == "/v1/metrics" else []
+                known = self.path in ("/v1/traces", "/v1/metrics")
+                self.send_response(200 if known else 404)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 with receiver._changed:
                     receiver.spans.extend(got)
+                    receiver.points.extend(points)
                     receiver.posts += 1
                     receiver._changed.notify_all()
 
@@ -112,6 +139,14 @@ class Receiver:
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    def wait_points(self, done: Callable[[list[Point]], bool],
+                    timeout: float = 60.0) -> list[Point]:
+        """The metrics' points once ``done`` says they are enough (as :meth:`wait`)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: done(list(self.points)), timeout):
+                raise AssertionError(f"not the points wanted: {self.points}")
+            return list(self.points)
 
     def wait(self, done: Callable[[list[Span]], bool], timeout: float = 60.0) -> list[Span]:
         """The spans once ``done`` says they are enough (AssertionError after ``timeout``:

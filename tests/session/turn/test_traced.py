@@ -114,6 +114,17 @@ def test_one_turn_is_one_trace_through_the_tool_host(
     assert tool.attributes["loopd.tool.outcome"] == "result"
     assert ran.attributes["loopd.tool.outcome"] == "result"
 
+    # the GenAI metrics: two requests' duration and tokens (input and output)
+    points = otlp.wait_points(lambda p: {x.metric for x in p} >= {
+        "gen_ai.client.operation.duration", "gen_ai.client.token.usage"})
+    duration = [p for p in points if p.metric == "gen_ai.client.operation.duration"]
+    assert duration[-1].count == 2 and duration[-1].unit == "s"
+    assert duration[-1].attributes["gen_ai.operation.name"] == "chat"
+    tokens = {p.attributes["gen_ai.token.type"]: p for p in points
+              if p.metric == "gen_ai.client.token.usage"}
+    assert tokens["input"].count == 2 and tokens["input"].sum > 0
+    assert tokens["output"].sum > 0
+
 
 def test_a_denial_and_its_approval_wait_are_on_the_tool_span(
     rig: Make, otlp: Receiver, monkeypatch: pytest.MonkeyPatch
