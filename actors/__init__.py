@@ -16,19 +16,11 @@ them but a client needs ZeroMQ's daemon client (``tests/test_public.py`` checks 
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
-# httpx imports its command-line tool (click, pygments, rich's progress, syntax and tables)
-# whenever those are installed, and rich is a dependency of loopd: about 0.09 s of CPU in
-# every loopd process that speaks HTTP. loopd never runs that tool; marked absent here,
-# before anything imports httpx, httpx leaves it out (its ``httpx.main`` then says to
-# install httpx[cli]). A process that imported httpx first keeps it as it was.
-sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
-from actors.base.config import Config  # noqa: E402
-from actors.base.config import load as load_config  # noqa: E402
-from actors.base.errors import LoopdError  # noqa: E402
+from actors.base.config import Config
+from actors.base.config import load as load_config
+from actors.base.errors import LoopdError
 
 if TYPE_CHECKING:
     from actors.daemon.client import Client

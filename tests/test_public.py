@@ -75,10 +75,24 @@ def test_a_tool_host_does_not_load_the_daemon_client() -> None:
 
 def test_a_session_process_loads_no_cli_of_httpx_no_jsonschema_no_tomlkit() -> None:
     """Start-up CPU of every loopd run, chat and daemon (each ~0.1 s or more): httpx's own
-    command-line tool, jsonschema before arguments need it, tomlkit before a rule is saved."""
-    loaded = loaded_after("import actors.session.world, actors.cli.main, httpx\nhttpx.Client")
+    command-line tool, jsonschema before arguments need it, tomlkit before a rule is saved.
+    A loopd process starts from actors.cli (or actors.tools.host), which leaves httpx's
+    tool out before anything imports httpx."""
+    loaded = loaded_after("import actors.cli.main, actors.session.world, httpx\nhttpx.Client")
     assert "httpx" in loaded
     assert not loaded & {"click", "pygments", "jsonschema", "tomlkit"}, loaded
+
+
+def test_a_tool_host_leaves_out_the_cli_of_httpx() -> None:
+    loaded = loaded_after("import actors.tools.host\nimport httpx\nhttpx.Client")
+    assert "httpx" in loaded and not loaded & {"click", "pygments"}, loaded
+
+
+def test_loopd_as_a_library_keeps_httpx_whole() -> None:
+    """``import actors`` changes nothing of another library's: httpx's own command-line tool
+    stays importable for a program that uses it (only loopd's processes leave it out)."""
+    loaded = loaded_after("import actors")
+    assert "httpx._main" not in loaded and "actors.base.startup" not in loaded
 
 
 def test_tracing_off_loads_nothing_of_opentelemetry() -> None:
