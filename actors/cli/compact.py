@@ -2,8 +2,9 @@
 
 A Compaction record (docs/rendering.md#compaction): the turns that do not fit
 ``session.compact_keep`` of the context are summarised (``session.compaction``), the last
-ones stay word for word, the log keeps everything. Through the daemon when one answers
-(its ``compact`` request: refused while another client has the session), else here: on
+ones stay word for word, the log keeps everything. Where, the one chooser says
+(:func:`actors.service.choose.place`): through the daemon (its ``compact`` request: refused
+while another client has the session), or here: on
 the embedded model an elided compaction (``session.compaction`` not "summary") works on the
 session's log alone, no model server and no tool hosts (the context is its ctx_size; token
 counts are estimated).
@@ -22,36 +23,32 @@ from actors.base.cancel import CancelToken
 from actors.base.events import Event
 from actors.cli.approvers import NoTerminal
 from actors.cli.chat import Chat, command
-from actors.cli.conversation import open_conversation
+from actors.cli.conversation import approved, place_for, served
 from actors.cli.view import LiveView
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
+from actors.log.sessiondir import check_name, session_path
+from actors.service.choose import Here, start
 
 __all__ = ["compact"]
 
 
 def compact(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     live = LiveView(err)
-    if config.embedded_model and config.session.compaction != "summary" and _here(args, config):
-        _elide_here(args.session, config, live)  # no model server, no tool hosts
+
+    def say(text: str) -> None:
+        err.print(f"[dim]{escape(text)}[/]")
+
+    check_name(args.session)  # bad usage (exit 2), said before anything starts
+    rules = approved(args)
+    where = place_for(args, config, say, args.session)
+    if isinstance(where, Here) and config.embedded_model \
+            and config.session.compaction != "summary":
+        _elide_here(args.session, where.config, live)  # no model server, no tool hosts
     else:
-        with open_conversation(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"),
-                               live, NoTerminal()) as conversation:
+        with served(start(where, say, rules), args, NoTerminal(), live) as conversation:
             conversation.compact(live)
     live.finish()
     return 0
-
-
-def _here(args: argparse.Namespace, config: cfg.Config) -> bool:
-    """Whether this command compacts in its own process (no daemon answers, or it is told
-    to keep to itself)."""
-    if args.local or args.url or args.workspace or args.log_dir:
-        return True
-    from actors.daemon.client import find_daemon
-
-    client = find_daemon(config)
-    if client is not None:
-        client.close()
-    return client is None
 
 
 class _Offline:
@@ -76,10 +73,8 @@ def _elide_here(name: str, config: cfg.Config, sink: Callable[[Event], None]) ->
     """Compact session ``name`` by elision in this process: its log, no world (the summary
     needs no model; an elide started llama-server and three tool hosts for nothing)."""
     from actors.log.file import SessionLog
-    from actors.log.sessiondir import check_name, session_path
     from actors.session.compactor import compact_session
 
-    check_name(name)
     log, _ = SessionLog.open(session_path(config, name), fsync=config.log.fsync, name=name)
     try:
         compact_session(log, config.replace("session", compaction="elide"), _Offline(config),

@@ -23,11 +23,13 @@ from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
 from actors.log.records import Usage
 from actors.log.sessiondir import check_name, session_path
-from actors.service.choose import choose
+from actors.service.choose import Here, place, start
+from actors.service.remote import RemoteService
 from actors.service.types import CompactReport, Rewound, SessionService
 from actors.session.limits import shown_usage
 
-__all__ = ["Conversation", "approved", "last_usage", "open_conversation", "service_for"]
+__all__ = ["Conversation", "approved", "last_usage", "open_conversation", "place_for",
+           "service_for"]
 
 
 def approved(args: argparse.Namespace) -> RuleBook:
@@ -49,14 +51,22 @@ def last_usage(config: cfg.Config, name: str) -> Usage | None:
     return shown_usage(records)
 
 
-def service_for(args: argparse.Namespace, config: cfg.Config, say: Callable[[str], None],
-                session: str | None = None) -> SessionService:
-    """The session service of a command of the CLI, chosen from its flags: ``--local``;
-    ``--url``, ``--workspace``, ``--log-dir`` (a world of its own); ``--approve``."""
+def place_for(args: argparse.Namespace, config: cfg.Config, say: Callable[[str], None],
+              session: str | None = None) -> RemoteService | Here:
+    """Where a command of the CLI runs its sessions, chosen from its flags: ``--local``;
+    ``--url``, ``--workspace``, ``--log-dir`` (a world of its own)."""
     own = [flag for flag, given in (("--url", args.url), ("--workspace", args.workspace),
                                     ("--log-dir", args.log_dir)) if given]
-    return choose(config, say, session=session, local=args.local, own=own,
-                  workspace_given=bool(args.workspace), approve=approved(args))
+    return place(config, say, session=session, local=args.local, own=own,
+                 workspace_given=bool(args.workspace))
+
+
+def service_for(args: argparse.Namespace, config: cfg.Config, say: Callable[[str], None],
+                session: str | None = None) -> SessionService:
+    """The session service of a command of the CLI (:func:`place_for`), with its
+    ``--approve`` rules."""
+    rules = approved(args)  # bad usage, said before anything starts
+    return start(place_for(args, config, say, session), say, rules)
 
 
 @contextlib.contextmanager
@@ -66,7 +76,15 @@ def open_conversation(
 ) -> Iterator[Conversation]:
     """A conversation on session ``args.session``, its service ended when the block ends."""
     check_name(args.session)  # bad usage (exit 2), said before anything starts
-    service = service_for(args, config, status, args.session)
+    with served(service_for(args, config, status, args.session), args, approver,
+                notice) as conversation:
+        yield conversation
+
+
+@contextlib.contextmanager
+def served(service: SessionService, args: argparse.Namespace, approver: Approver,
+           notice: Sink) -> Iterator[Conversation]:
+    """A conversation on session ``args.session`` on ``service``, ended when the block ends."""
     try:
         yield Conversation(service, args.session, approver, tuple(args.approve), notice)
     finally:

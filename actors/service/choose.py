@@ -11,11 +11,16 @@ this starts a second model server (and tool hosts) beside the daemon's. A daemon
 workspace (its ``status``): a session whose workspace is another runs here instead (said);
 a new session is told the daemon's, unless the command's workspace is ``fixed`` (an
 editor's project, ``loopd acp``): then the daemon is used only when it serves that one.
+
+:func:`place` makes the choice, :func:`start` acts on it, :func:`choose` does both: a
+command that needs less than a world when it runs here (an elided ``loopd compact``) asks
+:func:`place` and starts no world.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from actors.base.config import Config
@@ -28,7 +33,14 @@ from actors.service.remote import RemoteService
 from actors.service.types import SessionService
 from actors.session.workspace import other_workspace
 
-__all__ = ["choose"]
+__all__ = ["Here", "choose", "place", "start"]
+
+
+@dataclass(frozen=True, slots=True)
+class Here:
+    """The choice to run in this process, with the config the session runs with there."""
+
+    config: Config
 
 
 def choose(
@@ -40,6 +52,29 @@ def choose(
     the one the session runs with. ``own``: the flags given that make a world of the
     command's own; ``approve``: this command's allow rules, for a world started here (the
     daemon takes them with each turn)."""
+    where = place(config, say, session=session, local=local, own=own,
+                  workspace_given=workspace_given, fixed=fixed)
+    return start(where, say, approve)
+
+
+def start(where: RemoteService | Here, say: Callable[[str], None],
+          approve: RuleBook | None = None) -> SessionService:
+    """The session service of a choice :func:`place` made: the daemon's, or a world started
+    in this process (its model server and tool hosts)."""
+    if isinstance(where, RemoteService):
+        return where
+    from actors.service.local import LocalService  # pykka: only when the sessions run here
+
+    return LocalService.start(where.config, say, approve)
+
+
+def place(
+    config: Config, say: Callable[[str], None], *, session: str | None = None,
+    local: bool = False, own: Sequence[str] = (), workspace_given: bool = False,
+    fixed: bool = False,
+) -> RemoteService | Here:  # fmt: skip
+    """Where ``session`` (or a command's sessions) runs: through the daemon (its service,
+    connected) or :class:`Here`, nothing started yet (the flags as :func:`choose`'s)."""
     kept = kept_workspace(config, session) if session is not None else None
     if kept is not None and kept != config.workspace:
         if workspace_given:
@@ -54,9 +89,7 @@ def choose(
         client.close()
     if session is not None:  # said at once, not after the model server's start-up
         check_free(session_path(config, session), session)
-    from actors.service.local import LocalService  # pykka: only when the sessions run here
-
-    return LocalService.start(config, say, approve)
+    return Here(config)
 
 
 def _through(
