@@ -196,7 +196,7 @@ class SessionMachine(RuleBasedStateMachine):
         text = f"{kind} {len(model.asked) + 1}{KINDS[kind]}"
         model.turn(text)
         if kind == "limit":  # stopped there: the calls made are answered, no answer
-            with pytest.raises(TurnLimit, match="loop.tool_iterations = 2"):
+            with pytest.raises(TurnLimit, match=r"loop\.tool_iterations = 2"):
                 self.service.turn(name, text, lambda _: None, _refuse)
         else:
             outcome = self.service.turn(name, text, lambda _: None, _refuse)
