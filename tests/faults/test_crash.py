@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -38,10 +37,11 @@ import psutil
 
 from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
-from actors.wire.procs import is_alive, kill_tree
+from actors.wire.procs import kill_tree
 from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama
+from tests.support.leftovers import hosts_of, leftovers_killed
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
 
@@ -112,28 +112,6 @@ class Child:
         self._reader.join(HANG_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-
-
-def hosts_of(pid: int) -> list[psutil.Process]:
-    """Living tool hosts started with ``--parent-pid pid`` (found even after a reparent)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "actors.tools.host" in cmd and "--parent-pid" in cmd and str(pid) in cmd:
-            found.append(p)
-    return [p for p in found if is_alive(p)]
-
-
-@contextlib.contextmanager
-def leftovers_killed() -> Iterator[None]:
-    """Whatever this test started and left running is killed at the end, even on failure."""
-    try:
-        yield
-    finally:
-        for p in psutil.Process().children(recursive=True):
-            cmd = " ".join(p.cmdline()) if is_alive(p) else ""
-            if "crash_driver" in cmd or "actors.tools.host" in cmd:
-                kill_tree(p.pid)
 
 
 def reference_turns(url: str, log_dir: Path, workspace: Path) -> list[list[str]]:

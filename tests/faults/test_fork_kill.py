@@ -5,44 +5,18 @@ hidden directory and the KV state it had copied for a NEW that was never made)."
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
 
 from actors.base.config import Config
 from actors.base.errors import UsageError
-from actors.inference.slots.files import SlotFile, SlotStore, slot_key
-from actors.log.file import SessionLog, read_records
-from actors.log.records import Assistant, Baseline, Forked, Record, User, now
+from actors.log.file import read_records
+from actors.log.records import Forked, Record
 from actors.session.fork import fork_session
 from tests.faults.fork_child import POINTS, config_at
 from tests.faults.killpoint import kill_at
-
-
-def source(config: Config) -> Path:
-    """Session src: 40 turns with long answers (a log of some size), and a saved KV state."""
-    path = config.log_dir / "src" / "log.bin"
-    base = Baseline(system="s", tools=(), model="m", created=now())
-    log, _ = SessionLog.open(path, baseline=base, name="src")
-    with log:
-        for n in range(40):
-            log.append(User(content=f"q{n}"), Assistant(content=f"a{n} " * 2000, reasoning=None))
-    store = SlotStore(Path(config.slots.save_dir), reachable=True)
-    key = slot_key(path)
-    store.dir.mkdir(parents=True, exist_ok=True)
-    (store.dir / store.save_name(key)).write_bytes(b"kv" * 4096)
-    when = time.time()
-    store.commit(key, SlotFile(session="src", file=store.file_name(key), tokens=900,
-                               fingerprint="model=m", server="http://127.0.0.1:1", saved=when,
-                               used=when, bytes=0))
-    return path
-
-
-def states(config: Config) -> dict[str, SlotFile]:
-    """The saved states in the save directory, by the session they are for."""
-    return {meta.session: meta for _, meta in
-            SlotStore(Path(config.slots.save_dir), reachable=True).all()}
+from tests.support.fork_source import source, states
 
 
 def assert_whole(config: Config, name: str, src: list[Record]) -> None:

@@ -40,8 +40,8 @@ from actors.session.world import start_world
 from tests.faults.crash import shape, wait_gone
 from tests.faults.killpoint import run_to_moment
 from tests.faults.moment_child import N_CTX, PHASES, config, message
-from tests.faults.test_crash import hosts_of, leftovers_killed
 from tests.support.fake_llama import FakeLlama
+from tests.support.leftovers import hosts_of, leftovers_killed
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
 
