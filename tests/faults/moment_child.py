@@ -7,7 +7,8 @@ The run (:func:`script`), in a fresh ROOT, with the fake llama-server (the agent
 slot saves to ROOT/save) and one local tool host: session ``a``'s turns with tool calls
 (the slot keeper saving the KV state after each), a compaction by hand, a fork of ``a``
 into ``b``, a rewind of ``b`` and a turn on it, a turn of ``a`` past the context (an auto
-compaction), and three clients' turns at once on sessions ``c0``-``c2``.
+compaction), three clients' turns at once on sessions ``c0``-``c2``, and a ``loopd serve``
+of its own (in this process) with three clients of it at once on ``d0``-``d2``.
 
 A *step* is one call of ``os.write``, ``fsync``, ``fdatasync``, ``ftruncate``, ``rename``,
 ``replace``, ``unlink`` or ``mkdir`` on a file under ROOT, from any thread. At step K the
@@ -31,7 +32,7 @@ from typing import Any
 
 __all__ = ["PHASES", "config", "message", "script"]
 
-PHASES = ("turns", "compact", "fork", "rewind", "auto-compact", "clients")
+PHASES = ("turns", "compact", "fork", "rewind", "auto-compact", "clients", "daemon")
 N_CTX = 2048  # the fake's context: turn 3 of a (its file read kept) goes past compact_at
 _OPS = ("write", "fsync", "fdatasync", "ftruncate", "rename", "replace", "unlink", "mkdir")
 
@@ -124,6 +125,7 @@ def config(root: Path, url: str) -> Any:
     from actors.base.config import parse
 
     return parse({
+        "daemon": {"runtime_dir": str(root / "run"), "heartbeat_s": 1.0},
         "inference": {"url": url, "retries": 2, "backoff_s": 0.01, "timeout_s": 30},
         "log": {"dir": str(root / "sessions"), "fsync": "always"},
         "slots": {"save_dir": str(root / "save")},
@@ -179,6 +181,46 @@ def script(root: Path, url: str, phase: Callable[[str], None]) -> None:
             t.join()
         if failures:
             raise failures[0]
+    phase("daemon")
+    daemon(config(root, url))
+
+
+def daemon(cfg: Any) -> None:
+    """``loopd serve`` in this process (its main thread) and three clients of it at once,
+    each its own connection, running two turns on sessions ``d0``-``d2``; then it stops."""
+    from actors.daemon.client import Client, find_daemon
+    from actors.daemon.server.main import serve
+
+    failures: list[BaseException] = []
+
+    def client(c: int) -> None:
+        try:
+            with Client.from_config(cfg) as each:
+                for n in (1, 2):
+                    each.turn(f"d{c}", message(n, f"daemon{c}")).run(_ignore)
+        except BaseException as e:
+            failures.append(e)
+
+    def clients() -> None:
+        try:
+            while (probe := find_daemon(cfg)) is None:
+                time.sleep(0.05)
+            probe.close()
+            threads = [threading.Thread(target=client, args=(c,)) for c in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            with Client.from_config(cfg) as stopper:
+                stopper.stop()
+
+    driver = threading.Thread(target=clients)
+    driver.start()
+    serve(cfg, _ignore)
+    driver.join()
+    if failures:
+        raise failures[0]
 
 
 def main(root: str, k: str, when: str) -> None:

@@ -15,7 +15,7 @@ session's records. After each kill:
 - every KV state's metadata still reads (a save is a cache: whole or ignored);
 - the next turn on session ``a``, in a new world, is right.
 
-``LOOPD_KILL_MOMENTS`` (default 12, two a phase: the share ``make test`` runs) sets how
+``LOOPD_KILL_MOMENTS`` (default 7, one a phase: the share ``make test`` runs) sets how
 many moments, ``LOOPD_KILL_SEED`` the seed; each moment prints its K and WHEN, and
 ``LOOPD_KILL_REPLAY=K:WHEN`` runs that one moment again (the step count can shift by a few
 between runs: threads interleave their writes).
@@ -45,7 +45,7 @@ from tests.support.leftovers import hosts_of, leftovers_killed
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
 
-MOMENTS = int(os.environ.get("LOOPD_KILL_MOMENTS", "12"))
+MOMENTS = int(os.environ.get("LOOPD_KILL_MOMENTS", "7"))
 SEED = int(os.environ.get("LOOPD_KILL_SEED", "20261206"))
 REPLAY = os.environ.get("LOOPD_KILL_REPLAY", "")
 WHENS = ("before", "after", "half")
@@ -82,7 +82,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clean]:
     ends = [s for _, s in starts[1:]] + [int(line.split()[1])]
     phases = {name: range(start, end) for (name, start), end in zip(starts, ends, strict=True)}
     logs = {name: shapes(read_records(path)) for name, path in sessions(root).items()}
-    assert sorted(logs) == ["a", "b", "c0", "c1", "c2"]
+    assert sorted(logs) == ["a", "b", "c0", "c1", "c2", "d0", "d1", "d2"]
     print(f"\nclean run: {line.split()[1]} steps; "
           + ", ".join(f"{k} {len(v)}" for k, v in phases.items()))
     trace = [t.split()[1:] for t in said if t.startswith("trace ")]
