@@ -18,7 +18,7 @@ ROOMS = {"Cedar": "free until 15:00", "Maple": "booked 9:00-12:00 by Ana, then f
 
 
 def _db() -> sqlite3.Connection:
-    db = sqlite3.connect(":memory:")
+    db = sqlite3.connect(":memory:", check_same_thread=False)  # tools run in worker threads
     db.executescript("""
         create table customers (id integer primary key, name text, city text);
         insert into customers values (7, 'Grace Lee', 'Lyon'), (42, 'Omar Haddad', 'Cairo'),
