@@ -20,12 +20,12 @@ from rich.markup import escape
 
 from actors.base import config as cfg
 from actors.base.errors import UsageError
-from actors.cli.chat import Chat, command
+from actors.cli.chat import Chat
 from actors.log.sessiondir import check_name
 from actors.service.choose import choose
 from actors.service.types import SessionService
 
-__all__ = ["fork", "rewind", "rewound_text"]  # and the chat command /undo
+__all__ = ["fork", "rewind", "rewound_text", "undo_in_chat"]
 
 
 def _service(args: argparse.Namespace, config: cfg.Config,
@@ -94,8 +94,8 @@ def rewind(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     return 0
 
 
-@command("undo", "/undo [N]", "take back the last turn (or N): kept in the log, no longer sent")
-def _undo(chat: Chat, argument: str) -> None:
+def undo_in_chat(chat: Chat, argument: str) -> None:
+    """``/undo [N]``: take back the last turn (or N)."""
     if argument and not argument.isdigit():
         chat.say(f"/undo takes a number of turns (/undo, /undo 2), not {argument!r}", "yellow")
         return

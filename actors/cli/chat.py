@@ -1,9 +1,10 @@
 """``loopd chat``: turns typed at a prompt, chat commands, and how full the conversation is.
 
 A line that starts with a slash and one word (``/help``, ``/new``) is a chat command: it
-never goes to the model. Commands are registered by name (:func:`command`), so a later one
-(``/compact``, ``/undo``) plugs in with its own module and ``/help`` lists it; an unknown
-one is said, not sent. ``//text`` sends ``/text``; a path (``/etc/hosts ...``) is text.
+never goes to the model. The commands are one table (:data:`actors.cli.chat_commands.COMMANDS`)
+the chat is given: each command's function lives with its kind of work (``/undo`` in
+actors.cli.branch, ``/compact`` in actors.cli.compact) and ``/help`` lists the table; an
+unknown one is said, not sent. ``//text`` sends ``/text``; a path (``/etc/hosts ...``) is text.
 
 How full the conversation is (actors.cli.fullness): said after each turn from 75% of the
 context on, with the ways on (the chat commands among them that exist), and after a turn
@@ -18,7 +19,7 @@ import dataclasses
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,7 +31,7 @@ from actors.cli.view import LiveView, summary
 from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import list_sessions
 
-__all__ = ["COMMANDS", "Chat", "Command", "command", "line_reader", "parse", "run_chat"]
+__all__ = ["Chat", "Command", "line_reader", "new_session", "parse", "run_chat", "show_help"]
 
 _WORD = re.compile(r"/([a-z][a-z-]*)(?:\s+(.*))?", re.DOTALL)
 
@@ -45,18 +46,6 @@ class Command:
     run: Callable[[Chat, str], None]
 
 
-COMMANDS: dict[str, Command] = {}
-
-
-def command(name: str, usage: str, summary: str) -> Callable[[Callable[[Chat, str], None]],
-                                                              Callable[[Chat, str], None]]:
-    """Register a chat command (a decorator): ``/NAME`` runs it, ``/help`` lists it."""
-    def register(run: Callable[[Chat, str], None]) -> Callable[[Chat, str], None]:
-        COMMANDS[name] = Command(name, usage, summary, run)
-        return run
-    return register
-
-
 def parse(line: str) -> tuple[str, str] | str:
     """A typed line as ``(command, argument)``, or the text to send to the model."""
     if line.startswith("//"):
@@ -69,10 +58,11 @@ def parse(line: str) -> tuple[str, str] | str:
 
 @dataclasses.dataclass
 class Chat:
-    """One ``loopd chat``: the conversation, the console, and what is known of its size."""
+    """One ``loopd chat``: the conversation, the console, the chat commands by name."""
 
     conversation: Conversation
     out: Console
+    commands: Mapping[str, Command]
 
     @property
     def session(self) -> str:
@@ -90,7 +80,8 @@ class Chat:
 
     def size(self, used: int, *, opened: bool = False) -> None:
         """Say how full the conversation is, when that is worth saying."""
-        note = size_note(self.session, used, self.conversation.context(), COMMANDS, chat=True,
+        note = size_note(self.session, used, self.conversation.context(), self.commands,
+                         chat=True,
                          opened=opened)
         if note is not None:
             self.say(note, "yellow")
@@ -100,7 +91,7 @@ class Chat:
         parsed = parse(text)
         if isinstance(parsed, tuple):
             name, argument = parsed
-            found = COMMANDS.get(name)
+            found = self.commands.get(name)
             if found is None:
                 self.say(f"there is no chat command /{name}: /help lists them (a message that "
                          "starts with / is sent as //...)", "yellow")
@@ -121,24 +112,24 @@ class Chat:
             live.finish()
             self.out.print(f"[red]{escape(str(e))}[/]", highlight=False)
             if isinstance(e, SessionFull):
-                self.say(ways_on(self.session, COMMANDS, chat=True), "yellow")
+                self.say(ways_on(self.session, self.commands, chat=True), "yellow")
             return
         live.finish()
         self.say(summary(outcome, time.monotonic() - started))
         self.size(outcome.usage.prompt_tokens + outcome.usage.completion_tokens)
 
 
-@command("help", "/help", "list the chat commands")
-def _help(chat: Chat, argument: str) -> None:
+def show_help(chat: Chat, argument: str) -> None:
+    """``/help``: the chat's commands."""
     chat.say("Chat commands (never sent to the model):", "bold")
-    for found in sorted(COMMANDS.values(), key=lambda c: c.name):
+    for found in sorted(chat.commands.values(), key=lambda c: c.name):
         chat.out.print(f"  {escape(found.usage):<14} {escape(found.summary)}", highlight=False)
     chat.say("Anything else is a message to the model; //text sends /text. Ctrl-C cancels a "
              "turn, Ctrl-D leaves.")
 
 
-@command("new", "/new [NAME]", "start a new session (this one is kept) and chat there")
-def _new(chat: Chat, argument: str) -> None:
+def new_session(chat: Chat, argument: str) -> None:
+    """``/new [NAME]``: chat on in a new session, this one kept."""
     config = chat.conversation.config
     taken = set(list_sessions(config))
     if argument and argument in taken:

@@ -22,14 +22,14 @@ from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.events import Event
 from actors.cli.approvers import NoTerminal
-from actors.cli.chat import Chat, command
+from actors.cli.chat import Chat
 from actors.cli.conversation import approved, place_for, served
 from actors.cli.view import LiveView
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from actors.log.sessiondir import check_name, session_path
 from actors.service.choose import Here, start
 
-__all__ = ["compact"]
+__all__ = ["compact", "compact_in_chat"]
 
 
 def compact(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
@@ -83,9 +83,8 @@ def _elide_here(name: str, config: cfg.Config, sink: Callable[[Event], None]) ->
         log.close()
 
 
-@command("compact", "/compact", "shorten the conversation now: a summary and the last turns "
-         "(the log keeps it all)")
-def _compact(chat: Chat, argument: str) -> None:
+def compact_in_chat(chat: Chat, argument: str) -> None:
+    """``/compact``: compact the chat's conversation now."""
     live = LiveView(chat.out)
     chat.conversation.compact(live)
     live.finish()

@@ -26,6 +26,7 @@ from actors.base.events import Approver
 from actors.cli import branch, compact
 from actors.cli.approvers import JsonApprover, NoTerminal, TerminalApprover
 from actors.cli.chat import Chat, line_reader, run_chat
+from actors.cli.chat_commands import COMMANDS
 from actors.cli.conversation import open_conversation
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import (
@@ -353,7 +354,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     with open_conversation(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
                            approver) as conversation:
         # Ctrl-C at the prompt clears the line; SIGTERM (Terminated) ends the chat
-        run_chat(Chat(conversation, out), line_reader(),
+        run_chat(Chat(conversation, out, COMMANDS), line_reader(),
                  lambda e: not isinstance(e, Terminated))
     return OK
 
