@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any, Protocol, TypeAlias
@@ -56,6 +57,8 @@ class Span(Protocol):
 
     def set(self, key: str, value: Value) -> None: ...
 
+    def set_all(self, attributes: Mapping[str, Value]) -> None: ...
+
     def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None: ...
 
     def fail(self, kind: str, message: str) -> None: ...
@@ -67,6 +70,9 @@ class _Off:
     __slots__ = ()
 
     def set(self, key: str, value: Value) -> None:
+        pass
+
+    def set_all(self, attributes: Mapping[str, Value]) -> None:
         pass
 
     def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
@@ -94,14 +100,34 @@ class _Live:
     def set(self, key: str, value: Value) -> None:
         self._span.set_attribute(key, value)
 
+    def set_all(self, attributes: Mapping[str, Value]) -> None:
+        """Several attributes under one lock of the span (a request's answer)."""
+        self._span.set_attributes(attributes)
+
     def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
         self._span.add_event(name, dict(attributes or {}))
 
     def fail(self, kind: str, message: str) -> None:
-        from opentelemetry.trace import StatusCode
-
         self._span.set_attribute("error.type", kind)
-        self._span.set_status(StatusCode.ERROR, message[:500])
+        self._span.set_status(_state.api.error, message[:500])
+
+
+class _Api:
+    """What a span's hot path calls of OpenTelemetry, looked up once (imports and enum
+    lookups in a function cost on every span)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import SpanKind, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.attach, self.detach = context.attach, context.detach
+        self.current_context = context.get_current
+        self.in_context, self.current_span = trace.set_span_in_context, trace.get_current_span
+        self.kinds = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER,
+                      "client": SpanKind.CLIENT}
+        self.error = StatusCode.ERROR
+        self.propagator = TraceContextTextMapPropagator()
 
 
 class _State:
@@ -114,10 +140,18 @@ class _State:
         self.provider: Any = None
         self.meters: Any = None  # the MeterProvider
         self.histograms: dict[str, Any] = {}
+        # Measurements wait here (a deque append on the turn's thread) and are recorded by
+        # the metric reader's thread when it collects (_meters): the SDK's record path
+        # (attribute hashing, aggregation, exemplars) costs more than a span.
+        self.pending: deque[tuple[str, float, Mapping[str, Value], Any]] = deque(
+            maxlen=PENDING)
+        self.api: Any = None  # _Api, once tracing is on
         self.config_on = False
         self.timeout_s = 2.0
         self.service = "loopd"
 
+
+PENDING = 65536  # measurements waiting for the next collection (60 s by default)
 
 _state = _State()
 
@@ -160,6 +194,7 @@ def _tracer() -> Any:
         if not _state.decided:
             if wanted(config_on=_state.config_on):
                 try:
+                    _state.api = _Api()
                     _state.provider, _state.tracer = _start()
                     _state.meters = _meters(_state.provider.resource)
                 except ImportError as e:
@@ -207,9 +242,17 @@ def _meters(resource: Any) -> Any:
     given = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_TIMEOUT")
     timeout = None if given else _state.timeout_s
-    reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(timeout=timeout),
-        export_timeout_millis=1000 * (timeout or _state.timeout_s))
+
+    class Draining(PeriodicExportingMetricReader):
+        """Records the waiting measurements (:func:`record`) before each collection: in
+        its own thread every interval, in the caller's on a flush."""
+
+        def collect(self, timeout_millis: float = 10_000) -> None:  # type: ignore[misc]
+            _drain()
+            super().collect(timeout_millis)
+
+    reader = Draining(OTLPMetricExporter(timeout=timeout),
+                      export_timeout_millis=1000 * (timeout or _state.timeout_s))
     return MeterProvider(resource=resource, metric_readers=[reader])
 
 
@@ -222,16 +265,28 @@ METRICS = {
 
 
 def record(name: str, value: float, attributes: Mapping[str, Value]) -> None:
-    """One measurement of a GenAI metric (:data:`METRICS`); nothing when off."""
+    """One measurement of a GenAI metric (:data:`METRICS`); nothing when off. It waits
+    (with the current context, for exemplars) until the metric reader collects."""
     if _tracer() is None or _state.meters is None:
         return
-    histogram = _state.histograms.get(name)
-    if histogram is None:
-        unit, description = METRICS[name]
-        histogram = _state.meters.get_meter("loopd").create_histogram(
-            name, unit=unit, description=description)
-        _state.histograms[name] = histogram
-    histogram.record(value, dict(attributes))
+    _state.pending.append((name, value, attributes, _state.api.current_context()))
+
+
+def _drain() -> None:
+    """Record the waiting measurements into their histograms (the reader's thread)."""
+    meters, pending = _state.meters, _state.pending
+    while meters is not None:
+        try:
+            name, value, attributes, context = pending.popleft()
+        except IndexError:
+            return
+        histogram = _state.histograms.get(name)
+        if histogram is None:
+            unit, description = METRICS[name]
+            histogram = meters.get_meter("loopd").create_histogram(
+                name, unit=unit, description=description)
+            _state.histograms[name] = histogram
+        histogram.record(value, dict(attributes), context=context)
 
 
 def _bounded(inner: Any) -> Any:
@@ -266,9 +321,6 @@ def _bounded(inner: Any) -> Any:
     return Bounded()
 
 
-_KINDS = {"internal": 0, "server": 1, "client": 2}
-
-
 def span(name: str, attributes: Mapping[str, Value] | None = None, *, kind: str = "internal",
          parent: str = "") -> ContextManager[Span]:
     """A span, current while the block runs; an exception that leaves it marks it failed.
@@ -279,34 +331,44 @@ def span(name: str, attributes: Mapping[str, Value] | None = None, *, kind: str 
     tracer = _tracer()
     if tracer is None:
         return OFF
-    return _live(tracer, name, attributes, kind, parent)
+    return _Current(tracer, name, attributes, kind, parent)
 
 
-@contextlib.contextmanager
-def _live(tracer: Any, name: str, attributes: Mapping[str, Value] | None, kind: str,
-          parent: str) -> Iterator[Span]:
-    from opentelemetry.trace import SpanKind
+class _Current:
+    """A live span made current for a block: started, attached, then detached and ended
+    (what ``start_as_current_span`` does, without its two generator-based layers)."""
 
-    context = _extract(parent) if parent else None
-    with tracer.start_as_current_span(
-        name, context=context, kind=SpanKind(_KINDS[kind]), attributes=attributes,
-        record_exception=False, set_status_on_exception=False,
-    ) as raw:
-        live = _Live(raw)
+    __slots__ = ("_args", "_live", "_token")
+
+    def __init__(self, tracer: Any, name: str, attributes: Mapping[str, Value] | None,
+                 kind: str, parent: str) -> None:
+        self._args = (tracer, name, attributes, kind, parent)
+
+    def __enter__(self) -> _Live:
+        tracer, name, attributes, kind, parent = self._args
+        api = _state.api
+        raw = tracer.start_span(
+            name, context=_extract(parent) if parent else None, kind=api.kinds[kind],
+            attributes=attributes, record_exception=False, set_status_on_exception=False)
+        self._token = api.attach(api.in_context(raw))
+        self._live = _Live(raw)
+        return self._live
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: object) -> None:
         try:
-            yield live
-        except BaseException as e:
-            live.fail(type(e).__name__, str(e))
-            raise
+            if e is not None:
+                self._live.fail(type(e).__name__, str(e))
+        finally:
+            _state.api.detach(self._token)
+            self._live._span.end()
 
 
 def current() -> Span:
     """The span current in this thread (:data:`OFF` when there is none)."""
     if _tracer() is None:
         return OFF
-    from opentelemetry import trace
-
-    raw = trace.get_current_span()
+    raw = _state.api.current_span()
     return _Live(raw) if raw.is_recording() else OFF
 
 
@@ -316,9 +378,7 @@ def calling(host: str, tool: str) -> str:
     request ("" when off)."""
     if _tracer() is None:
         return ""
-    from opentelemetry import trace
-
-    raw = trace.get_current_span()
+    raw = _state.api.current_span()
     if raw.is_recording():
         raw.set_attribute("loopd.tool.host", host)
         raw.set_attribute("gen_ai.tool.name", tool)
@@ -331,10 +391,9 @@ def traceparent() -> str:
     script's that traces itself (OpenTelemetry already loaded); "" when there is none."""
     if _tracer() is None and "opentelemetry.trace" not in sys.modules:
         return ""
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
+    api = _state.api or _Api()  # a script's own tracing: loopd's is off
     carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
+    api.propagator.inject(carrier)
     return carrier.get("traceparent", "")
 
 
@@ -349,25 +408,22 @@ def joined(parent: str) -> ContextManager[object]:
 
 @contextlib.contextmanager
 def _attached(parent: str) -> Iterator[object]:
-    from opentelemetry import context
-
-    token = context.attach(_extract(parent))
+    api = _state.api
+    token = api.attach(_extract(parent))
     try:
         yield None
     finally:
-        context.detach(token)
+        api.detach(token)
 
 
 def _extract(parent: str) -> Any:
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    return TraceContextTextMapPropagator().extract({"traceparent": parent})
+    return _state.api.propagator.extract({"traceparent": parent})
 
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Send what is queued now (a test's, the bench's, a short process's end)."""
     provider, meters = _state.provider, _state.meters
-    if meters is not None:
+    if meters is not None:  # its reader records what waits (record), then exports
         meters.force_flush(int(timeout_s * 1000))
     return True if provider is None else bool(provider.force_flush(int(timeout_s * 1000)))
 
@@ -378,6 +434,7 @@ def reset() -> None:
     with _state.lock:
         provider, _state.provider, _state.tracer = _state.provider, None, None
         meters, _state.meters, _state.histograms = _state.meters, None, {}
+        _state.pending.clear()
         _state.decided, _state.config_on = False, False
     if provider is not None:
         provider.shutdown()

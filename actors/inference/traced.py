@@ -26,52 +26,62 @@ class Chat:
     def __init__(self, span: telemetry.Span, started: float) -> None:
         self.span, self.started, self.first = span, started, 0.0
         self.metric: dict[str, telemetry.Value] = {}  # the metrics' attributes
+        self.content = False  # message content on the span (the capture setting)
 
     def watch(self, sink: Sink) -> Sink:
-        """``sink``, noting when the first token (answer, reasoning or call) arrives."""
+        """``sink``, noting when the first token (answer, reasoning or call) arrives. Once
+        it has, an event costs one closure-cell test on its way (every streamed token)."""
+        waiting = True
+
         def noting(event: Event) -> None:
-            if isinstance(event, Queued):  # waiting for a slot or an actor
-                self.span.event("loopd.queued", {"loopd.waiting_for": event.waiting_for,
-                                                 "loopd.ahead": event.ahead})
-            elif not self.first and isinstance(event, Content | Reasoning | ToolCallDelta):
-                self.first = time.monotonic()
-                ms = round((self.first - self.started) * 1000, 3)
-                self.span.set("loopd.time_to_first_token_ms", ms)
-                self.span.event("gen_ai.first_token", {"loopd.time_to_first_token_ms": ms})
+            nonlocal waiting
+            if waiting:
+                if isinstance(event, Queued):  # waiting for a slot or an actor
+                    self.span.event("loopd.queued", {"loopd.waiting_for": event.waiting_for,
+                                                     "loopd.ahead": event.ahead})
+                elif isinstance(event, Content | Reasoning | ToolCallDelta):
+                    waiting, self.first = False, time.monotonic()
+                    ms = round((self.first - self.started) * 1000, 3)
+                    self.span.set("loopd.time_to_first_token_ms", ms)
+                    self.span.event("gen_ai.first_token",
+                                    {"loopd.time_to_first_token_ms": ms})
             sink(event)
         return noting
 
     def done(self, completion: Completion, server: str) -> Completion:
-        """The span's answer attributes (the conventions' names, loopd's own under loopd.)."""
-        put, where = self.span.set, urlsplit(server)
-        put("server.address", where.hostname or server)
-        if where.port:
-            put("server.port", where.port)
-        put("gen_ai.usage.input_tokens", completion.prompt_tokens)
-        put("gen_ai.usage.output_tokens", completion.completion_tokens)
+        """The span's answer attributes (the conventions' names, loopd's own under loopd.),
+        set in one call; the metrics' measurements."""
+        host, port = _where(server)
+        put: dict[str, telemetry.Value] = {
+            "server.address": host,
+            "gen_ai.usage.input_tokens": completion.prompt_tokens,
+            "gen_ai.usage.output_tokens": completion.completion_tokens,
+            "gen_ai.response.finish_reasons": [completion.finish_reason],
+            "loopd.reasoning_tokens": completion.reasoning_tokens,
+        }
+        if port:
+            put["server.port"] = port
         cached = completion.timings.get("cache_n")
         if isinstance(cached, int):
-            put("gen_ai.usage.cache_read.input_tokens", cached)
-        put("gen_ai.response.finish_reasons", [completion.finish_reason])
-        put("loopd.reasoning_tokens", completion.reasoning_tokens)
+            put["gen_ai.usage.cache_read.input_tokens"] = cached
         if completion.cut is not None:
-            put("loopd.cut", completion.cut.why)
+            put["loopd.cut"] = completion.cut.why
         if completion.slot is not None:
-            put("loopd.slot.id", completion.slot.slot)
-            put("loopd.slot.state", completion.slot.state.value)
+            put["loopd.slot.id"] = completion.slot.slot
+            put["loopd.slot.state"] = completion.slot.state.value
             if completion.slot.restored:
-                put("loopd.kv.restored_tokens", completion.slot.restored)
-                put("loopd.kv.restore_ms", completion.slot.restore_ms)
-        if telemetry.capture_content():
-            put("gen_ai.output.messages", _output(completion))
-        measured: dict[str, telemetry.Value] = {**self.metric, "server.address": where.hostname
-                                                or server}
+                put["loopd.kv.restored_tokens"] = completion.slot.restored
+                put["loopd.kv.restore_ms"] = completion.slot.restore_ms
+        if self.content:
+            put["gen_ai.output.messages"] = _output(completion)
+        self.span.set_all(put)
+        measured: dict[str, telemetry.Value] = {**self.metric, "server.address": host}
         telemetry.record("gen_ai.client.operation.duration", time.monotonic() - self.started,
                          measured)
-        for kind, count in (("input", completion.prompt_tokens),
-                            ("output", completion.completion_tokens)):
-            telemetry.record("gen_ai.client.token.usage", count,
-                             {**measured, "gen_ai.token.type": kind})
+        telemetry.record("gen_ai.client.token.usage", completion.prompt_tokens,
+                         {**measured, "gen_ai.token.type": "input"})
+        telemetry.record("gen_ai.client.token.usage", completion.completion_tokens,
+                         {**measured, "gen_ai.token.type": "output"})
         return completion
 
     def __enter__(self) -> Chat:
@@ -103,10 +113,12 @@ class _On(Chat):
         for key in ("temperature", "seed"):
             if isinstance(request.sampling.get(key), int | float):
                 attributes[f"gen_ai.request.{key}"] = request.sampling[key]
-        if telemetry.capture_content():
+        content = telemetry.capture_content()
+        if content:
             attributes["gen_ai.input.messages"] = json.dumps(request.messages, default=str)
         self._cm = telemetry.span(f"chat {model}", attributes, kind="client")
         super().__init__(telemetry.OFF, time.monotonic())
+        self.content = content
         self.metric = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
                        "gen_ai.request.model": model}
 
@@ -116,6 +128,13 @@ class _On(Chat):
 
     def __exit__(self, *exc: Any) -> None:
         self._cm.__exit__(*exc)
+
+
+@functools.lru_cache(maxsize=64)
+def _where(server: str) -> tuple[str, int | None]:
+    """``server``'s host and port (parsed once per server, not per request)."""
+    where = urlsplit(server)
+    return where.hostname or server, where.port
 
 
 def chat(request: ChatRequest, model: str) -> Chat:
