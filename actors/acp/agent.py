@@ -19,9 +19,16 @@ notifications in the order the turn made them, and a call waiting for approval i
   fork``: the whole session, into a new session name, starting from its source's KV state
   (docs/rendering.md#fork-and-rewind); the answer's ``_meta.loopd`` says from which turn and
   how many tokens of state. The source is not touched, and need not be open here.
-- Methods loopd does not have (``session/resume``, ``session/close``, modes, config options,
-  authentication) are not defined here, so the SDK answers "method not found";
-  ``initialize`` declares none of them.
+- ``session/resume`` opens a session without replaying it: its KV state is still in the
+  slot (or restored from its file), so the next prompt processes only itself.
+  ``session/close`` cancels the session's turn, waits for it to wind down and detaches it
+  (its log and KV state stay; resume or load opens it again); a session not open here is
+  -32002 (resource not found), which the TypeScript SDK takes as "already closed".
+  ``session/delete`` is ``loopd sessions rm`` (the pinned Python SDK has its types but no
+  route for it: :func:`actors.acp.main.route_delete` adds one, and ``initialize`` declares
+  it only then).
+- Methods loopd does not have (modes, config options, authentication) are not defined
+  here, so the SDK answers "method not found"; ``initialize`` declares none of them.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from acp import PROTOCOL_VERSION, RequestError
 from acp.interfaces import Client
 from acp.schema import (
     AgentCapabilities,
+    CloseSessionResponse,
+    DeleteSessionResponse,
     DeniedOutcome,
     ForkSessionResponse,
     Implementation,
@@ -54,16 +63,20 @@ from acp.schema import (
     NewSessionResponse,
     PromptCapabilities,
     PromptResponse,
+    ResumeSessionResponse,
     SessionCapabilities,
+    SessionCloseCapabilities,
+    SessionDeleteCapabilities,
     SessionForkCapabilities,
     SessionInfo,
     SessionListCapabilities,
+    SessionResumeCapabilities,
 )
 
 from actors.acp import updates as up
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
-from actors.base.errors import LoopdError
+from actors.base.errors import LoopdError, SessionError
 from actors.base.events import ApprovalRequested, Choice, Decision, Event
 from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
@@ -74,10 +87,17 @@ from actors.session.workspace import other_workspace
 __all__ = ["LoopdAgent"]
 
 INTERNAL = -32603  # a loopd error that is not a stop reason: its one-line message
+NOT_FOUND = -32002  # ACP's "resource not found": no such session (or not open here)
 
 
 def _invalid(message: str) -> RequestError:
     return RequestError(-32602, message)
+
+
+def _not_found(message: str) -> RequestError:
+    """ACP's "resource not found" for a session: the data a SessionError's answer has."""
+    return RequestError(NOT_FOUND, message, {"loopd": SessionError.__name__,
+                                             "exitCode": SessionError.exit_code})
 
 
 def _loopd_error(error: LoopdError) -> RequestError:
@@ -106,6 +126,7 @@ class _Run:
         self.loop = loop
         self.cancel = CancelToken()
         self.queue: asyncio.Queue[Event | _Ask | _End] = asyncio.Queue()
+        self.finished = asyncio.Event()  # the prompt has answered: the turn is over
 
     def put(self, item: Event | _Ask | _End) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
@@ -155,6 +176,7 @@ class LoopdAgent:
         self._busy = 0  # requests being handled (the end of input waits for them)
         self._idle = asyncio.Event()
         self._idle.set()
+        self.can_delete = False  # session/delete is routed (actors.acp.main.route_delete)
 
     def on_connect(self, conn: Client) -> None:
         self.client = conn
@@ -169,8 +191,10 @@ class LoopdAgent:
                 prompt_capabilities=PromptCapabilities(image=False, audio=False,
                                                        embedded_context=False),
                 mcp_capabilities=McpCapabilities(http=False, sse=False),
-                session_capabilities=SessionCapabilities(list=SessionListCapabilities(),
-                                                         fork=SessionForkCapabilities()),
+                session_capabilities=SessionCapabilities(
+                    list=SessionListCapabilities(), fork=SessionForkCapabilities(),
+                    resume=SessionResumeCapabilities(), close=SessionCloseCapabilities(),
+                    delete=SessionDeleteCapabilities() if self.can_delete else None),
             ),
             auth_methods=[],
             agent_info=Implementation(name="loopd", title="loopd", version=_version()),
@@ -205,6 +229,56 @@ class LoopdAgent:
                 await self._client().session_update(session_id=name, update=update)
             return LoadSessionResponse(field_meta=self._mcp_note(mcp_servers))
 
+    async def resume_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
+                             **_: Any) -> ResumeSessionResponse:
+        """Open ``session_id`` without replaying it (the client shows what it has): warm, its
+        KV state still in a slot or restored from its file, as ``loopd run`` reopens one."""
+        async with self._handling():
+            name = _name(session_id)
+            backend = await self._backend(cwd)
+            await self._known(name, backend)
+            if name not in self.sessions:
+                opened = await self._call(backend.open, name, False)
+                if opened.cut_bytes:
+                    self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes) "
+                             "was cut; every whole record is kept")
+                self.sessions[name] = _Session(name)
+            return ResumeSessionResponse(field_meta=self._mcp_note(mcp_servers))
+
+    async def close_session(self, session_id: str, **_: Any) -> CloseSessionResponse:
+        """Its turn cancelled and waited for, then detached: its log and KV state stay, and
+        session/resume or session/load opens it again."""
+        async with self._handling():
+            session = self.sessions.pop(session_id, None)
+            if session is None or self.backend is None:
+                raise _not_found(f"session {session_id} is not open in this loopd acp (closed "
+                                 "already, or never opened): nothing to close")
+            run = session.run
+            if run is not None:
+                run.cancel.cancel()
+                await run.finished.wait()
+            await self._call(self.backend.close, session.name)
+            return CloseSessionResponse(field_meta=up.loopd_meta(cancelledTurn=run is not None))
+
+    async def delete_session(self, session_id: str, **_: Any) -> DeleteSessionResponse:
+        """``loopd sessions rm``: its log and saved KV state; closed first when open here,
+        refused while its turn runs here or another process has it open."""
+        async with self._handling():
+            name = _name(session_id)
+            session = self.sessions.get(name)
+            if session is not None and session.run is not None:
+                raise RequestError(-32600, f"session {name} is running a turn; cancel it "
+                                           "(session/cancel) before deleting it")
+            if not await asyncio.to_thread(session_path(self.config, name).is_file):
+                raise _not_found(f"session {name} does not exist (session/list names them)")
+            if self.backend is not None:
+                await self._call(self.backend.remove, name)
+            else:  # nothing started here: exactly the command's way
+                await self._call(_remove, self.config, name)
+            self.sessions.pop(name, None)
+            self.say(f"session {name} deleted")
+            return DeleteSessionResponse()
+
     async def fork_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
                            **_: Any) -> ForkSessionResponse:
         """A new session from ``session_id``'s whole conversation and its KV state: its
@@ -212,9 +286,7 @@ class LoopdAgent:
         async with self._handling():
             source = _name(session_id)
             backend = await self._backend(cwd)
-            kept = await asyncio.to_thread(kept_workspace, self.config, source)
-            if kept is not None and kept != backend.workspace:
-                raise _invalid(other_workspace(source, kept, backend.workspace))
+            await self._known(source, backend)
             for _attempt in range(5):
                 name = _new_name()
                 if not await asyncio.to_thread(session_path(self.config, name).parent.exists):
@@ -250,7 +322,7 @@ class LoopdAgent:
             session = self.sessions.get(session_id)
             if session is None or self.backend is None:
                 raise _invalid(f"no session {session_id!r} in this loopd acp; create it with "
-                               "session/new or open it with session/load first")
+                               "session/new or open it with session/resume or session/load first")
             if session.run is not None:
                 raise RequestError(-32600, f"session {session_id} is already running a turn; "
                                            "cancel it first (session/cancel)")
@@ -265,6 +337,7 @@ class LoopdAgent:
                 return await self._turn(session, run, text)
             finally:
                 session.run = None
+                run.finished.set()
 
     async def cancel(self, session_id: str, **_: Any) -> None:
         session = self.sessions.get(session_id)
@@ -362,6 +435,15 @@ class LoopdAgent:
                '"mcp"), started once for every session')
         self.say(f"not connecting the editor's MCP servers {', '.join(names)}: {why}")
         return up.loopd_meta(ignoredMcpServers=names, why=why)
+
+    async def _known(self, name: str, backend: SessionService) -> None:
+        """``name`` exists (else -32002) and was made in this workspace (else -32602)."""
+        if not await asyncio.to_thread(session_path(self.config, name).is_file):
+            raise _not_found(f"session {name} does not exist (session/list names them; "
+                             "session/new makes one)")
+        kept = await asyncio.to_thread(kept_workspace, self.config, name)
+        if kept is not None and kept != backend.workspace:
+            raise _invalid(other_workspace(name, kept, backend.workspace))
 
     def _client(self) -> Client:
         assert self.client is not None, "on_connect gives the agent its connection"
@@ -471,6 +553,12 @@ def _start_service(config: Config, workspace: Path, local: bool,
     decides (README, "Keep it running")."""
     return choose(config.replace("tools", workspace=str(workspace)), say, local=local,
                   fixed=True)
+
+
+def _remove(config: Config, name: str) -> None:
+    from actors.service.local import remove_session  # its KV state's files too
+
+    remove_session(config, name)
 
 
 def _name(session_id: str) -> str:

@@ -16,14 +16,18 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from acp import run_agent
+from acp.agent.connection import AgentSideConnection
 from acp.interfaces import Agent
+from acp.meta import AGENT_METHODS
+from acp.router import MessageRouter
+from acp.schema import DeleteSessionRequest
+from acp.utils import normalize_result
 
 from actors.acp.agent import LoopdAgent
 from actors.acp.stdio import StdioTransport, claim_stdio
 from actors.base.config import Config
 
-__all__ = ["serve"]
+__all__ = ["route_delete", "serve"]
 
 
 def _say(text: str) -> None:
@@ -48,9 +52,27 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, transport.end)
     try:
-        # session/fork is one of the SDK's unstable methods (the others loopd does not have)
-        await run_agent(cast(Agent, agent), transport, use_unstable_protocol=True)
+        # session/fork, resume and close are among the pinned SDK's unstable methods
+        conn = AgentSideConnection(cast(Agent, agent), transport, listening=False,
+                                   use_unstable_protocol=True)
+        agent.can_delete = route_delete(conn, agent)
+        try:
+            await conn.listen()
+        finally:
+            await asyncio.shield(conn.close())
     finally:
         await agent.aclose()
         await transport.close()
     return 0
+
+
+def route_delete(conn: AgentSideConnection, agent: LoopdAgent) -> bool:
+    """Route ``session/delete`` (stable ACP) to ``agent.delete_session``: the pinned SDK
+    (0.12.1) has its request and response types but routes no handler for it. False when
+    the connection is not built as this SDK builds it: then it is not declared either."""
+    router = getattr(getattr(conn, "_conn", None), "_handler", None)
+    if not isinstance(router, MessageRouter):
+        return False
+    router.route_request(AGENT_METHODS["session_delete"], DeleteSessionRequest, agent,
+                         "delete_session", adapt_result=normalize_result)
+    return True

@@ -220,5 +220,66 @@ assert.equal(firstResult.status, "completed");
 assert.equal(firstResult.content[0].content.text, "Buy seeds.\n");
 assert.ok(textOf(history).includes("done t1."));
 
+// the stable lifecycle in a third process: close (twice), resume without a replay and warm,
+// delete; bad input answered and nothing lost
+const lifecycle = await withAgent(async (ctx, editor) => {
+  const caps = (await initialize(ctx)).agentCapabilities.sessionCapabilities;
+  assert.ok(caps.resume && caps.close && caps.delete, `not declared: ${JSON.stringify(caps)}`);
+  const { sessionId: life } = await ctx.request(acp.methods.agent.session.new, {
+    cwd: setup.workspace,
+    mcpServers: [],
+  });
+  const prompt = async (text) => {
+    const mark = editor.updates.length;
+    const done = await ctx.request(acp.methods.agent.session.prompt, {
+      sessionId: life,
+      prompt: [{ type: "text", text }],
+    });
+    return [done.stopReason, editor.updates.slice(mark)];
+  };
+  let [reason, updates] = await prompt("r1 the first message of a session to close");
+  assert.equal(reason, "end_turn");
+  assert.equal(textOf(updates), "done r1 the first message of a session to close.");
+
+  // close: the session is no longer open here; twice is "not found", which this SDK
+  // answers as an empty result (closing is idempotent for it)
+  const closed = await ctx.request(acp.methods.agent.session.close, { sessionId: life });
+  assert.equal(closed._meta.loopd.cancelledTurn, false);
+  assert.deepEqual(await ctx.request(acp.methods.agent.session.close, { sessionId: life }), {});
+  await assert.rejects(
+    ctx.request(acp.methods.agent.session.prompt, { sessionId: life, prompt: [{ type: "text", text: "x" }] }),
+    /no session .* in this loopd acp/,
+  );
+
+  // resume: no history replayed; the next request processes only its own tokens
+  const mark = editor.updates.length;
+  await ctx.request(acp.methods.agent.session.resume, { sessionId: life, cwd: setup.workspace, mcpServers: [] });
+  assert.equal(editor.updates.length, mark, "session/resume replayed updates");
+  [reason, updates] = await prompt("r2");
+  assert.equal(reason, "end_turn");
+  assert.equal(textOf(updates), "done r2.");
+
+  // bad input: resume of a session that does not exist
+  await assert.rejects(
+    ctx.request(acp.methods.agent.session.resume, { sessionId: "no-such-session", cwd: setup.workspace, mcpServers: [] }),
+    (e) => e.code === -32002 && /session no-such-session does not exist/.test(e.message),
+  );
+
+  // delete: `loopd sessions rm`; gone from the list, and resuming it is "not found"
+  const { sessionId: doomed } = await ctx.request(acp.methods.agent.session.new, {
+    cwd: setup.workspace,
+    mcpServers: [],
+  });
+  await ctx.request(acp.methods.agent.session.delete, { sessionId: doomed });
+  const listed = await ctx.request(acp.methods.agent.session.list, {});
+  assert.ok(!listed.sessions.some((s) => s.sessionId === doomed), "deleted, still listed");
+  assert.ok(listed.sessions.some((s) => s.sessionId === life));
+  await assert.rejects(
+    ctx.request(acp.methods.agent.session.resume, { sessionId: doomed, cwd: setup.workspace, mcpServers: [] }),
+    (e) => e.code === -32002,
+  );
+  return { resumed: life, deleted: doomed };
+});
+
 clearTimeout(guard);
-console.log(JSON.stringify({ sessionId, replayed: history.length }));
+console.log(JSON.stringify({ sessionId, replayed: history.length, ...lifecycle }));

@@ -62,8 +62,6 @@ def test_garbage_gets_errors_and_the_session_goes_on(
     agent.send("no/such/thing", {}, notify=True)
     rid = agent.send("no/such/method", {})
     assert error_of(agent.answer(rid)[0]) == (rid, -32601)
-    assert error_of(agent.request("session/resume", {"sessionId": session,
-                                                     "cwd": "/"}))[1] == -32601
     assert error_of(agent.request("session/set_mode", {"sessionId": session,
                                                        "modeId": "x"}))[1] == -32601
 
@@ -185,3 +183,43 @@ def test_a_stop_that_outlasts_its_grace_ends_acp_and_leaves_the_log_whole(
     assert_gone(started)
     records = env.records(session)  # whole: no torn tail
     assert [r.content for r in records if isinstance(r, User)] == ["t1"]
+
+
+def test_lifecycle_bad_input_is_answered_and_loses_nothing(
+    env: AcpEnv, raw: Callable[..., RawAgent], tmp_path: Path
+) -> None:
+    """Close twice, a prompt or close of an unknown session, resume of an unknown one or of
+    another workspace's: each a clear error; the session goes on after them."""
+    agent = raw("--local")
+    session = agent.start(env.workspace)
+    answered, _ = prompt(agent, session, "t1")
+    assert answered["result"] == {"stopReason": "end_turn"}
+
+    closed = agent.request("session/close", {"sessionId": session})
+    assert closed["result"] == {"_meta": {"loopd": {"cancelledTurn": False}}}
+    again = agent.request("session/close", {"sessionId": session})
+    assert error_of(again)[1] == -32002
+    assert "not open in this loopd acp (closed already" in again["error"]["message"]
+
+    unknown = agent.request("session/resume", {"sessionId": "nobody", "cwd": str(env.workspace),
+                                               "mcpServers": []})
+    assert error_of(unknown)[1] == -32002
+    assert unknown["error"]["message"].startswith("session nobody does not exist")
+    assert "result" in agent.request("session/resume", {
+        "sessionId": session, "cwd": str(env.workspace), "mcpServers": []})
+    answered, _ = prompt(agent, session, "t2")
+    assert answered["result"] == {"stopReason": "end_turn"}
+    assert agent.close() == 0
+
+    # another workspace's loopd acp: the session is refused, not opened there
+    other = tmp_path / "other"
+    other.mkdir()
+    elsewhere = raw("--local")
+    assert "result" in elsewhere.request("initialize", {"protocolVersion": 1})
+    refused = elsewhere.request("session/resume", {"sessionId": session, "cwd": str(other),
+                                                   "mcpServers": []})
+    assert error_of(refused)[1] == -32602
+    assert str(env.workspace) in refused["error"]["message"]
+    assert elsewhere.close() == 0
+    users = [r.content for r in env.records(session) if isinstance(r, User)]
+    assert users == ["t1", "t2"]

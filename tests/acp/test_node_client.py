@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from actors.log.records import Usage
 from tests.acp.conftest import ROOT, AcpEnv, check_flow_log
 
 HERE = ROOT / "tests" / "acp"
@@ -48,3 +49,8 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["replayed"] > 20
     check_flow_log(env, summary["sessionId"])
+    # resumed warm: the first request after session/resume processed only its own tokens
+    first, after = [r for r in env.records(summary["resumed"]) if isinstance(r, Usage)]
+    assert after.timings["cache_n"] >= first.prompt_tokens, (first, after)
+    assert after.timings["prompt_n"] < after.prompt_tokens - first.prompt_tokens, after
+    assert not (env.sessions / summary["deleted"]).exists()
