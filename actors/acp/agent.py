@@ -156,6 +156,7 @@ class _Run:
 class _Session:
     name: str
     run: _Run | None = None  # the turn in flight
+    size: int = 0  # tokens of context its slot holds (0: not known)
 
 
 class LoopdAgent:
@@ -208,7 +209,7 @@ class LoopdAgent:
                 name = _new_name()
                 opened = await self._call(backend.open, name, True)
                 if opened.created:
-                    self.sessions[name] = _Session(name)
+                    self.sessions[name] = _Session(name, size=opened.context)
                     return NewSessionResponse(session_id=name,
                                               field_meta=self._mcp_note(mcp_servers))
             raise _invalid("could not find a free session name; try again")
@@ -223,7 +224,7 @@ class LoopdAgent:
                 if opened.cut_bytes:
                     self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes, "
                              "a write a crash interrupted) was cut; every whole record is kept")
-                self.sessions[name] = _Session(name)
+                self.sessions[name] = _Session(name, size=opened.context)
             records = await self._call(backend.records, name)
             for update in up.history(records, backend.workspace):
                 await self._client().session_update(session_id=name, update=update)
@@ -242,7 +243,7 @@ class LoopdAgent:
                 if opened.cut_bytes:
                     self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes) "
                              "was cut; every whole record is kept")
-                self.sessions[name] = _Session(name)
+                self.sessions[name] = _Session(name, size=opened.context)
             return ResumeSessionResponse(field_meta=self._mcp_note(mcp_servers))
 
     async def close_session(self, session_id: str, **_: Any) -> CloseSessionResponse:
@@ -294,8 +295,8 @@ class LoopdAgent:
             else:
                 raise _invalid("could not find a free session name; try again")
             forked = await self._call(backend.fork, source, name)
-            await self._call(backend.open, name, False)
-            self.sessions[name] = _Session(name)
+            opened = await self._call(backend.open, name, False)
+            self.sessions[name] = _Session(name, size=opened.context)
             self.say(f"session {name}: forked from {source} at turn {forked.at}"
                      + (f", from its KV state ({forked.state_tokens:,} tokens)"
                         if forked.state_tokens else " (it had no saved KV state)"))
@@ -358,7 +359,7 @@ class LoopdAgent:
                 run.put(_End(error=e))
 
         self._start(work)
-        view = up.TurnView(backend.workspace)
+        view = up.TurnView(backend.workspace, session.size)
         end, gone = await self._drain(session.name, run, view)
         error = end.error
         if error is not None and not isinstance(error, LoopdError):

@@ -14,6 +14,9 @@ a call the turn ended before it ran    ``tool_call_update`` ``failed`` (why, as 
 the answer / cut at ``max_tokens``     stop reason ``end_turn`` / ``max_tokens``
 ``TurnLimit`` (tool iterations,        stop reason ``max_turn_requests`` (the limit's
 repeated call, calls per response)     message in ``_meta.loopd.limit``)
+``Used`` (a model request logged)      ``usage_update``: ``used`` its prompt and response
+                                       tokens, ``size`` the slot's context;
+                                       ``_meta.loopd`` the cached and processed tokens
 ``Cancelled``                          stop reason ``cancelled``
 any other ``LoopdError``               a JSON-RPC error: loopd's one-line message
 =====================================  ==============================================
@@ -53,6 +56,7 @@ from acp.schema import (
     ToolCallStatus,
     ToolCallUpdate,
     ToolKind,
+    UsageUpdate,
     UserMessageChunk,
 )
 
@@ -65,11 +69,12 @@ from actors.session.limits import result_failed
 
 __all__ = [
     "TurnView", "Update", "decision_of", "history", "loopd_meta", "permission", "prompt_text",
-    "stop_for_error", "stop_reason", "tool_call",
+    "stop_for_error", "stop_reason", "tool_call", "usage",
 ]  # fmt: skip
 
 Update: TypeAlias = (
     AgentMessageChunk | AgentThoughtChunk | UserMessageChunk | ToolCallStart | ToolCallProgress
+    | UsageUpdate
 )
 
 _KINDS: dict[str, ToolKind] = {
@@ -139,8 +144,9 @@ class TurnView:
     """One turn's events as ACP updates; remembers the calls that have not finished, so the
     turn's end can close them (a repeat that hit the limit, a cancel, an error)."""
 
-    def __init__(self, workspace: Path) -> None:
+    def __init__(self, workspace: Path, size: int = 0) -> None:
         self.workspace = workspace
+        self.size = size  # tokens of context the session's slot holds (0: not known)
         self.open: list[str] = []
 
     def event(self, event: ev.Event) -> list[Update]:
@@ -154,6 +160,8 @@ class TurnView:
                 return [tool_call(str(call), name, arguments, self.workspace)]
             case ev.ApprovalDecided(call=call, decision="allow"):
                 return [update_tool_call(str(call), status="in_progress")]
+            case ev.Used():
+                return [usage(event, self.size)]
             case ev.ToolResultEvent(call=call, outcome=outcome, content=text, class_=cls):
                 if str(call) in self.open:
                     self.open.remove(str(call))
@@ -166,6 +174,18 @@ class TurnView:
         closed: list[Update] = [_finished(c, NO_RESULT.format(why=why), True) for c in self.open]
         self.open.clear()
         return closed
+
+
+def usage(used: ev.Used, size: int) -> UsageUpdate:
+    """A request's ``usage_update``: the context it left (prompt and response) and the
+    context's size (what was used when the size is not known); loopd's own figures of the
+    request under ``_meta.loopd``."""
+    tokens = used.prompt_tokens + used.completion_tokens
+    return UsageUpdate(session_update="usage_update", used=tokens, size=max(size, tokens),
+                       field_meta=loopd_meta(
+                           promptTokens=used.prompt_tokens, cachedTokens=used.cached,
+                           processedTokens=used.processed,
+                           completionTokens=used.completion_tokens))
 
 
 def history(records: Sequence[Record], workspace: Path) -> Iterator[Update]:

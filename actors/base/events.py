@@ -39,6 +39,7 @@ __all__ = [
     "ToolResultEvent",
     "TornTail",
     "TurnEvent",
+    "Used",
     "Waiting",
     "event_name",
     "to_json",
@@ -132,6 +133,19 @@ class ToolResultEvent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Used:
+    """A model request answered and logged (its Usage record): the tokens of its prompt
+    (``cached`` of them reused from the slot, ``processed`` by the server: its ``cache_n``
+    and ``prompt_n``, 0 when not said) and of its response. An editor shows the context
+    used from it (loopd acp's ``usage_update``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    processed: int = 0
+    cached: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class CacheLossEvent:
     expected: int
     got: int
@@ -211,7 +225,7 @@ ChatEvent: TypeAlias = (
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
-    | Compacting | Compacted
+    | Compacting | Compacted | Used
 )
 Event: TypeAlias = ChatEvent | TurnEvent | TornTail
 Sink: TypeAlias = Callable[[Event], None]

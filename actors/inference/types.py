@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.base.errors import ServerError
+from actors.base.events import Used
 from actors.log import server_values
 from actors.log.records import Assistant, Cut, SlotUse, ToolCall, Usage
 
@@ -89,6 +90,12 @@ class Completion:
         """The log's record of what the model said."""
         return Assistant(content=self.content, reasoning=self.reasoning,
                          tool_calls=self.tool_calls)
+
+    def used(self) -> Used:
+        """The event of this request's usage, for whoever shows the context (an editor)."""
+        return Used(self.prompt_tokens, self.completion_tokens,
+                    server_values.count(self.timings.get("prompt_n")) or 0,
+                    server_values.count(self.timings.get("cache_n")) or 0)
 
     def usage_record(self) -> Usage:
         """The log's record of what answering cost, and what the slot keeper did."""

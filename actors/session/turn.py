@@ -206,6 +206,7 @@ class _Turn:
         loss = cache_outcome(previous.timings if previous else None, completion.timings,
                              completion.slot, completion.baseline)
         self.log.append(assistant, usage, *(r for r in (completion.cut, loss) if r))  # one write
+        self.emit(completion.used())
         if loss is not None:
             self.emit(CacheLossEvent(expected=loss.expected, got=loss.got, cause=loss.cause))
         return usage

@@ -237,9 +237,16 @@ const lifecycle = await withAgent(async (ctx, editor) => {
     });
     return [done.stopReason, editor.updates.slice(mark)];
   };
+  const usageOf = (updates) => {
+    const seen = updates.filter((u) => u.sessionUpdate === "usage_update");
+    assert.equal(seen.length, 1, "one usage_update for the turn's one request");
+    assert.ok(seen[0].used > 0 && seen[0].size >= seen[0].used, JSON.stringify(seen[0]));
+    return { used: seen[0].used, size: seen[0].size, ...seen[0]._meta.loopd };
+  };
   let [reason, updates] = await prompt("r1 the first message of a session to close");
   assert.equal(reason, "end_turn");
   assert.equal(textOf(updates), "done r1 the first message of a session to close.");
+  const before = usageOf(updates);
 
   // close: the session is no longer open here; twice is "not found", which this SDK
   // answers as an empty result (closing is idempotent for it)
@@ -258,6 +265,8 @@ const lifecycle = await withAgent(async (ctx, editor) => {
   [reason, updates] = await prompt("r2");
   assert.equal(reason, "end_turn");
   assert.equal(textOf(updates), "done r2.");
+  const after = usageOf(updates);
+  assert.ok(after.cachedTokens >= before.promptTokens, "resumed cold");
 
   // bad input: resume of a session that does not exist
   await assert.rejects(
@@ -278,7 +287,7 @@ const lifecycle = await withAgent(async (ctx, editor) => {
     ctx.request(acp.methods.agent.session.resume, { sessionId: doomed, cwd: setup.workspace, mcpServers: [] }),
     (e) => e.code === -32002,
   );
-  return { resumed: life, deleted: doomed };
+  return { resumed: life, deleted: doomed, usage: [before, after] };
 });
 
 clearTimeout(guard);

@@ -53,4 +53,12 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
     first, after = [r for r in env.records(summary["resumed"]) if isinstance(r, Usage)]
     assert after.timings["cache_n"] >= first.prompt_tokens, (first, after)
     assert after.timings["prompt_n"] < after.prompt_tokens - first.prompt_tokens, after
+    # each request's usage_update says what its Usage record says, the slot's size beside it
+    for record, seen in zip((first, after), summary["usage"], strict=True):
+        assert seen == {
+            "used": record.prompt_tokens + record.completion_tokens, "size": 8192,
+            "promptTokens": record.prompt_tokens, "completionTokens": record.completion_tokens,
+            "cachedTokens": record.timings["cache_n"],
+            "processedTokens": record.timings["prompt_n"],
+        }, (seen, record)
     assert not (env.sessions / summary["deleted"]).exists()
