@@ -52,10 +52,11 @@ class Chat:
         """The span's answer attributes (the conventions' names, loopd's own under loopd.),
         set in one call; the metrics' measurements."""
         host, port = _where(server)
+        given, made = completion.prompt_tokens, completion.completion_tokens
         put: dict[str, telemetry.Value] = {
             "server.address": host,
-            "gen_ai.usage.input_tokens": completion.prompt_tokens,
-            "gen_ai.usage.output_tokens": completion.completion_tokens,
+            "gen_ai.usage.input_tokens": given,
+            "gen_ai.usage.output_tokens": made,
             "gen_ai.response.finish_reasons": [completion.finish_reason],
             "loopd.reasoning_tokens": completion.reasoning_tokens,
         }
@@ -78,9 +79,9 @@ class Chat:
         measured: dict[str, telemetry.Value] = {**self.metric, "server.address": host}
         telemetry.record("gen_ai.client.operation.duration", time.monotonic() - self.started,
                          measured)
-        telemetry.record("gen_ai.client.token.usage", completion.prompt_tokens,
+        telemetry.record("gen_ai.client.token.usage", given,
                          {**measured, "gen_ai.token.type": "input"})
-        telemetry.record("gen_ai.client.token.usage", completion.completion_tokens,
+        telemetry.record("gen_ai.client.token.usage", made,
                          {**measured, "gen_ai.token.type": "output"})
         return completion
 
