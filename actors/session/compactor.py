@@ -7,8 +7,8 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   last request's (its Usage: prompt and generated tokens, the slot holds them) plus the
   server's ``/tokenize`` count of what is new (the first request of an epoch counts it all);
   a request that fits by an upper bound of those counts (UTF-8 bytes) asks the server nothing.
-  The messages it renders are the ones the request sends (:meth:`Compactor.messages_for`):
-  a request renders its conversation once, as before compaction.
+  It asks the turn's renderer (:mod:`actors.session.render`) for the prompt and its size:
+  the messages rendered to count a request are the ones it sends.
   Past the threshold (``session.compact_at`` of the slot's context, raised where the
   baseline leaves no room for a few turns: :func:`~actors.session.compaction.threshold`) it
   compacts (``auto``), except right after a request that did, unless the context is full.
@@ -38,11 +38,9 @@ next request compacts again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from actors.base.cancel import CancelToken
@@ -57,7 +55,6 @@ from actors.log.records import (
     Assistant,
     Compaction,
     CompactionBy,
-    Record,
     Rewind,
     ToolResult,
     Usage,
@@ -74,58 +71,31 @@ from actors.session.compaction import (
     summary_words,
     threshold,
 )
-from actors.session.limits import shown_usage
-from actors.session.messages import (
-    OUTSIDE_FRAME,
-    SUMMARY_FRAME,
-    Message,
-    View,
-    message_text,
-    render,
-    view,
-)
-from actors.session.messages import messages as render_messages
+from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
+from actors.session.render import PER_MESSAGE, Counts, Prompt, Renderer
 
-__all__ = ["PER_MESSAGE", "Compactor", "Model", "compact_session"]
+__all__ = ["Compactor", "Model", "compact_session"]
 
-PER_MESSAGE = 6  # tokens a chat template adds around one message (role, end), about
-_CHARS_PER_TOKEN = 3  # the estimate when the server cannot count (a high one: safe)
 _PASSED_ON = (Queued, Waiting, Progress, Retrying)  # of the summary request, to the person
 
 
-class Model(Protocol):
+class Model(Counts, Protocol):
+    """The model as a compaction needs it: the renderer's counts, and the summary asked."""
+
     def complete(
         self, request: ChatRequest, sink: Callable[[Event], None], cancel: CancelToken
     ) -> Completion: ...
-
-    def context(self, session: str) -> int: ...  # the slot's n_ctx in tokens; 0: unknown
-
-    def tokens(self, session: str, text: str) -> int: ...  # /tokenize; InferError: unknown
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Prompt:
-    """The next request as loopd sees it: records, view, messages, tokens."""
-
-    records: tuple[Record, ...]  # the log's, and the pending User record (if any) after them
-    shown: View
-    messages: list[Message]
-    tokens: int
-    pending: int  # tokens of the pending message (0: none)
-    ends: list[int]  # ends[i]: the messages rendered once records[i] was read
 
 
 class Compactor:
     """One session's compactions, for one turn (or one compaction by hand)."""
 
     def __init__(self, log: SessionLog, config: Config, model: Model,
-                 emit: Callable[[Event], None], cancel: CancelToken) -> None:
+                 emit: Callable[[Event], None], cancel: CancelToken,
+                 renderer: Renderer | None = None) -> None:
         self.log, self.config, self.model, self.emit, self.cancel = log, config, model, emit, cancel
         self.settings = config.session
-        self._counted: dict[str, int] = {}
-        self._exact = True  # False: :meth:`_count` gives an upper bound, asking nobody
-        self.rendered: tuple[tuple[Record, ...], list[Message]] | None = None
-        self._usage: tuple[tuple[Record, ...], Usage | None] | None = None  # see shown_usage
+        self.renderer = renderer or Renderer(log, config, model)  # the turn's, in a turn
         self.budget = self.settings.summary_tokens  # the summary's tokens, at most
         self.made = 0  # compactions appended
         self._cost = (0, 0)  # the summary request's prompt tokens processed, tokens written
@@ -140,8 +110,8 @@ class Compactor:
             return  # not known: only the server's answer can say (overflowed)
         if self._fits(pending, n_ctx, exact=False):
             return  # far from both limits: the server was asked nothing
-        prompt = self._prompt(pending)
-        alone = self._baseline() + prompt.pending
+        prompt = self.renderer.prompt(pending)
+        alone = self.renderer.baseline_tokens() + prompt.pending
         if alone > n_ctx:
             raise SessionFull(alone, n_ctx, message="not sent")
         if self.settings.compaction == "off":
@@ -152,15 +122,11 @@ class Compactor:
 
     def _fits(self, pending: str | None, n_ctx: int, *, exact: bool) -> bool:
         """Whether the next request passes neither limit of :meth:`make_room`. Not ``exact``:
-        by an upper bound of every count that asks the server nothing (:meth:`_count`), so a
+        by an upper bound of every count that asks the server nothing, so a
         request that fits by it fits by the server's counts too, and each request of a turn
         far from the limits costs no ``/tokenize`` round trips."""
-        self._exact = exact
-        try:
-            prompt = self._prompt(pending)
-            alone = self._baseline() + prompt.pending
-        finally:
-            self._exact = True
+        prompt = self.renderer.prompt(pending, exact=exact)
+        alone = self.renderer.baseline_tokens(exact) + prompt.pending
         return alone <= n_ctx and (self.settings.compaction == "off"  # the threshold's floor:
                                    or prompt.tokens <= self.settings.compact_at * n_ctx)
 
@@ -191,17 +157,18 @@ class Compactor:
     def compact(self, by: CompactionBy, tokens_before: int, pending: str | None = None, *,
                 n_ctx: int = 0) -> Compacted | None:
         """Append a Compaction of the conversation; None when nothing can be dropped."""
-        prompt = self._prompt(None)
+        prompt = self.renderer.prompt(None)
         tokens_before = tokens_before or prompt.tokens
         n_ctx = n_ctx or self.model.context(self.log.name) or tokens_before
-        sizes = self._sizes(prompt)
+        sizes = self.renderer.sizes(prompt)
         records, shown = prompt.records, prompt.shown
         previous = records[shown.epoch] if shown.epoch else None
         framed = OUTSIDE_FRAME if outside(records, shown.live, previous) else SUMMARY_FRAME
-        frame = self._count(framed.format(summary="")) + 2 * PER_MESSAGE
+        frame = self.renderer.tokens(framed.format(summary="")) + 2 * PER_MESSAGE
         budget = self.budget = summary_budget(self.settings.summary_tokens, n_ctx)
-        limit = self._threshold(prompt, n_ctx, max(self._pending(pending), self._turn(prompt)))
-        fixed = self._baseline() + self._pending(pending) + frame + budget
+        asked = self.renderer.pending_tokens(pending)
+        limit = self._threshold(prompt, n_ctx, max(asked, self._turn(prompt)))
+        fixed = self.renderer.baseline_tokens() + asked + frame + budget
         room = limit - fixed
         # The kept turns take at most half the room, so the turns after a compaction have
         # the other half: where the baseline is much of a small context, compact_keep alone
@@ -223,7 +190,7 @@ class Compactor:
         summary = self._summary(prompt, choice, how)
         marked = outside(records, [i for i in shown.live if i < choice.kept], previous)
         kept = sum(n for i, n in sizes.items() if i >= choice.kept)
-        after = self._baseline() + frame + self._count(summary) + kept
+        after = self.renderer.baseline_tokens() + frame + self.renderer.tokens(summary) + kept
         self.log.append(Compaction(summary=summary, kept=choice.kept, tokens_after=after,
                                    tokens_before=tokens_before, by=by, outside=marked))
         self.made += 1
@@ -236,7 +203,7 @@ class Compactor:
         self.emit(done)
         return done
 
-    def _summary(self, prompt: _Prompt, choice: Choice, how: str) -> str:
+    def _summary(self, prompt: Prompt, choice: Choice, how: str) -> str:
         records = prompt.records
         dropped = [i for i in prompt.shown.live if i < choice.kept
                    and isinstance(records[i], User | Assistant | ToolResult)]
@@ -246,12 +213,12 @@ class Compactor:
                 return written
         cap = self.budget * 4  # characters: about 4 a token in prose, fewer in figures
         summary = elide(records, dropped, prompt.shown.summary, cap)
-        while (counted := self._count(summary)) > self.budget and cap > 200:
+        while (counted := self.renderer.tokens(summary)) > self.budget and cap > 200:
             cap = cap * self.budget // counted - 20  # held to its tokens, which the room counts
             summary = elide(records, dropped, prompt.shown.summary, cap)
         return summary
 
-    def _written(self, prompt: _Prompt) -> str:
+    def _written(self, prompt: Prompt) -> str:
         """The model's summary, asked on the warm slot; "" when it could not write one."""
         baseline, inference = self.log.baseline, self.config.inference
         grammar = (cached_grammar(baseline.tools, [], calls=False, text=True)
@@ -285,128 +252,27 @@ class Compactor:
 
     # --- counting ----------------------------------------------------------------------
 
-    def _prompt(self, pending: str | None) -> _Prompt:
-        """The next request's records, view, messages and size in tokens."""
-        records = self.log.records + ((User(content=pending),) if pending is not None else ())
-        shown = view(records)
-        style = self.settings.tool_results
-        ends: list[int] = []
-        messages = render(self.log.baseline, records, shown, results=style, ends=ends)
-        self.rendered = (records, messages)
-        previous = self.shown_usage(records, shown)
-        if previous is None:
-            tokens = self._baseline() + self._messages(messages[1:])
-        else:
-            at = max(i for i, r in enumerate(records) if r is previous)
-            if any(isinstance(r, Compaction | Rewind) for r in records[at + 1 :]):
-                then = len(render(self.log.baseline, records[: at + 1],
-                                  view(records[: at + 1]), results=style))
-            else:  # the view of records[: at + 1] is the prefix of this one: so are its messages
-                then = ends[at]
-            tokens = (previous.prompt_tokens + previous.completion_tokens
-                      + self._messages(messages[then:]))
-        return _Prompt(records, shown, messages, tokens, self._pending(pending), ends)
-
-    def shown_usage(
-        self, records: Sequence[Record] | None = None, shown: View | None = None
-    ) -> Usage | None:
-        """:func:`~actors.session.limits.shown_usage` of the log as it is now, worked out
-        once a request: when its prompt is measured, and not again when its answer is
-        logged. ``records`` and ``shown``: the log's records (and maybe the pending User
-        record) and their view, when the caller has them.
-
-        Kept for the log as it was (its records tuple, the same object until the next
-        append) and for that log and one User record more: a User record changes no
-        request's Usage (the turn's message logged after its prompt was measured)."""
-        log = self.log.records
-        if self._usage is not None:
-            seen, usage = self._usage
-            if seen is log or (len(log) == len(seen) + 1 and type(log[-1]) is User
-                               and log[len(seen) - 1] is seen[-1]):  # fmt: skip
-                self._usage = (log, usage)
-                return usage
-        usage = shown_usage(log if records is None else records, shown)
-        self._usage = (log, usage)
-        return usage
-
-    def messages_for(self, records: Sequence[Record]) -> list[Message]:
-        """The request's messages: those last rendered here when they were of these very
-        ``records`` (a pending message since logged counts as the same), else rendered now."""
-        if self.rendered is not None:
-            mine, messages = self.rendered
-            if len(mine) == len(records) and all(
-                a is b for a, b in zip(mine[:-1], records[:-1], strict=True)
-            ):
-                last, now = mine[-1], records[-1]
-                if last is now or (isinstance(last, User) and isinstance(now, User)
-                                   and last.content == now.content):
-                    return messages
-        return render_messages(self.log.baseline, records,
-                               results=self.config.session.tool_results)
-
-    def _sizes(self, prompt: _Prompt) -> dict[int, int]:
-        """Tokens of each live record's messages (those it adds to the rendering)."""
-        sizes: dict[int, int] = {}
-        style, done = self.settings.tool_results, 1
-        for i in prompt.shown.live:
-            if not isinstance(prompt.records[i], User | Assistant | ToolResult):
-                continue
-            upto = render(self.log.baseline, prompt.records, prompt.shown.before(i + 1),
-                          results=style)
-            sizes[i] = self._messages(upto[done:])
-            done = len(upto)
-        return sizes
-
-    def _threshold(self, prompt: _Prompt, n_ctx: int, turn: int) -> int:
+    def _threshold(self, prompt: Prompt, n_ctx: int, turn: int) -> int:
         """:func:`~actors.session.compaction.threshold` for this session: its baseline, the
         summary's frame and budget, and ``turn`` (tokens of the turn in progress)."""
-        fixed = (self._baseline() + self._frame()
+        fixed = (self.renderer.baseline_tokens() + self._frame()
                  + summary_budget(self.settings.summary_tokens, n_ctx))
         return threshold(n_ctx, self.settings.compact_at, fixed, turn)
 
-    def _turn(self, prompt: _Prompt) -> int:
+    def _turn(self, prompt: Prompt) -> int:
         """Tokens of a turn as ``prompt`` sends them: the larger of the last two (the one in
         progress, or the pending message, and the whole one before it)."""
         records, ends = prompt.records, prompt.ends
         starts = [i for i in prompt.shown.live if isinstance(records[i], User)][-2:]
         bounds = [ends[i - 1] if i > 0 else 1 for i in starts] + [len(prompt.messages)]
-        return max((self._messages(prompt.messages[a:b]) for a, b in itertools.pairwise(bounds)),
-                   default=self._messages(prompt.messages[1:]))
+        count = self.renderer.messages_tokens
+        return max((count(prompt.messages[a:b]) for a, b in itertools.pairwise(bounds)),
+                   default=count(prompt.messages[1:]))
 
     def _frame(self) -> int:
         """Tokens of a summary's frame (the longer one: either may come)."""
-        return max(self._count(f.format(summary="")) for f in (SUMMARY_FRAME, OUTSIDE_FRAME)) \
-            + 2 * PER_MESSAGE
-
-    def _baseline(self) -> int:
-        baseline = self.log.baseline
-        return (self._count(baseline.system) + self._count(json.dumps(list(baseline.tools)))
-                + PER_MESSAGE)
-
-    def _pending(self, pending: str | None) -> int:
-        return self._count(pending) + PER_MESSAGE if pending is not None else 0
-
-    def _messages(self, messages: Sequence[Message]) -> int:
-        return sum(self._count(message_text(m)) + PER_MESSAGE for m in messages)
-
-    def _count(self, text: str) -> int:
-        """Tokens of ``text``: the server's count (its ``/tokenize``, an estimate when it
-        cannot say); not exact, at most its UTF-8 bytes and one (a token holds a byte or
-        more; one for the space a tokenizer may put before a text)."""
-        if not text:
-            return 0
-        if not self._exact:
-            return len(text.encode()) + 1
-        found = self._counted.get(text)
-        if found is None:
-            try:
-                found = self.model.tokens(self.log.name, text)
-            except InferError as e:
-                if e.kind is InferErrorKind.CANCELLED:
-                    raise Cancelled() from e
-                found = len(text) // _CHARS_PER_TOKEN + 1
-            self._counted[text] = found
-        return found
+        frames = (SUMMARY_FRAME, OUTSIDE_FRAME)
+        return max(self.renderer.tokens(f.format(summary="")) for f in frames) + 2 * PER_MESSAGE
 
 
 def compact_session(log: SessionLog, config: Config, model: Model,
@@ -421,7 +287,7 @@ def compact_session(log: SessionLog, config: Config, model: Model,
     return done
 
 
-def _fresh(prompt: _Prompt) -> bool:
+def _fresh(prompt: Prompt) -> bool:
     """Whether the request before this one was the first of its epoch (it compacted): one
     Usage since the Compaction in effect. Compacting again at once frees little more and
     loses what that compaction kept (a file just read), so only the context itself, not

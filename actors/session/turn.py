@@ -61,12 +61,13 @@ from actors.session.limits import (
     cache_outcome,
     cap_result,
 )
+from actors.session.render import Renderer
 from actors.session.steps import next_step
 from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
 
-class Model(compactor.Model, Protocol):  # complete, context, tokens, and
+class Model(compactor.Model, Protocol):  # complete, context, tokens (the renderer's), and
     def turn_ended(self, session: str) -> None: ...
 
 
@@ -124,8 +125,9 @@ class _Turn:
         self.iterations = self.tool_calls = 0
         self.repeats = Repeats()
         self.restored: SlotUse | None = None
+        self.renderer = Renderer(log, runtime.config, runtime.inference)  # and the compactor's
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
-                                             cancel)
+                                             cancel, self.renderer)
         self.question = ""  # the user's message this turn answers
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
@@ -171,10 +173,10 @@ class _Turn:
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
-        return _Asked(completion, self._record(completion, self.compactor.shown_usage()))
+        return _Asked(completion, self._record(completion, self.renderer.shown_usage()))
 
     def _request(self, grammar: str | None) -> ChatRequest:
-        shown = self.compactor.messages_for(self.log.records)  # make_room rendered them
+        shown = self.renderer.messages_for(self.log.records)  # make_room rendered them
         return ChatRequest(
             session=self.log.name, messages=tuple(shown), tools=self.log.baseline.tools,
             thinking=self.thinking_left > 0, max_tokens=self.loop.max_tokens,

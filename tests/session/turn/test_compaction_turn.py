@@ -28,9 +28,9 @@ from actors.log.records import (
     User,
     now,
 )
-from actors.session import compactor as compactor_module
 from actors.session import limits as limits_module
 from actors.session import messages as messages_module
+from actors.session import render as render_module
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import SUMMARY_FRAME
 from actors.tools.protocol import wire
@@ -164,7 +164,7 @@ def test_each_request_renders_the_conversation_once(
         return real(*args, **kw)
 
     monkeypatch.setattr(messages_module, "render", render)
-    monkeypatch.setattr(compactor_module, "render", render)
+    monkeypatch.setattr(render_module, "render", render)
     replies: list[Reply] = [answer(tool_calls=[ECHO]), answer("done")]
     r = compacting(rig(replies, Registry([ScriptedPort()])), compaction="elide")
     r.turn("first question")
@@ -185,7 +185,7 @@ def test_each_request_folds_the_log_into_its_view_once(
         folds.append(1)
         return real(*args, **kw)
 
-    for module in (messages_module, compactor_module, limits_module):
+    for module in (messages_module, render_module, limits_module):
         monkeypatch.setattr(module, "view", view)
     replies: list[Reply] = [answer(tool_calls=[ECHO]), answer("done"), answer("two")]
     r = compacting(rig(replies, Registry([ScriptedPort()])), compaction="elide")
