@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import time
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -55,6 +56,9 @@ from actors.base.events import (
     Approver,
     Choice,
     Decision,
+    ElicitationAnswered,
+    ElicitationRequested,
+    Elicitor,
     Event,
 )
 from actors.base.rules import Rule, RuleBook, Verdict, grant_for, parse_rule, verdict
@@ -140,6 +144,30 @@ class Gate:
                 f"where the write lands changed while it was approved ({landing or 'its path'}"
                 f" -> {done.landing}); nothing was written: call it again"))
         return done
+
+    def asker(self, call: int, tool: str) -> wire.Questions | None:
+        """How call ``call`` asks the person a question mid-call (an MCP server's
+        elicitation), through the approver's ``elicit``; None when it has none (nobody to
+        ask: the tool host answers by ``tools.elicitation``)."""
+        if getattr(self.approver, "elicit", None) is None:
+            return None
+        elicitor = typing.cast(Elicitor, self.approver)
+        timeout = self.tools.approval_timeout_s
+
+        def ask(question: wire.Ask, deadline: float) -> tuple[str, dict[str, Any]]:
+            request = ElicitationRequested(
+                call=call, tool=tool, server=question.server, message=question.message,
+                fields=json.dumps(question.schema, ensure_ascii=False), timeout_s=timeout)
+            self.emit(request)
+            answer = elicitor.elicit(request, self.cancel, deadline)
+            if answer is None:
+                by = "cancel" if self.cancel.cancelled else "timeout"
+                self.emit(ElicitationAnswered(call=call, tool=tool, action="cancel", by=by))
+                return "cancel", {}
+            self.emit(ElicitationAnswered(call=call, tool=tool, action=answer.action))
+            return answer.action, answer.content
+
+        return wire.Questions(ask, timeout)
 
     def _allowed(
         self, call: int, tool: str, arguments: Mapping[str, Any], pending: wire.PendingApproval,

@@ -27,6 +27,10 @@ __all__ = [
     "Compacting",
     "Content",
     "Decision",
+    "ElicitationAnswered",
+    "ElicitationRequested",
+    "Elicited",
+    "Elicitor",
     "Event",
     "Progress",
     "Queued",
@@ -212,6 +216,32 @@ class ApprovalDecided:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ElicitationRequested:
+    """Call ``call`` (of ``tool``) asks the person something mid-call: MCP server ``server``
+    says ``message`` and wants a form filled. ``fields`` is the form's JSON schema as text
+    (each property's ``default`` is what Enter keeps); ``timeout_s`` how long it waits (0:
+    as long as the call's limit)."""
+
+    call: int
+    tool: str
+    server: str
+    message: str
+    fields: str
+    timeout_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ElicitationAnswered:
+    """What went back to the server: ``accept`` (the form's values), ``decline`` or
+    ``cancel``; ``by`` who gave it (``person``, ``timeout``, ``cancel``)."""
+
+    call: int
+    tool: str
+    action: str
+    by: str = "person"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TornTail:
     """Opening the session cut a torn last record (a write a crash interrupted)."""
 
@@ -225,7 +255,7 @@ ChatEvent: TypeAlias = (
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
-    | Compacting | Compacted | Used
+    | ElicitationRequested | ElicitationAnswered | Compacting | Compacted | Used
 )
 Event: TypeAlias = ChatEvent | TurnEvent | TornTail
 Sink: TypeAlias = Callable[[Event], None]
@@ -239,6 +269,8 @@ _NAMES = {
     AnswerCut: "answer_cut",
     ApprovalRequested: "approval_requested",
     ApprovalDecided: "approval_decided",
+    ElicitationRequested: "elicitation_requested",
+    ElicitationAnswered: "elicitation_answered",
     TornTail: "torn_tail",
 }
 
@@ -283,3 +315,22 @@ class Approver(Protocol):
     def __call__(
         self, request: ApprovalRequested, cancel: CancelToken, deadline: float
     ) -> Decision | None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Elicited:
+    """The person's answer to an :class:`ElicitationRequested`: ``action`` accept (with
+    ``content``, the form's values by field), decline or cancel."""
+
+    action: str
+    content: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Elicitor(Protocol):
+    """An approver that can also ask the person a server's question (an optional
+    ``elicit`` method beside ``__call__``): the answer by ``deadline`` (a monotonic time),
+    None when none came (the deadline, ``cancel``)."""
+
+    def elicit(
+        self, request: ElicitationRequested, cancel: CancelToken, deadline: float
+    ) -> Elicited | None: ...

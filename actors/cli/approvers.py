@@ -21,6 +21,7 @@ within a tenth of a second; none holds anything the turn needs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -28,14 +29,20 @@ import shlex
 import termios
 import time
 import tty
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from actors.base.cancel import CancelToken
-from actors.base.events import ApprovalRequested, Choice, Decision
+from actors.base.events import (
+    ApprovalRequested,
+    Choice,
+    Decision,
+    ElicitationRequested,
+    Elicited,
+)
 from actors.base.rules import parse_rule
 
 __all__ = [
@@ -144,6 +151,55 @@ class TerminalApprover:
             return None
         return Decision(Choice.DENY, (reason or "").strip())
 
+    def elicit(
+        self, request: ElicitationRequested, cancel: CancelToken, deadline: float
+    ) -> Elicited | None:
+        """An MCP server's question: its message and form (each field with its default),
+        then a key: ``a`` answer (field by field, Enter keeps the default), ``n`` decline,
+        ``c`` cancel."""
+        say = self._say
+        fields, required = form_of(request.fields)
+        say(f"[bold yellow]? {escape(request.server)}[/] asks [dim](during {escape(request.tool)}"
+            f", call {request.call})[/]: {escape(request.message)}")
+        for name, prop in fields.items():
+            say(f"    [cyan]{escape(name)}[/]: {escape(describe(prop, name in required))}")
+        say("  [bold]a[/]  answer [dim](field by field; Enter keeps the default)[/]")
+        say("  [bold]n[/]  decline")
+        say("  [bold]c[/]  cancel")
+        limit = (f"no answer in {request.timeout_s:g} s cancels it; "
+                 if request.timeout_s > 0 else "")
+        say(f"  [dim]{limit}Ctrl-C cancels the turn[/] ", end="")
+        while True:
+            with _cbreak(self.fd):
+                if not _wait_readable(self.fd, cancel, deadline):
+                    self._gone(cancel)
+                    return None
+                key = os.read(self.fd, 1).decode(errors="replace").lower()
+            if key in ("a", "n", "c"):
+                break
+            self.console.print("[dim]press a, n or c[/]")
+        self.console.print()
+        if key != "a":
+            return Elicited("decline" if key == "n" else "cancel")
+        lines, content = _Lines(self.fd), {}
+        for name, prop in fields.items():
+            while True:
+                shown = f" [{_text(prop['default'])}]" if "default" in prop else ""
+                self.console.print(f"  {escape(name)}{escape(shown)}: ", end="",
+                                   highlight=False)
+                line = lines.read(cancel, deadline)
+                if line is None:
+                    self._gone(cancel)
+                    return None
+                value = read_value(line.strip(), prop, name in required)
+                if isinstance(value, Problem):
+                    self.console.print(f"[yellow]{escape(value.text)}[/]", highlight=False)
+                    continue
+                if value is not _UNSET:
+                    content[name] = value
+                break
+        return Elicited("accept", content)
+
     def _show(self, request: ApprovalRequested, *, whole: bool) -> None:
         say = self._say
         say(f"[bold yellow]? {escape(request.tool)}[/] wants to run [dim](call {request.call})[/]")
@@ -175,6 +231,80 @@ class TerminalApprover:
                            else "[yellow]no answer in time[/]")
 
 
+# --- an MCP server's form (elicitation), field by field -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a typed value does not fit its field (the person types it again)."""
+
+    text: str
+
+
+_UNSET = object()  # an optional field left empty: not sent
+
+
+def form_of(fields: str) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """The form's fields (name -> property schema) and the names it requires."""
+    try:
+        schema = json.loads(fields)
+    except ValueError:
+        return {}, set()
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return {}, set()
+    required = schema.get("required", [])
+    return ({str(k): v for k, v in props.items() if isinstance(v, dict)},
+            {r for r in required if isinstance(r, str)} if isinstance(required, list) else set())
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def describe(prop: Mapping[str, Any], required: bool) -> str:
+    """A field as the person reads it: its title or description, type, choices, default."""
+    kind = prop.get("type", "string")
+    words = [str(prop.get("description") or prop.get("title") or "")]
+    choices = prop.get("enum") or (prop.get("items") or {}).get("enum")
+    what = f"{kind}, one of {', '.join(_text(c) for c in choices)}" if choices else str(kind)
+    words.append(f"({what}{', required' if required else ''})")
+    if "default" in prop:
+        words.append(f"default: {_text(prop['default'])}")
+    return " ".join(w for w in words if w)
+
+
+def read_value(text: str, prop: Mapping[str, Any], required: bool) -> Any:
+    """The value typed for a field, as its type; the default for an empty line; _UNSET
+    for an empty optional field; a :class:`Problem` when it does not fit."""
+    if not text:
+        if "default" in prop:
+            return prop["default"]
+        return Problem("this field is required: type a value") if required else _UNSET
+    kind = prop.get("type", "string")
+    value: Any = text
+    try:
+        if kind == "integer":
+            value = int(text)
+        elif kind == "number":
+            value = float(text)
+        elif kind == "boolean":
+            yes, no = ("y", "yes", "true", "1"), ("n", "no", "false", "0")
+            if text.lower() not in yes + no:
+                return Problem("type yes or no")
+            value = text.lower() in yes
+        elif kind == "array":
+            value = [part.strip() for part in text.split(",") if part.strip()]
+    except ValueError:
+        return Problem(f"not {'an' if kind == 'integer' else 'a'} {kind}: {text}")
+    choices = prop.get("enum") or (prop.get("items") or {}).get("enum")
+    if choices:
+        bad = [v for v in (value if isinstance(value, list) else [value]) if v not in choices]
+        if bad:
+            return Problem(f"not one of {', '.join(_text(c) for c in choices)}: {_text(bad[0])}")
+    return value
+
+
 class JsonApprover:
     """The answer as one JSON line on stdin; problems reported with ``say`` (a JSON line)."""
 
@@ -197,6 +327,31 @@ class JsonApprover:
             if isinstance(decision, Decision):
                 return decision
             self.say({"event": "approval_invalid", "call": request.call, "message": decision})
+
+    def elicit(
+        self, request: ElicitationRequested, cancel: CancelToken, deadline: float
+    ) -> Elicited | None:
+        """The answer as one JSON line on stdin: ``{"action": "accept", "content": {...}}``,
+        ``{"action": "decline"}`` or ``{"action": "cancel"}``; the end of stdin declines."""
+        while True:
+            line = self.lines.read(cancel, deadline)
+            if line is None:
+                if cancel.cancelled or time.monotonic() >= deadline:
+                    return None
+                return Elicited("decline")
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError:
+                data = None
+            if (isinstance(data, dict) and data.get("action") in ("accept", "decline", "cancel")
+                    and isinstance(data.get("content", {}), dict)):
+                return Elicited(data["action"], dict(data.get("content", {}))
+                                if data["action"] == "accept" else {})
+            self.say({"event": "elicitation_invalid", "call": request.call, "message":
+                      'an answer is a JSON object with "action" (accept, decline or cancel) and, '
+                      'to accept, "content" (the form\'s values by field)'})
 
 
 def parse_answer(line: str) -> Decision | str:

@@ -328,8 +328,14 @@ class LiveView:
             case ev.AnswerCut(note=note):
                 self._switch("")
                 self.console.print(f"[yellow]{escape(note)}[/]", highlight=False)
-            case ev.ApprovalRequested():
+            case ev.ApprovalRequested() | ev.ElicitationRequested():
                 self._switch("")  # the approver (actors.cli.approvers) asks on this console
+            case ev.ElicitationAnswered(action=action, by=by):
+                self._switch("")
+                said = {"accept": "answered", "decline": "declined", "cancel": "cancelled"}
+                self.console.print(f"  [{'green' if action == 'accept' else 'yellow'}]"
+                                   f"{said.get(action, escape(action))} ({escape(by)})[/]",
+                                   highlight=False)
             case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
                                     rule=rule):
                 self._switch("")

@@ -289,8 +289,8 @@ class _Turn:
             return Answered(target.text, outcome="local")
         port, tool, arguments = target.port, target.tool, target.arguments
         return answer_text(self.gate.run(number, tool, arguments, lambda approved, lands: port.call(
-            session=self.log.name, call=number, tool=tool, arguments=arguments,
-            cancel=self.cancel, approved=approved, landing=lands,
+            session=self.log.name, call=number, tool=tool, arguments=arguments, cancel=self.cancel,
+            approved=approved, landing=lands, ask=self.gate.asker(number, tool),
         )))
 
 

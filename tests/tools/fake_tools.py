@@ -9,6 +9,7 @@ call did or did not run).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from actors.tools.protocol.provider import ASK
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Result
 
@@ -36,6 +38,7 @@ _SPECS = [
     ToolSpec("not_an_answer", "Return something that is not an answer.", _obj()),
     ToolSpec("touch", "Create a marker file.", _obj(path={"type": "string"})),
     ToolSpec("pid", "This host's process id.", _obj()),
+    ToolSpec("question", "Ask the person a question mid-call.", _obj(message={"type": "string"})),
 ]
 
 
@@ -65,6 +68,13 @@ class FakeTools:
             return Result(content="touched")
         if tool == "pid":
             return Result(content=str(os.getpid()))
+        if tool == "question":
+            asker = ASK.get()
+            if asker is None:
+                return Result(content="nobody to ask")
+            form = {"type": "object", "properties": {"name": {"type": "string", "default": "Ada"}}}
+            action, content = asker("fake", str(arguments["message"]), form)
+            return Result(content=f"{action} {json.dumps(content, sort_keys=True)}")
         raise AssertionError(tool)
 
     def close(self) -> None:

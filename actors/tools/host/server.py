@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from actors.base.errors import UsageError, WireError
 from actors.base.textcut import cut
 from actors.tools.protocol import wire
 from actors.tools.protocol.argcheck import ArgumentCheck
-from actors.tools.protocol.provider import APPROVED_LANDING, ToolProvider, landing_of
+from actors.tools.protocol.provider import APPROVED_LANDING, ASK, Asker, ToolProvider, landing_of
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import (
     Cancel,
@@ -87,6 +88,15 @@ class _Call:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     landing: str | None = None  # where it was approved to write (APPROVED_LANDING)
     traceparent: str = ""  # the caller's execute_tool span: this run's span joins its trace
+    ask_s: float = 0.0  # how long the caller waits for the person's answer (0: nobody asks)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Question:
+    """A question a running call asked the person (wire: ``ask``), until its ``reply``."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    reply: wire.Reply | None = None
 
 
 # The answer's kind on the host's span (a str or a Result is a result).
@@ -132,6 +142,8 @@ class Host:
         self._home = {cpu} if cpu is not None else None
         self._free = os.sched_getaffinity(0) if cpu is not None else None
         self._complain = Complaints()
+        self._questions: dict[tuple[bytes, int, int], _Question] = {}  # (peer, call, question)
+        self._asked = itertools.count(1)  # question numbers (unique within the host)
 
     # --- control -------------------------------------------------------------------------
 
@@ -238,6 +250,11 @@ class Host:
             if len(self._peers) < _MAX_PEERS:
                 self._peers.add(peer)
             self._send_frame(peer, self._tools_frame)
+        elif isinstance(msg, wire.Reply):
+            question = self._questions.pop((peer, msg.id, msg.question), None)
+            if question is not None:  # else it was given up on: the answer came too late
+                question.reply = msg
+                question.done.set()
         elif isinstance(msg, Cancel):
             call = self._active.pop((peer, msg.id), None)
             if call is not None:
@@ -295,7 +312,7 @@ class Host:
             return
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S,
                      landing=req.landing if req.approved and req.landing else None,
-                     traceparent=req.traceparent)
+                     traceparent=req.traceparent, ask_s=req.ask_s)
         self._active[key] = call
         self._expire_at(call.deadline)
         self._busy.add(call)
@@ -348,6 +365,7 @@ class Host:
     def _work(self, call: _Call, tool: _Tool, arguments: Mapping[str, Any]) -> None:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
         approved = APPROVED_LANDING.set(call.landing)
+        asker = ASK.set(self._asker(call) if call.ask_s > 0 else None)
         with telemetry.span(f"run_tool {call.tool}", {"gen_ai.tool.name": call.tool,
                             "loopd.toolhost": self.name}, kind="server",
                             parent=call.traceparent) as span:
@@ -358,6 +376,7 @@ class Host:
                 answer = Failed(message=f"{call.tool} failed: {type(e).__name__}: {e}")
             finally:
                 APPROVED_LANDING.reset(approved)
+                ASK.reset(asker)
             span.set("loopd.tool.outcome", _OUTCOMES.get(type(answer), "result"))
         try:
             frame = self._frame(call, tool.spec, answer)
@@ -366,6 +385,33 @@ class Host:
             frame = wire.encode(Failed(call.id, f"{call.tool}: the answer could not be sent: {e}"))
         # last: the main thread wants the interpreter lock right after this
         self._loop.post(self._answered, call, frame)
+
+    def _asker(self, call: _Call) -> Asker:
+        """What a provider running ``call`` asks the person through (wire: ``ask``)."""
+
+        def ask(server: str, message: str, schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+            question = _Question()
+            number = next(self._asked)  # count's next is atomic: workers ask at once
+            key = (call.peer, call.id, number)
+            self._loop.post(self._ask, key, question,
+                            wire.Ask(call.id, number, server, message, dict(schema)))
+            limit = min(time.monotonic() + call.ask_s, call.deadline - HOST_GRACE_S)
+            while not question.done.wait(0.05):
+                if call.cancel.is_set() or time.monotonic() >= limit:
+                    break
+            self._loop.post(self._questions.pop, key, None)
+            reply = question.reply
+            if reply is None or reply.action not in wire.ACTIONS:
+                log.info("call %d (%s): the question %r got no answer", call.id, call.tool,
+                         message[:80])
+                return "cancel", {}
+            return reply.action, dict(reply.content) if reply.action == "accept" else {}
+
+        return ask
+
+    def _ask(self, key: tuple[bytes, int, int], question: _Question, msg: wire.Ask) -> None:
+        self._questions[key] = question
+        self._send(key[0], msg)
 
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""

@@ -12,6 +12,7 @@ from actors.tools.port.connection import PortState
 from actors.tools.port.handle import ToolPort, start_port, stop_ports
 from actors.tools.port.settings import PORT_GRACE_S, CurveClient, PortSettings
 from actors.tools.port.supervisor import HostLauncher, PortStatus
+from actors.tools.protocol.wire import Questions
 
 __all__ = [
     "PORT_GRACE_S",
@@ -20,6 +21,7 @@ __all__ = [
     "PortSettings",
     "PortState",
     "PortStatus",
+    "Questions",
     "ToolPort",
     "start_port",
     "stop_ports",

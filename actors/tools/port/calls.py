@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import zmq
@@ -37,12 +38,13 @@ from actors.base.errors import WireError
 from actors.tools.port.connection import Connection, PortState
 from actors.tools.port.settings import PortSettings, configure
 from actors.tools.protocol import wire
-from actors.tools.protocol.wire import Answer, Failed
+from actors.tools.protocol.wire import Answer, Failed, Questions
 
-__all__ = ["CallSockets", "classify"]
+__all__ = ["CallSockets", "Questions", "classify"]
 
 log = logging.getLogger("loopd.toolport")
 
+PORT_ANSWER_S = 1.0  # a reply is sent this long before the call's limit, so it still counts
 _PULSE_MS = 20  # how often a waiting call looks at its cancel token and the connection
 
 
@@ -86,8 +88,9 @@ CANCELLED = "cancelled"
 # --- the one classifier of what a host sends on a call's socket ------------------------------
 
 
-def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | None:
-    """The answer to call ``cid`` if ``frame`` is it; anything else is logged and None."""
+def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | wire.Ask | None:
+    """The answer to call ``cid`` (or a question it asks) if ``frame`` is it; anything else
+    is logged and None."""
     try:
         msg = wire.decode(frame, max_bytes)
     except WireError as e:
@@ -95,7 +98,7 @@ def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | None
             return Failed(cid, malformed(host, e))
         log.warning("tool host %s sent a bad frame: %s", host, e)
         return None
-    if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval):
+    if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval | wire.Ask):
         if msg.id == cid:
             return msg
         if isinstance(msg, Failed) and msg.id == 0:
@@ -157,9 +160,11 @@ class CallSockets:
             return len(self._sockets)
 
     def call(
-        self, cid: int, tool: str, frame: bytes, cancel: CancelToken | None, limit: float
+        self, cid: int, tool: str, frame: bytes, cancel: CancelToken | None, limit: float,
+        questions: Questions | None = None,
     ) -> Answer:
-        """Send ``frame`` and wait for answer ``cid``; Failed for every other ending."""
+        """Send ``frame`` and wait for answer ``cid``; Failed for every other ending. A
+        question the call asks on the way goes to ``questions`` (else it is declined)."""
         start = time.monotonic()
         if self.conn.state is not PortState.READY:
             waited = self._await_ready(cid, cancel, start)
@@ -170,7 +175,8 @@ class CallSockets:
         if sock is None:
             return Failed(cid, closed(self.name))
         try:
-            return self._exchange(sock, generation, cid, tool, frame, cancel, start, limit)
+            return self._exchange(sock, generation, cid, tool, frame, cancel, start, limit,
+                                  questions)
         finally:
             self._release(sock)
 
@@ -227,6 +233,7 @@ class CallSockets:
         cancel: CancelToken | None,
         start: float,
         limit: float,
+        questions: Questions | None,
     ) -> Answer:
         sock = s.sock
         deadline = start + limit
@@ -244,7 +251,9 @@ class CallSockets:
                     answer = classify(self.name, sock.recv(), cid, self.s.max_frame_bytes)
                 except zmq.Again:
                     answer = None
-                if answer is not None:
+                if isinstance(answer, wire.Ask):
+                    self._answer(sock, answer, questions, deadline)
+                elif answer is not None:
                     return answer
             now = time.monotonic()
             if self.conn.stopped:
@@ -262,6 +271,31 @@ class CallSockets:
                 if sent:
                     self._cancel(sock, cid)
                 return Failed(cid, timed_out(self.name, tool, limit))
+
+    def _answer(
+        self, sock: zmq.Socket[Any], question: wire.Ask, questions: Questions | None,
+        deadline: float,
+    ) -> None:
+        """Ask the person (in this, the calling thread) and send the reply."""
+        action: str
+        content: Mapping[str, Any]
+        if questions is None:
+            action, content = "decline", {}
+        else:
+            by = deadline - PORT_ANSWER_S
+            if questions.timeout_s > 0:
+                by = min(by, time.monotonic() + questions.timeout_s)
+            try:
+                action, content = questions.ask(question, by)
+            except Exception:  # the person's side failed: the call goes on, declined
+                log.exception("tool host %s: asking the person failed", self.name)
+                action, content = "decline", {}
+        reply = wire.Reply(question.id, question.question, action,
+                           dict(content) if action == "accept" else {})
+        try:
+            sock.send(wire.encode(reply))
+        except (zmq.ZMQError, WireError) as e:
+            log.warning("tool host %s: the reply to a question was not sent: %s", self.name, e)
 
     def _cancel(self, sock: zmq.Socket[Any], cid: int) -> None:
         with contextlib.suppress(zmq.ZMQError):  # best effort: the host may be gone

@@ -25,7 +25,7 @@ from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.errors import WireError
 from actors.tools.port import calls
-from actors.tools.port.calls import CallSockets
+from actors.tools.port.calls import CallSockets, Questions
 from actors.tools.port.connection import Connection, PortState
 from actors.tools.port.settings import PORT_GRACE_S, PortSettings
 from actors.tools.port.supervisor import HostLauncher, HostSupervisor, PortStatus
@@ -63,24 +63,28 @@ class ToolPort:
         cancel: CancelToken | None = None,
         approved: bool = False,
         landing: str = "",
+        ask: Questions | None = None,
     ) -> Answer:
         """Run ``tool`` on the host; the answer, or Failed on timeout, cancel, or a dead host.
 
         ``approved``: the call was approved after the host answered PendingApproval;
-        ``landing``: where the approved write was seen to land (it runs only there).
+        ``landing``: where the approved write was seen to land (it runs only there);
+        ``ask``: how a question the call asks mid-call reaches the person (None: nobody can
+        answer, the host answers for itself).
         """
         cid = next(self._ids)
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
+        limit = self.settings.timeout_s + PORT_GRACE_S
+        ask_s = 0.0 if ask is None else (ask.timeout_s or limit)
         try:
             frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved,
-                                             landing, telemetry.calling(self.name, tool)))
+                                             landing, telemetry.calling(self.name, tool), ask_s))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:
             return Failed(cid, calls.too_large(tool, len(frame), self.settings.max_frame_bytes))
-        limit = self.settings.timeout_s + PORT_GRACE_S
-        return self.sockets.call(cid, tool, frame, cancel, limit)
+        return self.sockets.call(cid, tool, frame, cancel, limit, ask)
 
     def specs(self) -> tuple[ToolSpec, ...]:
         """The host's tools as it last announced them (empty until it first connects)."""

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol
 
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer
 
-__all__ = ["APPROVED_LANDING", "ToolProvider", "landing_of"]
+__all__ = ["APPROVED_LANDING", "ASK", "Asker", "ToolProvider", "landing_of"]
 
 # Where the call being run was approved to write (wire: ``request.landing``), set by the
 # host around ``run`` in its worker thread; None when no landing was approved. A provider
 # that writes checks where the write really lands against it (docs/approval.md).
 APPROVED_LANDING: ContextVar[str | None] = ContextVar("approved_landing", default=None)
+
+# Asks the person a question for the call being run: (server, message, form schema) ->
+# (action: accept | decline | cancel, the form's values when accepted). It blocks the
+# calling thread until the answer, the call's limit or its cancel.
+Asker = Callable[[str, str, Mapping[str, Any]], tuple[str, dict[str, Any]]]
+
+# The asker of the call being run (wire: ``ask``), set by the host around ``run`` in its
+# worker thread; None when nobody can answer (the request's ``ask_s`` was 0).
+ASK: ContextVar[Asker | None] = ContextVar("ask", default=None)
 
 
 class ToolProvider(Protocol):

@@ -32,7 +32,7 @@ kind                 direction   fields
                                  number), ``tool`` text, ``arguments`` map (JSON data, at
                                  most 64 deep), ``approved`` bool (see below),
                                  ``landing`` text (see below), ``traceparent`` text
-                                 (see below)
+                                 (see below), ``ask_s`` float (see below)
 ``result``           host->port  ``id``, ``content`` text, ``class`` text (as
                                  ``result_class``), ``untrusted`` bool
 ``failed``           host->port  ``id``, ``message`` text (the call failed, or the message
@@ -44,6 +44,13 @@ kind                 direction   fields
                                  be asked for whatever the rules say ("" when not)
 ``cancel``           port->host  ``id``: the caller gave up on that call; stop it (its
                                  answer is not wanted)
+``ask``              host->port  ``id``, ``question`` int, ``server`` text, ``message``
+                                 text, ``schema`` map: the running call asks the person
+                                 (an MCP server's elicitation); sent only when the request's
+                                 ``ask_s`` > 0, on the socket that sent the request
+``reply``            port->host  ``id``, ``question`` int, ``action`` text (``accept``,
+                                 ``decline`` or ``cancel``), ``content`` map (the answers,
+                                 by field, when accepted; else empty)
 ``ping``             port->host  (none): a heartbeat every ``tools.heartbeat_s``
 ``pong``             host->port  (none): the answer to ``ping``; a host silent for three
                                  heartbeats is gone
@@ -66,6 +73,14 @@ the request's ``landing`` names exactly that landing (the person saw it and said
 approved request with a ``landing`` runs only if the write still lands there; else the host
 answers ``pending_approval`` again, and nothing was written.
 
+A question mid-call: a tool that needs the person's answer while it runs (an MCP server's
+elicitation) makes the host send ``ask`` with the call's ``id`` and a ``question`` number
+unique within the call; the port asks the person and sends ``reply`` with both numbers.
+The host waits at most ``ask_s`` seconds (and never past the call's own limit, which keeps
+running while the person thinks); with no reply by then, or when the call is cancelled,
+the question counts as cancelled. A request with ``ask_s`` 0 means nobody can answer: the
+host answers the question itself (``tools.elicitation``) and sends no ``ask``.
+
 Fields added later
 ------------------
 A field added to a message that peers already send has a default, and a message without
@@ -83,6 +98,10 @@ version changes only for what an older peer cannot read.
   span of the run joins the turn's trace (docs/telemetry.md). A host that does not trace
   ignores it; an older port sends none.
 
+- ``request.ask_s`` (default ``0.0``: nobody to ask) and the ``ask`` and ``reply`` kinds,
+  added with questions mid-call. An older port sends no ``ask_s``, so an ``ask`` (a kind it
+  would not read) is never sent to it.
+
 In Python, the answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default
 their ``id`` to 0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build
 them without knowing the wire id; the host fills it in.
@@ -92,7 +111,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias
 
 from actors.base.errors import WireError
@@ -100,10 +119,12 @@ from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.wire.codec import Codec, Natural, added
 
 __all__ = [
+    "ACTIONS",
     "CODEC",
     "DEFAULT_MAX_FRAME",
     "VERSION",
     "Answer",
+    "Ask",
     "Cancel",
     "Denied",
     "Failed",
@@ -112,6 +133,8 @@ __all__ = [
     "PendingApproval",
     "Ping",
     "Pong",
+    "Questions",
+    "Reply",
     "Result",
     "ToolRequest",
     "Tools",
@@ -151,6 +174,9 @@ class ToolRequest:
     landing: str = added("", "where a write lands")
     # The W3C trace context of the session's execute_tool span ("" when not traced).
     traceparent: str = added("", "traces")
+    # How long the session will wait for the person's answer to a question mid-call (an
+    # MCP server's elicitation); 0: nobody can answer, the host answers for itself.
+    ask_s: float = added(0.0, "questions mid-call")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,10 +229,48 @@ class Unhealthy:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Ask:
+    """Host -> port: running call ``id`` asks the person ``message``, a form of ``schema``
+    (JSON Schema of an object, flat) on behalf of ``server``."""
+
+    id: Natural
+    question: Natural
+    server: str
+    message: str
+    schema: Mapping[str, Any]
+
+
+ACTIONS = ("accept", "decline", "cancel")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reply:
+    """Port -> host: the person's answer to ``question`` of call ``id``: ``action`` one of
+    :data:`ACTIONS`; ``content`` the form's values when accepted."""
+
+    id: Natural
+    question: Natural
+    action: str
+    content: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Cancel:
     """Port -> host: the caller gave up on call ``id``; stop it (its answer is not wanted)."""
 
     id: Natural
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Questions:
+    """Not a message: how a port hands a call's questions mid-call (``ask``) to the person.
+
+    ``ask(question, deadline)`` gives (action, content) by ``deadline`` (a
+    ``time.monotonic()`` value); ``timeout_s`` is how long the person is given (0: as long
+    as the call's limit)."""
+
+    ask: Callable[[Ask, float], tuple[str, Mapping[str, Any]]]
+    timeout_s: float = 0.0
 
 
 Message: TypeAlias = (
@@ -221,6 +285,8 @@ Message: TypeAlias = (
     | Pong
     | Unhealthy
     | Cancel
+    | Ask
+    | Reply
 )
 Answer: TypeAlias = Result | Failed | Denied | PendingApproval
 

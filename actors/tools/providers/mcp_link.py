@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from actors.base.errors import McpError
+from actors.tools.protocol.provider import Asker
 from actors.tools.protocol.wire import Answer, Failed, Result
 from actors.tools.providers.mcp_auth import Authorizer, elicitation_answer, http_auth
 from actors.tools.providers.mcp_mapping import (
@@ -229,6 +230,8 @@ class McpLink:
         # The tools the server lists after it said they changed (on the loop thread).
         self.on_tools: Callable[[list[mcp_types.Tool]], None] = lambda _tools: None
         self._elicitation: ElicitationMode = elicitation
+        # Who can answer a question now: the askers of the calls in flight (loop thread).
+        self._askers: list[Asker] = []
         # The SDK logs why an OAuth flow failed, then the request goes on to its 401.
         self._oauth_errors = _LastError()
         self.restarted = "restarted" if command is not None else "reconnected"
@@ -282,7 +285,18 @@ class McpLink:
     async def _elicit(
         self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-        return elicitation_answer(self._elicitation, params, self.label)
+        """Ask the person through the latest call in flight that can ask (the SDK does not
+        say which call a question belongs to); nobody: ``tools.elicitation`` answers."""
+        if not self._askers or not isinstance(params, mcp_types.ElicitRequestFormParams):
+            return elicitation_answer(self._elicitation, params, self.label)
+        asker = self._askers[-1]
+        action, content = await asyncio.to_thread(asker, self.label, params.message,
+                                                  params.requested_schema)
+        log.info("MCP server %s asked %r: the person answered %s", self.label,
+                 params.message[:80], action)
+        if action == "accept":
+            return mcp_types.ElicitResult(action="accept", content=content)
+        return mcp_types.ElicitResult(action="decline" if action == "decline" else "cancel")
 
     async def resources(self) -> list[mcp_types.Resource]:
         """The server's resources (first pages), or none when it offers none or fails."""
@@ -452,9 +466,24 @@ class McpLink:
 
     async def call(
         self, tool: str, arguments: dict[str, Any], own_s: float, timeout_s: float, *,
+        untrusted: bool, max_output: int | None, ask: Asker | None = None,
+    ) -> Answer:
+        """One call within ``own_s``; ``timeout_s`` is the caller's limit, for messages;
+        ``ask`` asks the person a question the server has during the call."""
+        if ask is None:
+            return await self._call(tool, arguments, own_s, timeout_s, untrusted=untrusted,
+                                    max_output=max_output)
+        self._askers.append(ask)
+        try:
+            return await self._call(tool, arguments, own_s, timeout_s, untrusted=untrusted,
+                                    max_output=max_output)
+        finally:
+            self._askers.remove(ask)
+
+    async def _call(
+        self, tool: str, arguments: dict[str, Any], own_s: float, timeout_s: float, *,
         untrusted: bool, max_output: int | None,
     ) -> Answer:
-        """One call within ``own_s``; ``timeout_s`` is the caller's limit, for messages."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + own_s
         try:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import psutil
 import pytest
 import zmq
 
-from actors.tools.port import PortSettings, ToolPort, start_port
+from actors.tools.port import PortSettings, Questions, ToolPort, start_port
 from actors.tools.protocol import wire
 from tests.support.watch import HANG_S
 from tests.tools.hostkit import (
@@ -268,3 +269,42 @@ def test_the_port_round_trips_through_a_real_host(port: ToolPort) -> None:
     answer = port.call(session="s", call=1, tool="pid", arguments={})
     assert isinstance(answer, wire.Result)
     assert int(answer.content) != os.getpid()
+
+
+# --- a question mid-call (wire: ask / reply) --------------------------------------------------
+
+
+def test_a_question_mid_call_reaches_the_asker_and_its_answer_the_tool(port: ToolPort) -> None:
+    seen: list[tuple[wire.Ask, float]] = []
+
+    def person(question: wire.Ask, deadline: float) -> tuple[str, dict[str, Any]]:
+        seen.append((question, deadline))
+        return "accept", {"name": "Grace"}
+
+    answer = port.call(session="s", call=1, tool="question", arguments={"message": "Whom?"},
+                       ask=Questions(person, 30.0))
+    assert answer == wire.Result(answer.id, 'accept {"name": "Grace"}')
+    ((question, deadline),) = seen
+    assert (question.server, question.message) == ("fake", "Whom?")
+    assert question.schema["properties"]["name"]["default"] == "Ada"
+    assert deadline - time.monotonic() <= 30.0
+    declined = port.call(session="s", call=2, tool="question", arguments={"message": "Whom?"},
+                         ask=Questions(lambda _q, _d: ("decline", {"name": "x"}), 30.0))
+    assert isinstance(declined, wire.Result) and declined.content == "decline {}"
+
+
+def test_without_an_asker_the_host_is_told_nobody_can_answer(port: ToolPort) -> None:
+    answer = port.call(session="s", call=1, tool="question", arguments={"message": "Whom?"})
+    assert isinstance(answer, wire.Result) and answer.content == "nobody to ask"
+
+
+def test_a_question_nobody_answers_is_cancelled_by_the_host(host: tuple[str, Path]) -> None:
+    """A port that never replies (gone, or an older one): the host stops waiting at the
+    request's ask_s and the tool hears "cancel"."""
+    endpoint, _ = host
+    with raw_dealer(endpoint) as sock:
+        request = wire.ToolRequest(9, "s", 1, "question", {"message": "Whom?"}, ask_s=0.2)
+        question = ask(sock, request)
+        assert isinstance(question, wire.Ask) and question.id == 9
+        answer = recv(sock)
+        assert isinstance(answer, wire.Result) and answer.content == "cancel {}"

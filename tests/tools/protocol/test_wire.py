@@ -207,7 +207,10 @@ OLD_MESSAGES: list[wire.Message] = [
 
 
 # Fields added since those frames were written: today's frames carry them too.
-ADDED_SINCE = {"request": ("landing", "traceparent"), "pending_approval": ("landing", "protected")}
+ADDED_SINCE: dict[str, dict[str, object]] = {
+    "request": {"landing": "", "traceparent": "", "ask_s": 0.0},
+    "pending_approval": {"landing": "", "protected": ""},
+}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -216,8 +219,8 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
     for frame, msg in zip(frames, OLD_MESSAGES, strict=True):
         assert wire.decode(frame) == msg
         written = msgpack.unpackb(wire.encode(msg))
-        for name in ADDED_SINCE.get(written["kind"], ()):
-            assert written.pop(name) == ""
+        for name, default in ADDED_SINCE.get(written["kind"], {}).items():
+            assert written.pop(name) == default
         assert msgpack.packb(written) == frame, type(msg).__name__
 
 
@@ -231,7 +234,7 @@ def test_a_request_without_approved_is_not_approved() -> None:
 def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert [(kind, field, default) for kind, field, default, _ in wire.CODEC.added()] == [
         ("request", "approved", False), ("request", "landing", ""),
-        ("request", "traceparent", ""),
+        ("request", "traceparent", ""), ("request", "ask_s", 0.0),
         ("pending_approval", "landing", ""), ("pending_approval", "protected", ""),
     ]
     doc = " ".join((wire.__doc__ or "").split())
@@ -239,3 +242,13 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert ("``request.landing`` (default ``\"\"``: none named), ``pending_approval.landing`` "
             "and ``pending_approval.protected`` (default ``\"\"``)") in doc
     assert "``request.traceparent`` (default ``\"\"``: not traced)" in doc
+    assert "``request.ask_s`` (default ``0.0``: nobody to ask)" in doc
+
+
+def test_a_question_and_its_reply_cross_the_wire() -> None:
+    ask = wire.Ask(3, 1, "greeter", "Whom?", {"type": "object", "properties": {}})
+    assert wire.decode(wire.encode(ask)) == ask
+    reply = wire.Reply(3, 1, "accept", {"name": "Ada"})
+    assert wire.decode(wire.encode(reply)) == reply
+    assert wire.decode(_frame(kind="reply", id=3, question=1, action="decline",
+                              content={})) == wire.Reply(3, 1, "decline")
