@@ -281,10 +281,13 @@ class LoopdAgent:
             return DeleteSessionResponse()
 
     async def fork_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
-                           **_: Any) -> ForkSessionResponse:
-        """A new session from ``session_id``'s whole conversation and its KV state: its
-        first prompt processes only itself. The source stays as it was."""
+                           loopd: Any = None, **_: Any) -> ForkSessionResponse:
+        """A new session from ``session_id``'s conversation and its KV state: its first
+        prompt processes only itself. The whole conversation, or its first turns when
+        ``_meta.loopd.atTurn`` names a turn (``loopd sessions fork --at``; the SDK passes
+        ``_meta``'s keys as arguments). The source stays as it was."""
         async with self._handling():
+            at = _at_turn(loopd)
             source = _name(session_id)
             backend = await self._backend(cwd)
             await self._known(source, backend)
@@ -294,7 +297,7 @@ class LoopdAgent:
                     break
             else:
                 raise _invalid("could not find a free session name; try again")
-            forked = await self._call(backend.fork, source, name)
+            forked = await self._call(backend.fork, source, name, at)
             opened = await self._call(backend.open, name, False)
             self.sessions[name] = _Session(name, size=opened.context)
             self.say(f"session {name}: forked from {source} at turn {forked.at}"
@@ -554,6 +557,20 @@ def _start_service(config: Config, workspace: Path, local: bool,
     decides (README, "Keep it running")."""
     return choose(config.replace("tools", workspace=str(workspace)), say, local=local,
                   fixed=True)
+
+
+def _at_turn(meta: Any) -> int | None:
+    """``_meta.loopd.atTurn`` of a fork: a turn number (0: only the session's start), or
+    None (the whole session)."""
+    if meta is None:
+        return None
+    at = meta.get("atTurn") if isinstance(meta, dict) else None
+    if at is None and isinstance(meta, dict):
+        return None
+    if type(at) is not int or at < 0:
+        raise _invalid(f"_meta.loopd.atTurn must be a turn number (0: only the session's "
+                       f"start), not {at!r}; leave it out to fork the whole session")
+    return at
 
 
 def _remove(config: Config, name: str) -> None:

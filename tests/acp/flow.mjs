@@ -268,6 +268,33 @@ const lifecycle = await withAgent(async (ctx, editor) => {
   const after = usageOf(updates);
   assert.ok(after.cachedTokens >= before.promptTokens, "resumed cold");
 
+  // fork at a turn (`loopd sessions fork --at`): the fork has the first turn only
+  const early = await ctx.request(unstable.methods.agent.session.fork, {
+    sessionId: life,
+    cwd: setup.workspace,
+    mcpServers: [],
+    _meta: { loopd: { atTurn: 1 } },
+  });
+  assert.equal(early._meta.loopd.forkedFrom, life);
+  assert.equal(early._meta.loopd.atTurn, 1);
+  const forkMark = editor.updates.length;
+  const forkDone = await ctx.request(acp.methods.agent.session.prompt, {
+    sessionId: early.sessionId,
+    prompt: [{ type: "text", text: "r3" }],
+  });
+  assert.equal(forkDone.stopReason, "end_turn");
+  assert.equal(textOf(editor.updates.slice(forkMark)), "done r3.");
+  for (const [atTurn, why] of [[-1, /atTurn must be a turn number/], ["1", /atTurn must be/],
+                               [9, /has turns 1 to 2/]]) {
+    await assert.rejects(
+      ctx.request(unstable.methods.agent.session.fork, {
+        sessionId: life, cwd: setup.workspace, mcpServers: [], _meta: { loopd: { atTurn } },
+      }),
+      (e) => why.test(e.message),
+      `fork at ${JSON.stringify(atTurn)} was not refused`,
+    );
+  }
+
   // bad input: resume of a session that does not exist
   await assert.rejects(
     ctx.request(acp.methods.agent.session.resume, { sessionId: "no-such-session", cwd: setup.workspace, mcpServers: [] }),
@@ -287,7 +314,7 @@ const lifecycle = await withAgent(async (ctx, editor) => {
     ctx.request(acp.methods.agent.session.resume, { sessionId: doomed, cwd: setup.workspace, mcpServers: [] }),
     (e) => e.code === -32002,
   );
-  return { resumed: life, deleted: doomed, usage: [before, after] };
+  return { resumed: life, deleted: doomed, usage: [before, after], forkedAt1: early.sessionId };
 });
 
 clearTimeout(guard);

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from actors.log.records import Usage
+from actors.log.records import Usage, User
 from tests.acp.conftest import ROOT, AcpEnv, check_flow_log
 
 HERE = ROOT / "tests" / "acp"
@@ -62,3 +62,6 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
             "processedTokens": record.timings["prompt_n"],
         }, (seen, record)
     assert not (env.sessions / summary["deleted"]).exists()
+    # forked at turn 1: the source's first turn, then its own
+    users = [r.content for r in env.records(summary["forkedAt1"]) if isinstance(r, User)]
+    assert users == ["r1 the first message of a session to close", "r3"]
