@@ -191,7 +191,7 @@ class LoopdAgent:
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False,
                                                        embedded_context=False),
-                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                mcp_capabilities=McpCapabilities(http=False, sse=False, acp=False),
                 session_capabilities=SessionCapabilities(
                     list=SessionListCapabilities(), fork=SessionForkCapabilities(),
                     resume=SessionResumeCapabilities(), close=SessionCloseCapabilities(),

@@ -81,7 +81,8 @@ async function initialize(ctx) {
   assert.equal(init.agentCapabilities.loadSession, true);
   assert.equal(init.agentInfo.name, "loopd");
   assert.equal(init.agentCapabilities.promptCapabilities.image, false);
-  assert.ok(init.agentCapabilities.sessionCapabilities.fork, "no fork capability");
+  assert.deepEqual(init.agentCapabilities.sessionCapabilities,
+                   { list: {}, delete: {}, fork: {}, resume: {}, close: {} });
   return init;
 }
 
