@@ -4,8 +4,9 @@ Every module of ``actors`` may reach (directly or through what it imports) only 
 folders its row of :data:`MAY_REACH` names, checked by walking the imports. The rows, from
 the bottom up (docs/architecture.md draws the same picture):
 
-- ``base``: every process (errors, config, cancel, events, rules, text cuts, durable writes);
-- ``wire``: every process that speaks ZeroMQ (codec, field checks, CURVE, process trees);
+- ``base``: every process (errors, config, cancel, events, rules, text cuts, durable writes,
+  process trees);
+- ``wire``: every process that speaks ZeroMQ (codec, field checks, CURVE);
 - ``tools.protocol``, ``tools.providers``, ``tools.host``: the tool host process. What runs
   tools never reaches a session, a log, inference, approval, the daemon or pykka;
 - ``log``: the records and their file; ``inference``: the model server's side;

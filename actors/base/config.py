@@ -391,7 +391,7 @@ class DaemonConfig:
     # tenth its new requests are refused, past the whole it is given up (the bytes freed)
     max_client_bytes: int = field(default=64 * 1024 * 1024, metadata=limits(1024 * 1024, 1024**4))
     # how long a stop may take (the daemon's, and a run/chat/acp's own world's); past it,
-    # what the process started is killed, it exits 1 (actors/wire/deadline.py)
+    # what the process started is killed, it exits 1 (actors/base/processes/stop_deadline.py)
     stop_grace_s: float = field(default=60.0, metadata=seconds(1))
 
 

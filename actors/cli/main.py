@@ -441,9 +441,9 @@ def _status(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 def _stop(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     import psutil
 
+    from actors.base.processes.trees import is_alive
     from actors.daemon.address import endpoint
     from actors.daemon.client import find_daemon
-    from actors.wire.procs import is_alive
 
     running = find_daemon(config)
     if running is None:  # nothing to stop is not a failure (and not the model server's 4)

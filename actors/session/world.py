@@ -6,8 +6,8 @@ ends), the inference actors with the slot keeper over the server(s), and the too
 (local ones as child processes, remote ones by endpoint). Sessions are opened on it by
 name. When the command ends (normally, Ctrl-C, SIGTERM) the sessions stop first, then the
 keeper saves every session's changed KV state, then the server stops: all of it within
-``daemon.stop_grace_s`` (:mod:`actors.wire.deadline`), past which the process kills what it
-started and exits 1.
+``daemon.stop_grace_s`` (:mod:`actors.base.processes.stop_deadline`), past which the
+process kills what it started and exits 1.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pykka
 from actors.approval.rulesfile import RuleStore
 from actors.base import telemetry
 from actors.base.config import GENERAL_SYSTEM, Config
+from actors.base.processes.stop_deadline import StopDeadline
 from actors.base.rules import RuleBook
 from actors.inference.actor import Inference
 from actors.inference.slots.files import meta_dir
@@ -34,7 +35,6 @@ from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
 from actors.tools.workspace_map import workspace_map
-from actors.wire.deadline import StopDeadline
 
 __all__ = ["StatusEvent", "World", "start_world"]
 

@@ -45,6 +45,7 @@ import psutil
 from actors.base.config import Config, HostConfig, ToolsConfig
 from actors.base.errors import ConfigError, KeyFileError
 from actors.base.places import private_places
+from actors.base.processes.trees import kill_session, kill_tree, loopd_env
 from actors.tools.port import (
     CurveClient,
     HostLauncher,
@@ -59,7 +60,6 @@ from actors.tools.providers.sandbox import Bounds, Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
 from actors.wire.curve import load_public, load_secret
-from actors.wire.procs import kill_session, kill_tree, loopd_env
 
 __all__ = ["STANDARD_HOSTS", "Toolbox", "check_workspace", "host_argv", "uses_workspace"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from actors.base.processes.stop_deadline import EXIT_CODE
 from actors.log.records import Assistant, User
-from actors.wire.deadline import EXIT_CODE
 from tests.acp.conftest import AcpEnv, RawAgent, assert_gone, children_of, model
 from tests.support.fake_llama import FakeLlama
 

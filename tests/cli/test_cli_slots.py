@@ -18,14 +18,14 @@ import msgpack
 import psutil
 import pytest
 
+from actors.base.processes.stop_deadline import EXIT_CODE
+from actors.base.processes.trees import kill_tree
 from actors.cli.main import main
 from actors.cli.view import describe, summary
 from actors.inference.slots.keeper import FORKED
 from actors.log.file import HEADER, read_log
 from actors.log.records import SlotState, SlotUse, Usage, User
 from actors.session.turn import TurnOutcome
-from actors.wire.deadline import EXIT_CODE
-from actors.wire.procs import kill_tree
 from tests.support.fake_llama import FakeLlama, answer, hang
 
 ROOT = Path(__file__).resolve().parents[2]

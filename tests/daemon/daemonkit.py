@@ -24,8 +24,8 @@ import pexpect
 import psutil
 
 from actors.base import config as cfg
+from actors.base.processes.trees import is_alive, kill_tree
 from actors.daemon.client import Client, find_daemon
-from actors.wire.procs import is_alive, kill_tree
 from tests.support.watch import HANG_S, wait_until
 
 __all__ = ["ROOT", "Daemon", "chat", "cli", "daemon_config", "env"]

@@ -24,12 +24,12 @@ import zmq
 
 from actors.base import config as cfg
 from actors.base.errors import Cancelled, SessionInUse
+from actors.base.processes.trees import is_alive, kill_tree
 from actors.daemon import protocol as p
 from actors.daemon.address import endpoint
 from actors.daemon.client import Client, find_daemon
 from actors.log.records import Assistant, ToolResult, User
 from actors.wire.curve import load_public, load_secret
-from actors.wire.procs import is_alive, kill_tree
 from tests.daemon.daemonkit import ROOT, Daemon, cli, daemon_config, env
 from tests.support.curve_host import server_keys
 from tests.support.fake_llama import FakeLlama

@@ -39,10 +39,10 @@ import pytest
 
 from actors.base import config as cfg
 from actors.base.errors import LoopdError
+from actors.base.processes.trees import kill_tree
 from actors.daemon.client import Client
 from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
-from actors.wire.procs import kill_tree
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
 from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import message

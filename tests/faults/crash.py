@@ -20,9 +20,9 @@ from typing import Any
 
 import psutil
 
+from actors.base.processes.trees import is_alive, kill_tree
 from actors.log.file import SessionLog, read_records
 from actors.log.records import CacheLoss, Compaction, Record, ToolResult, Usage, User, to_json
-from actors.wire.procs import is_alive, kill_tree
 
 __all__ = ["FULL_TURN", "Checker", "check_calls", "shape", "split_turns", "turn_number",
            "wait_gone"]

@@ -35,9 +35,9 @@ from types import TracebackType
 
 import psutil
 
+from actors.base.processes.trees import kill_tree
 from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
-from actors.wire.procs import kill_tree
 from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama

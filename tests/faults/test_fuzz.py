@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from actors.base import config as cfg
 from actors.base.errors import ConfigError, RecordError, SessionError
+from actors.base.processes.trees import kill_tree
 from actors.log.file import HEADER, SessionLog, frame, read_records
 from actors.log.records import (
     Assistant,
@@ -59,7 +60,6 @@ from actors.log.records import (
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import Local, Registry, Remote, dispatch
-from actors.wire.procs import kill_tree
 from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]

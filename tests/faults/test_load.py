@@ -29,6 +29,7 @@ import pytest
 
 from actors.base.config import Config
 from actors.base.events import Event
+from actors.base.processes.trees import is_alive
 from actors.inference.actor import Inference
 from actors.log.file import read_records
 from actors.log.records import Baseline, now
@@ -36,7 +37,6 @@ from actors.session.actor import open_session
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox
-from actors.wire.procs import is_alive
 from tests.support.load import SLOTS, check_log, check_reopen, expected_results, message
 from tests.support.load import load_config as shared_config
 from tests.support.scripted_llama import serve_in_process

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from actors.wire.procs import is_alive, kill_tree
+from actors.base.processes.trees import is_alive, kill_tree
 
 __all__ = ["hosts_of", "leftovers_killed"]
 

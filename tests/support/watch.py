@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 import psutil
 
-from actors.wire.procs import is_alive
+from actors.base.processes.trees import is_alive
 
 __all__ = ["HANG_S", "Background", "Peak", "living", "wait_until"]
 

@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import zmq
 
+from actors.base.processes.trees import is_alive, kill_session, kill_tree
 from actors.tools.protocol import wire
-from actors.wire.procs import is_alive, kill_session, kill_tree
 from tests.support.watch import HANG_S, wait_until
 
 __all__ = [

@@ -18,12 +18,12 @@ import pytest
 
 from actors.base.config import Config, HostConfig, ShellConfig
 from actors.base.errors import ConfigError
+from actors.base.processes.trees import is_alive
 from actors.tools.port import PortState, ToolPort
 from actors.tools.protocol import wire
 from actors.tools.registry import Remote, dispatch
 from actors.tools.toolbox import Toolbox, host_argv
 from actors.wire.curve import write_keypair
-from actors.wire.procs import is_alive
 from tests.support.watch import HANG_S
 from tests.tools.hostkit import ROOT, host_env, host_processes, short_dir, wait_until
 from tests.tools.mcp_support import closed_port_url, refusing

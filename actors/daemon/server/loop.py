@@ -30,7 +30,7 @@ answered ``error`` (logged at a bounded rate) and the loop goes on.
 :meth:`Server.request_stop` (``stop`` from a client, or SIGTERM) ends the loop the clean
 way: every turn in flight is cancelled and its ``error`` sent, then the sessions close;
 the caller then stops the World (the slot keeper saves the KV states, the hosts stop).
-The whole stop is bounded by ``daemon.stop_grace_s`` (:mod:`actors.wire.deadline`).
+The whole stop is bounded by ``daemon.stop_grace_s`` (:mod:`actors.base.processes.stop_deadline`).
 """
 
 from __future__ import annotations

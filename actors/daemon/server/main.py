@@ -8,7 +8,7 @@ then the socket. Stop: the loop cancels the turns in flight and closes the sessi
 World stops (the slot keeper saves every session's changed KV state, the hosts and the
 embedded server stop), the socket and pid file go. Nothing is left running: a stop that
 outlasts ``daemon.stop_grace_s`` kills what the daemon started and exits with code 1
-(:mod:`actors.wire.deadline`).
+(:mod:`actors.base.processes.stop_deadline`).
 
 ``--detach`` starts the same command in a new session, its output in
 ``RUNTIME_DIR/loopd.log``, and returns once its socket answers.
@@ -34,14 +34,14 @@ import zmq
 from actors.base.config import Config
 from actors.base.durable import lock
 from actors.base.errors import DaemonError, UsageError
+from actors.base.processes.stop_deadline import StopDeadline
+from actors.base.processes.trees import loopd_env
 from actors.daemon.address import endpoint, ensure_runtime_dir, pid_file
 from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
-from actors.wire.deadline import StopDeadline
 from actors.wire.loop import SignalWake
 from actors.wire.peers import raise_fd_limit, seed_router_ids
-from actors.wire.procs import loopd_env
 
 __all__ = ["detach", "serve"]
 

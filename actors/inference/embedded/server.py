@@ -31,6 +31,7 @@ import httpx
 
 from actors.base.config import Config, EmbeddedConfig
 from actors.base.errors import EmbeddedError
+from actors.base.processes.tether import tethered
 from actors.inference.embedded.model import (
     INSTALL_HINT,
     MODEL_SHA256,
@@ -38,7 +39,6 @@ from actors.inference.embedded.model import (
     ensure_model,
     progress,
 )
-from actors.wire.tether import tethered
 
 __all__ = [
     "EmbeddedServer",

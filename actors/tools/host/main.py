@@ -31,12 +31,12 @@ import zmq
 from actors.base import telemetry
 from actors.base.config import ShellConfig
 from actors.base.errors import KeyFileError, McpError, UsageError
+from actors.base.processes.trees import is_alive
 from actors.tools.host.server import Host, home_cpu, pin
 from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ToolProvider
 from actors.wire.curve import curve_server
 from actors.wire.peers import raise_fd_limit, seed_router_ids
-from actors.wire.procs import is_alive
 
 __all__ = ["main"]
 

@@ -36,6 +36,7 @@ import zmq
 
 from actors.base import telemetry
 from actors.base.errors import UsageError, WireError
+from actors.base.processes.trees import kill_tree
 from actors.base.textcut import cut
 from actors.tools.protocol import wire
 from actors.tools.protocol.argcheck import ArgumentCheck
@@ -54,7 +55,6 @@ from actors.tools.protocol.wire import (
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Loop, Timer
 from actors.wire.peers import short
-from actors.wire.procs import kill_tree
 
 __all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
 

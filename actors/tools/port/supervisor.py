@@ -28,9 +28,9 @@ from typing import IO, Any
 
 import pykka
 
+from actors.base.processes.trees import kill_session
 from actors.tools.port.connection import Connection, PortState
 from actors.tools.port.settings import PortSettings
-from actors.wire.procs import kill_session
 
 __all__ = ["HostLauncher", "HostSupervisor", "PortStatus", "stop_process"]
 
@@ -64,7 +64,7 @@ class HostLauncher:
     on_line: Callable[[str], None] | None = None
 
     def spawn(self) -> subprocess.Popen[bytes]:
-        """Start the host as the leader of a new session (see :mod:`actors.wire.procs`)."""
+        """Start the host as the leader of a new session (:mod:`actors.base.processes.trees`)."""
         out: IO[bytes] | int = subprocess.DEVNULL
         if self.log_path is not None:
             out = open(self.log_path, "ab")  # noqa: SIM115 - closed right after the fork

@@ -2,7 +2,7 @@
 
 The command line (``/bin/sh -c``, in bubblewrap or not: see
 :mod:`actors.tools.providers.sandbox`) runs with the environment it is given, in a process
-group of its own (inside the tool host's session, see :mod:`actors.wire.procs`). Its
+group of its own (inside the tool host's session, see :mod:`actors.base.processes.trees`). Its
 output (stdout and stderr together) is read as it comes; past ``max_output`` bytes it is
 still read, so the command never blocks on a full pipe, but only counted. On a timeout or
 a cancel the whole group and every descendant is killed. When the command itself exits,
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from actors.wire.procs import kill_group
+from actors.base.processes.trees import kill_group
 
 __all__ = ["CommandOutcome", "run_shell"]
 

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from actors.base.errors import McpError
+from actors.base.processes.tether import tethered
 from actors.tools.protocol.provider import Asker
 from actors.tools.protocol.wire import Answer, Failed, Result
 from actors.tools.providers.mcp_auth import Authorizer, elicitation_answer, http_auth
@@ -32,7 +33,6 @@ from actors.tools.providers.mcp_mapping import (
     timeout_message,
 )
 from actors.tools.providers.mcp_settings import ElicitationMode, McpAuth
-from actors.wire.tether import tethered
 
 try:
     import anyio

@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from actors.base.processes.trees import is_alive
 from actors.tools.port.connection import PortState
 from actors.tools.port.settings import PortSettings
 from actors.tools.port.supervisor import HostLauncher, HostSupervisor, PortStatus
-from actors.wire.procs import is_alive
 from tests.support.watch import HANG_S, wait_until
 
 WAIT = HANG_S  # a hang guard for each wait, never a timing

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
 
-from actors.wire.tether import SCRIPT, tethered
+from actors.base.processes.tether import SCRIPT, tethered
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PDEATHSIG")]
@@ -21,7 +22,7 @@ _SLEEPER = "import time; print('up', flush=True); time.sleep(120)"
 _PARENT = textwrap.dedent(f"""
     import subprocess, sys, time
     SLEEPER = {_SLEEPER!r}
-    from actors.wire.tether import tethered
+    from actors.base.processes.tether import tethered
     child = subprocess.Popen(tethered([sys.executable, "-c", SLEEPER]))
     print(child.pid, flush=True)
     time.sleep(120)
@@ -35,7 +36,7 @@ def test_the_command_line_names_this_process() -> None:
 
 
 def test_a_tethered_child_dies_with_its_sigkilled_parent() -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(Path(__file__).resolve().parents[3])
     parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE,
                               cwd=root, env={**os.environ, "PYTHONPATH": root})
     child: psutil.Process | None = None

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import psutil
 
-from actors.wire.procs import kill_session, kill_tree
+from actors.base.processes.trees import kill_session, kill_tree
 
 __all__ = ["EXIT_CODE", "StopDeadline"]
 
