@@ -36,8 +36,8 @@ from typing import Any
 from rich.console import Console
 
 from actors.approval.rulesfile import RuleStore, load_rules
+from actors.base.command_line import split_words
 from actors.base.rules import RuleBook, protected, verdict
-from actors.base.spelling import split_words
 from actors.cli.view import SafeConsole, visible
 from actors.inference.smallmodel.grammar import build_grammar, cached_grammar
 from actors.tools.providers.command import run_shell

@@ -658,7 +658,7 @@ def _table(value: Any, name: str) -> Mapping[str, Any]:
 
 
 # The config files this process was pointed at: loopd's own places, hidden from the tools
-# (actors.base.places) like the rules file, for an inference.api_key may be in one.
+# (actors.base.private_places) like the rules file, for an inference.api_key may be in one.
 _READ: dict[str, None] = {}
 
 

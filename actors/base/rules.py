@@ -16,7 +16,7 @@ this session" answer grants: what the person saw, see :func:`grant_for`):
 
 :func:`verdict` decides: a matching deny rule wins over everything; then a matching allow
 rule; else the person is asked. A deny rule of ``run_command`` holds against every spelling
-of its words that :mod:`actors.base.spelling` recognises (``/bin/rm``, ``env rm``, ``sh -c
+of its words that :mod:`actors.base.command_line` recognises (``/bin/rm``, ``env rm``, ``sh -c
 'rm x'``, ``git -C . push``, one command of several joined by ``;``): those are denied. A
 call that may still run what a deny rule names without loopd being able to tell (the
 rule's words found anywhere in the command, in order: ``python -c "...'git','push'..."``;
@@ -37,7 +37,7 @@ from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
-from actors.base.spelling import SHELL_OPERATORS, Reading, base, read_command, split_words
+from actors.base.command_line import SHELL_OPERATORS, Reading, base, read_command, split_words
 
 __all__ = [
     "PROTECTED",

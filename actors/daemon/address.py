@@ -13,7 +13,7 @@ from pathlib import Path
 
 from actors.base.config import Config
 from actors.base.errors import ConfigError
-from actors.base.places import runtime_dir
+from actors.base.private_places import runtime_dir
 
 __all__ = [
     "IPC_MAX", "endpoint", "ensure_runtime_dir", "not_private", "pid_file", "runtime_dir",

@@ -49,7 +49,7 @@ from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
 from actors.service.types import CompactReport, Forked, Opened, Rewound
 from actors.wire.loop import Heartbeat, Loop
-from actors.wire.peers import new_routing_id
+from actors.wire.peer_guard import new_routing_id
 
 __all__ = ["Client", "CurveKeys", "RemoteTurn", "find_daemon", "remote_error"]
 

@@ -47,7 +47,7 @@ from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import Cancelled, SessionError, SessionFull, UsageError
 from actors.base.events import Compacted, Compacting, Event, Progress, Queued, Retrying, Waiting
-from actors.inference.smallmodel.decision import strip_word
+from actors.inference.smallmodel.decision_word import strip_word
 from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from actors.log.file import SessionLog

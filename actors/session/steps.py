@@ -9,7 +9,7 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
 
 - A question that asks for two or more file tools by their verbs ("Search for backup, then
   read the file you found") gets those calls, in that order, one a step
-  (:func:`~actors.inference.smallmodel.decision.asked_steps`): left the choice after the
+  (:func:`~actors.inference.smallmodel.decision_word.asked_steps`): left the choice after the
   first result, the embedded model answered from it.
 - A question that names a file gets a call first, no ANSWER.
 - In a small workspace (``inference.workspace_words``: the files the search reads hold at
@@ -45,7 +45,7 @@ from typing import Any
 
 from actors.base.config import Config
 from actors.base.errors import LoopdError
-from actors.inference.smallmodel.decision import (
+from actors.inference.smallmodel.decision_word import (
     about_the_workspace,
     asked_steps,
     asks_a_size,
@@ -62,7 +62,7 @@ from actors.inference.smallmodel.questions import (
     needs_no_tool,
 )
 from actors.log.records import Assistant, Record, ToolResult, User
-from actors.session.listing import listed_entry
+from actors.session.last_listing import listed_entry
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.providers.workspace import Workspace

@@ -38,7 +38,7 @@ from actors.base.events import (
     ToolResultEvent,
 )
 from actors.inference.smallmodel.bare_json import bare_call
-from actors.inference.smallmodel.decision import WordFilter, strip_word
+from actors.inference.smallmodel.decision_word import WordFilter, strip_word
 from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
     CUT,

@@ -44,7 +44,7 @@ import psutil
 
 from actors.base.config import Config, HostConfig, ToolsConfig
 from actors.base.errors import ConfigError, KeyFileError
-from actors.base.places import private_places
+from actors.base.private_places import private_places
 from actors.base.processes.trees import kill_session, kill_tree, loopd_env
 from actors.tools.port import (
     CurveClient,

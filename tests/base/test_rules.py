@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.base.command_line import read_command, split_words
 from actors.base.config import parse
 from actors.base.errors import ConfigError
 from actors.base.rules import (
@@ -24,7 +25,6 @@ from actors.base.rules import (
     subject,
     verdict,
 )
-from actors.base.spelling import read_command, split_words
 
 
 def cmd(command: str) -> dict[str, str]:

@@ -3,7 +3,7 @@
 libzmq's ``ipc://`` listener aborts the whole process when ``accept`` fails for want of a
 descriptor (``ipc_listener.cpp``: EMFILE is not among the errors it tolerates), and every
 connection takes one, whether its peer ever speaks or not. The daemon raises its soft limit
-to the hard one at start (:func:`actors.wire.peers.raise_fd_limit`); this keeps what is left
+to the hard one at start (:func:`actors.wire.peer_guard.raise_fd_limit`); this keeps what is left
 of it: on each accepted connection (a socket monitor event, read by the loop) it counts the
 process's open descriptors, and past ``limit - headroom`` it stops listening (``unbind``,
 which also drops the connections made through it: only a flood gets there). It listens again

@@ -58,7 +58,7 @@ from actors.service.local import LocalService, SessionTable, Worlds
 from actors.session.world import World
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Heartbeat, Loop
-from actors.wire.peers import short
+from actors.wire.peer_guard import short
 
 from .approvals import RemoteApprover
 from .listening import Listening

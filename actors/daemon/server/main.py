@@ -41,7 +41,7 @@ from actors.daemon.server.listening import BACKLOG
 from actors.daemon.server.loop import SEND_QUEUE, Server
 from actors.wire.curve import curve_server
 from actors.wire.loop import SignalWake
-from actors.wire.peers import raise_fd_limit, seed_router_ids
+from actors.wire.peer_guard import raise_fd_limit, seed_router_ids
 
 __all__ = ["detach", "serve"]
 

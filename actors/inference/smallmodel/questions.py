@@ -20,7 +20,7 @@ from __future__ import annotations
 import keyword
 import re
 
-from actors.inference.smallmodel.decision import names_a_file
+from actors.inference.smallmodel.decision_word import names_a_file
 
 __all__ = ["about_the_project", "code_names", "follows_on", "needs_no_tool", "the_ask"]
 

@@ -36,7 +36,7 @@ from actors.tools.host.server import Host, home_cpu, pin
 from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ToolProvider
 from actors.wire.curve import curve_server
-from actors.wire.peers import raise_fd_limit, seed_router_ids
+from actors.wire.peer_guard import raise_fd_limit, seed_router_ids
 
 __all__ = ["main"]
 

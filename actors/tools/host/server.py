@@ -54,7 +54,7 @@ from actors.tools.protocol.wire import (
 )
 from actors.wire.complaints import Complaints
 from actors.wire.loop import Loop, Timer
-from actors.wire.peers import short
+from actors.wire.peer_guard import short
 
 __all__ = ["HOST_GRACE_S", "STUCK_S", "Complaints", "Host", "home_cpu", "pin"]
 

@@ -10,7 +10,7 @@ import zmq
 
 from actors.base.config import ToolsConfig
 from actors.tools.protocol import wire
-from actors.wire.peers import new_routing_id
+from actors.wire.peer_guard import new_routing_id
 
 __all__ = ["PORT_GRACE_S", "CurveClient", "PortSettings", "configure"]
 

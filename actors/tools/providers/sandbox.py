@@ -15,7 +15,7 @@ The sandbox (docs/sandbox.md) is bubblewrap's command line, built here and nowhe
   ``/proc/sys`` and the other kernel knobs under ``/proc`` read-only in its own ``/proc``;
 - a private ``/tmp``, ``/run`` and ``/dev/shm`` (tmpfs of ``tools.shell.tmpfs_mb`` each), a
   minimal read-only ``/dev``, a ``/proc`` of its own;
-- loopd's own places hidden (``hide``: :func:`actors.base.places.private_places` and the
+- loopd's own places hidden (``hide``: :func:`actors.base.private_places.private_places` and the
   host's socket directory): an empty read-only directory, or an empty file, over each, so no
   loopd socket is there to connect to and no log or key to read;
 - every namespace bubblewrap can unshare (``--unshare-all``: pid, ipc, uts, cgroup, user,

@@ -26,7 +26,7 @@ from mcp.shared.auth import OAuthToken
 
 from actors.base.config import Config, HostConfig
 from actors.base.errors import ConfigError, McpError
-from actors.base.places import private_places
+from actors.base.private_places import private_places
 from actors.tools.protocol import wire
 from actors.tools.providers.mcp import McpProvider
 from actors.tools.providers.mcp_auth import TokenFile

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from actors.base.config import load, parse
-from actors.base.places import private_places
+from actors.base.private_places import private_places
 
 
 def test_every_place_the_config_names(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""actors/wire/peers.py: routing ids nobody can guess, and the descriptor limit raised.
+"""actors/wire/peer_guard.py: routing ids nobody can guess, and the descriptor limit raised.
 
 Each check runs in a fresh interpreter: C ``rand()`` and the descriptor limit belong to the
 process, and the point is what a fresh daemon or tool host would do.
@@ -10,13 +10,13 @@ import resource
 import subprocess
 import sys
 
-from actors.wire.peers import new_routing_id, short
+from actors.wire.peer_guard import new_routing_id, short
 from tests.daemon.daemonkit import ROOT, env
 
 # The first id a fresh process's ROUTER gives a peer that brings none.
 _FIRST_ID = """
 import sys, zmq
-from actors.wire.peers import seed_router_ids
+from actors.wire.peer_guard import seed_router_ids
 if sys.argv[1] == "seeded":
     seed_router_ids()
 ctx = zmq.Context()
@@ -64,7 +64,7 @@ def test_logs_show_a_prefix_too_short_to_claim() -> None:
 
 _LIMIT = """
 import resource
-from actors.wire.peers import raise_fd_limit
+from actors.wire.peer_guard import raise_fd_limit
 print(raise_fd_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))
 """
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.base.spelling import read_command, scan, split_words
+from actors.base.command_line import read_command, scan, split_words
 
 
 @pytest.mark.parametrize(("command", "words"), [
