@@ -60,6 +60,7 @@ from actors.base.events import (
     ElicitationRequested,
     Elicitor,
     Event,
+    ToolProgress,
 )
 from actors.base.rules import Rule, RuleBook, Verdict, grant_for, parse_rule, verdict
 from actors.log.records import Approval, ApprovalDecision, ApprovalScope, Record
@@ -145,14 +146,20 @@ class Gate:
                 f" -> {done.landing}); nothing was written: call it again"))
         return done
 
-    def asker(self, call: int, tool: str) -> wire.Questions | None:
+    def asker(self, call: int, tool: str) -> wire.Questions:
         """How call ``call`` asks the person a question mid-call (an MCP server's
-        elicitation), through the approver's ``elicit``; None when it has none (nobody to
-        ask: the tool host answers by ``tools.elicitation``)."""
-        if getattr(self.approver, "elicit", None) is None:
-            return None
-        elicitor = typing.cast(Elicitor, self.approver)
+        elicitation), through the approver's ``elicit`` (none when it has none: nobody to
+        ask, the tool host answers by ``tools.elicitation``), and where its progress goes
+        (a :class:`ToolProgress` event)."""
+
+        def progress(said: wire.Progress) -> None:
+            self.emit(ToolProgress(call=call, tool=tool, done=said.done, total=said.total,
+                                   message=said.message))
+
         timeout = self.tools.approval_timeout_s
+        if getattr(self.approver, "elicit", None) is None:
+            return wire.Questions(None, timeout, progress)
+        elicitor = typing.cast(Elicitor, self.approver)
 
         def ask(question: wire.Ask, deadline: float) -> tuple[str, dict[str, Any]]:
             request = ElicitationRequested(
@@ -167,7 +174,7 @@ class Gate:
             self.emit(ElicitationAnswered(call=call, tool=tool, action=answer.action))
             return answer.action, answer.content
 
-        return wire.Questions(ask, timeout)
+        return wire.Questions(ask, timeout, progress)
 
     def _allowed(
         self, call: int, tool: str, arguments: Mapping[str, Any], pending: wire.PendingApproval,

@@ -40,6 +40,7 @@ __all__ = [
     "ThinkingCapped",
     "ToolCallDelta",
     "ToolCallStarted",
+    "ToolProgress",
     "ToolResultEvent",
     "TornTail",
     "TurnEvent",
@@ -231,6 +232,18 @@ class ElicitationRequested:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """Call ``call`` (of ``tool``) is ``done`` of ``total`` (0: unknown) while it runs: an MCP
+    server's progress notification; ``message`` what it is at ("" when it says nothing)."""
+
+    call: int
+    tool: str
+    done: float
+    total: float = 0.0
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ElicitationAnswered:
     """What went back to the server: ``accept`` (the form's values), ``decline`` or
     ``cancel``; ``by`` who gave it (``person``, ``timeout``, ``cancel``)."""
@@ -255,7 +268,7 @@ ChatEvent: TypeAlias = (
 )
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
-    | ElicitationRequested | ElicitationAnswered | Compacting | Compacted | Used
+    | ElicitationRequested | ElicitationAnswered | ToolProgress | Compacting | Compacted | Used
 )
 Event: TypeAlias = ChatEvent | TurnEvent | TornTail
 Sink: TypeAlias = Callable[[Event], None]
@@ -271,6 +284,7 @@ _NAMES = {
     ApprovalDecided: "approval_decided",
     ElicitationRequested: "elicitation_requested",
     ElicitationAnswered: "elicitation_answered",
+    ToolProgress: "tool_progress",
     TornTail: "torn_tail",
 }
 

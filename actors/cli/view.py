@@ -330,6 +330,12 @@ class LiveView:
                 self.console.print(f"[yellow]{escape(note)}[/]", highlight=False)
             case ev.ApprovalRequested() | ev.ElicitationRequested():
                 self._switch("")  # the approver (actors.cli.approvers) asks on this console
+            case ev.ToolProgress(tool=tool, done=done, total=total, message=message):
+                self._switch("")
+                of = f"/{total:g}" if total else ""
+                note = f": {message}" if message else ""
+                self.console.print(f"  [dim]… {escape(tool)} {done:g}{of}{escape(note)}[/]",
+                                   highlight=False)
             case ev.ElicitationAnswered(action=action, by=by):
                 self._switch("")
                 said = {"accept": "answered", "decline": "declined", "cancel": "cancelled"}

@@ -148,3 +148,17 @@ def test_json_answers_on_stdin(env: Env) -> None:
     assert results(env, "j") == ["hello Lin"]
 
 
+
+
+def test_an_mcp_servers_progress_is_shown_live_and_in_json(env: Env) -> None:
+    done = env.run("--session", "p", "--json", "t1 :: steps {}")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    progress = [e for e in events if e["event"] == "tool_progress"]
+    assert [(e["tool"], e["done"], e["total"], e["message"]) for e in progress] == [
+        ("steps", i, 3, f"step {i}") for i in (1, 2, 3)]
+    assert names.index("tool_progress") < names.index("tool_result")
+    shown = env.run("--session", "q", "t1 :: steps {}")
+    assert shown.returncode == 0, shown.stderr
+    assert "… steps 2/3: step 2" in shown.stdout + shown.stderr

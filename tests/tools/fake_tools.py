@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.tools.protocol.provider import ASK
+from actors.tools.protocol.provider import ASK, PROGRESS
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Result
 
@@ -38,6 +38,7 @@ _SPECS = [
     ToolSpec("not_an_answer", "Return something that is not an answer.", _obj()),
     ToolSpec("touch", "Create a marker file.", _obj(path={"type": "string"})),
     ToolSpec("pid", "This host's process id.", _obj()),
+    ToolSpec("steps", "Report progress three times.", _obj()),
     ToolSpec("question", "Ask the person a question mid-call.", _obj(message={"type": "string"})),
 ]
 
@@ -68,6 +69,12 @@ class FakeTools:
             return Result(content="touched")
         if tool == "pid":
             return Result(content=str(os.getpid()))
+        if tool == "steps":
+            report = PROGRESS.get()
+            for i in range(1, 4):
+                if report is not None:
+                    report(i, 3 if i > 1 else None, f"step {i}")
+            return Result(content="3 steps taken")
         if tool == "question":
             asker = ASK.get()
             if asker is None:

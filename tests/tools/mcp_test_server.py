@@ -97,6 +97,13 @@ def build(record: str | None) -> MCPServer:
         return f"nobody to greet ({answer.action})"
 
     @server.tool(annotations=_READ_ONLY)
+    async def steps(ctx: Context, n: int = 3) -> str:
+        """Take ``n`` steps, telling the client of each (progress notifications)."""
+        for i in range(1, n + 1):
+            await ctx.report_progress(i, n, f"step {i}")
+        return f"{n} steps taken"
+
+    @server.tool(annotations=_READ_ONLY)
     async def grow(name: str, ctx: Context) -> str:
         """Add a tool called NAME (answering "I am NAME") and say the tools changed."""
 

@@ -40,7 +40,15 @@ from actors.base.processes.trees import kill_tree
 from actors.base.textcut import cut
 from actors.tools.protocol import wire
 from actors.tools.protocol.argcheck import ArgumentCheck
-from actors.tools.protocol.provider import APPROVED_LANDING, ASK, Asker, ToolProvider, landing_of
+from actors.tools.protocol.provider import (
+    APPROVED_LANDING,
+    ASK,
+    PROGRESS,
+    Asker,
+    Reporter,
+    ToolProvider,
+    landing_of,
+)
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import (
     Cancel,
@@ -89,6 +97,7 @@ class _Call:
     landing: str | None = None  # where it was approved to write (APPROVED_LANDING)
     traceparent: str = ""  # the caller's execute_tool span: this run's span joins its trace
     ask_s: float = 0.0  # how long the caller waits for the person's answer (0: nobody asks)
+    progress: bool = False  # the caller wants its progress (wire: progress)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -312,7 +321,7 @@ class Host:
             return
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S,
                      landing=req.landing if req.approved and req.landing else None,
-                     traceparent=req.traceparent, ask_s=req.ask_s)
+                     traceparent=req.traceparent, ask_s=req.ask_s, progress=req.progress)
         self._active[key] = call
         self._expire_at(call.deadline)
         self._busy.add(call)
@@ -366,6 +375,7 @@ class Host:
         """Runs in a worker thread: the tool, then its answer encoded for the main thread."""
         approved = APPROVED_LANDING.set(call.landing)
         asker = ASK.set(self._asker(call) if call.ask_s > 0 else None)
+        reporter = PROGRESS.set(self._reporter(call) if call.progress else None)
         with telemetry.span(f"run_tool {call.tool}", {"gen_ai.tool.name": call.tool,
                             "loopd.toolhost": self.name}, kind="server",
                             parent=call.traceparent) as span:
@@ -377,6 +387,7 @@ class Host:
             finally:
                 APPROVED_LANDING.reset(approved)
                 ASK.reset(asker)
+                PROGRESS.reset(reporter)
             span.set("loopd.tool.outcome", _OUTCOMES.get(type(answer), "result"))
         try:
             frame = self._frame(call, tool.spec, answer)
@@ -408,6 +419,19 @@ class Host:
             return reply.action, dict(reply.content) if reply.action == "accept" else {}
 
         return ask
+
+    def _reporter(self, call: _Call) -> Reporter:
+        """What a provider running ``call`` reports its progress through (wire: progress)."""
+
+        def report(done: float, total: float | None, message: str) -> None:
+            self._loop.post(self._progress, call, wire.Progress(call.id, float(done),
+                                                               float(total or 0.0), message))
+
+        return report
+
+    def _progress(self, call: _Call, msg: wire.Progress) -> None:
+        if self._active.get((call.peer, call.id)) is call:  # not after its answer
+            self._send(call.peer, msg)
 
     def _ask(self, key: tuple[bytes, int, int], question: _Question, msg: wire.Ask) -> None:
         self._questions[key] = question

@@ -88,7 +88,9 @@ CANCELLED = "cancelled"
 # --- the one classifier of what a host sends on a call's socket ------------------------------
 
 
-def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | wire.Ask | None:
+def classify(
+    host: str, frame: bytes, cid: int, max_bytes: int
+) -> Answer | wire.Ask | wire.Progress | None:
     """The answer to call ``cid`` (or a question it asks) if ``frame`` is it; anything else
     is logged and None."""
     try:
@@ -98,7 +100,8 @@ def classify(host: str, frame: bytes, cid: int, max_bytes: int) -> Answer | wire
             return Failed(cid, malformed(host, e))
         log.warning("tool host %s sent a bad frame: %s", host, e)
         return None
-    if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval | wire.Ask):
+    if isinstance(msg, wire.Result | Failed | wire.Denied | wire.PendingApproval | wire.Ask
+                  | wire.Progress):
         if msg.id == cid:
             return msg
         if isinstance(msg, Failed) and msg.id == 0:
@@ -251,7 +254,10 @@ class CallSockets:
                     answer = classify(self.name, sock.recv(), cid, self.s.max_frame_bytes)
                 except zmq.Again:
                     answer = None
-                if isinstance(answer, wire.Ask):
+                if isinstance(answer, wire.Progress):
+                    if questions is not None and questions.progress is not None:
+                        questions.progress(answer)
+                elif isinstance(answer, wire.Ask):
                     self._answer(sock, answer, questions, deadline)
                 elif answer is not None:
                     return answer
@@ -279,7 +285,7 @@ class CallSockets:
         """Ask the person (in this, the calling thread) and send the reply."""
         action: str
         content: Mapping[str, Any]
-        if questions is None:
+        if questions is None or questions.ask is None:
             action, content = "decline", {}
         else:
             by = deadline - PORT_ANSWER_S

@@ -69,17 +69,20 @@ class ToolPort:
 
         ``approved``: the call was approved after the host answered PendingApproval;
         ``landing``: where the approved write was seen to land (it runs only there);
-        ``ask``: how a question the call asks mid-call reaches the person (None: nobody can
-        answer, the host answers for itself).
+        ``ask``: how a question the call asks mid-call reaches the person (None, or its
+        ``ask`` None: nobody can answer, the host answers for itself), and where its
+        progress goes (none asked for without a ``progress``).
         """
         cid = next(self._ids)
         if self.conn.stopped:
             return Failed(cid, calls.closed(self.name))
         limit = self.settings.timeout_s + PORT_GRACE_S
-        ask_s = 0.0 if ask is None else (ask.timeout_s or limit)
+        ask_s = 0.0 if ask is None or ask.ask is None else (ask.timeout_s or limit)
+        progress = ask is not None and ask.progress is not None
         try:
             frame = wire.encode(ToolRequest(cid, session, call, tool, arguments, approved,
-                                             landing, telemetry.calling(self.name, tool), ask_s))
+                                             landing, telemetry.calling(self.name, tool), ask_s,
+                                             progress))
         except WireError as e:
             return Failed(cid, calls.unsendable(tool, e))
         if len(frame) > self.settings.max_frame_bytes:

@@ -10,7 +10,9 @@ from typing import Any, Protocol
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer
 
-__all__ = ["APPROVED_LANDING", "ASK", "Asker", "ToolProvider", "landing_of"]
+__all__ = [
+    "APPROVED_LANDING", "ASK", "PROGRESS", "Asker", "Reporter", "ToolProvider", "landing_of",
+]
 
 # Where the call being run was approved to write (wire: ``request.landing``), set by the
 # host around ``run`` in its worker thread; None when no landing was approved. A provider
@@ -25,6 +27,14 @@ Asker = Callable[[str, str, Mapping[str, Any]], tuple[str, dict[str, Any]]]
 # The asker of the call being run (wire: ``ask``), set by the host around ``run`` in its
 # worker thread; None when nobody can answer (the request's ``ask_s`` was 0).
 ASK: ContextVar[Asker | None] = ContextVar("ask", default=None)
+
+# Tells the caller how far the call being run is: (done, total or None, message). Safe from
+# any thread (it only posts), cheap enough to call per notification.
+Reporter = Callable[[float, "float | None", str], None]
+
+# The reporter of the call being run (wire: ``progress``), set by the host around ``run``;
+# None when the caller wants no progress.
+PROGRESS: ContextVar[Reporter | None] = ContextVar("progress", default=None)
 
 
 class ToolProvider(Protocol):

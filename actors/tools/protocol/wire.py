@@ -32,7 +32,8 @@ kind                 direction   fields
                                  number), ``tool`` text, ``arguments`` map (JSON data, at
                                  most 64 deep), ``approved`` bool (see below),
                                  ``landing`` text (see below), ``traceparent`` text
-                                 (see below), ``ask_s`` float (see below)
+                                 (see below), ``ask_s`` float (see below),
+                                 ``progress`` bool (see below)
 ``result``           host->port  ``id``, ``content`` text, ``class`` text (as
                                  ``result_class``), ``untrusted`` bool
 ``failed``           host->port  ``id``, ``message`` text (the call failed, or the message
@@ -51,6 +52,10 @@ kind                 direction   fields
 ``reply``            port->host  ``id``, ``question`` int, ``action`` text (``accept``,
                                  ``decline`` or ``cancel``), ``content`` map (the answers,
                                  by field, when accepted; else empty)
+``progress``         host->port  ``id``, ``done`` float, ``total`` float (0: unknown),
+                                 ``message`` text: how far the running call is (an MCP
+                                 server's progress notification); sent only when the
+                                 request's ``progress`` is true, on the request's socket
 ``ping``             port->host  (none): a heartbeat every ``tools.heartbeat_s``
 ``pong``             host->port  (none): the answer to ``ping``; a host silent for three
                                  heartbeats is gone
@@ -102,6 +107,9 @@ version changes only for what an older peer cannot read.
   added with questions mid-call. An older port sends no ``ask_s``, so an ``ask`` (a kind it
   would not read) is never sent to it.
 
+- ``request.progress`` (default ``false``: no progress wanted) and the ``progress`` kind,
+  added with progress: an older port asks for none, so it is sent none.
+
 In Python, the answers (``Result``, ``Failed``, ``Denied``, ``PendingApproval``) default
 their ``id`` to 0, so a :class:`~actors.tools.protocol.provider.ToolProvider` can build
 them without knowing the wire id; the host fills it in.
@@ -133,6 +141,7 @@ __all__ = [
     "PendingApproval",
     "Ping",
     "Pong",
+    "Progress",
     "Questions",
     "Reply",
     "Result",
@@ -177,6 +186,8 @@ class ToolRequest:
     # How long the session will wait for the person's answer to a question mid-call (an
     # MCP server's elicitation); 0: nobody can answer, the host answers for itself.
     ask_s: float = added(0.0, "questions mid-call")
+    # The port wants the call's progress messages (an MCP server's progress notifications).
+    progress: bool = added(False, "progress")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -240,6 +251,17 @@ class Ask:
     schema: Mapping[str, Any]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Progress:
+    """Host -> port: running call ``id`` is ``done`` of ``total`` (0: unknown), ``message``
+    saying what it is at."""
+
+    id: Natural
+    done: float
+    total: float = 0.0
+    message: str = ""
+
+
 ACTIONS = ("accept", "decline", "cancel")
 
 
@@ -266,11 +288,12 @@ class Questions:
     """Not a message: how a port hands a call's questions mid-call (``ask``) to the person.
 
     ``ask(question, deadline)`` gives (action, content) by ``deadline`` (a
-    ``time.monotonic()`` value); ``timeout_s`` is how long the person is given (0: as long
-    as the call's limit)."""
+    ``time.monotonic()`` value; None: nobody can answer); ``timeout_s`` is how long the
+    person is given (0: as long as the call's limit)."""
 
-    ask: Callable[[Ask, float], tuple[str, Mapping[str, Any]]]
+    ask: Callable[[Ask, float], tuple[str, Mapping[str, Any]]] | None
     timeout_s: float = 0.0
+    progress: Callable[[Progress], None] | None = None  # the call's progress, as it comes
 
 
 Message: TypeAlias = (
@@ -287,6 +310,7 @@ Message: TypeAlias = (
     | Cancel
     | Ask
     | Reply
+    | Progress
 )
 Answer: TypeAlias = Result | Failed | Denied | PendingApproval
 

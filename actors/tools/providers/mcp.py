@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.base.errors import McpError
-from actors.tools.protocol.provider import ASK
+from actors.tools.protocol.provider import ASK, PROGRESS
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Failed
 from actors.tools.providers.asyncloop import LoopThread, Stopped
@@ -169,7 +169,7 @@ class McpProvider:
                 message=f"reading {uri} on MCP server {self.label} stopped: {got.name.lower()}")
         call = self._link.call(tool, dict(arguments), own_s, timeout_s,
                                untrusted=spec.untrusted, max_output=self._max_output,
-                               ask=ASK.get())
+                               ask=ASK.get(), progress=PROGRESS.get())
         try:
             # the SDK sends notifications/cancelled when a stopped call's task is cancelled
             answer = self._loop.wait(call, timeout_s, cancel)

@@ -22,7 +22,7 @@ from typing import Any
 
 from actors.base.errors import McpError
 from actors.base.processes.tether import tethered
-from actors.tools.protocol.provider import Asker
+from actors.tools.protocol.provider import Asker, Reporter
 from actors.tools.protocol.wire import Answer, Failed, Result
 from actors.tools.providers.mcp_auth import Authorizer, elicitation_answer, http_auth
 from actors.tools.providers.mcp_mapping import (
@@ -467,22 +467,24 @@ class McpLink:
     async def call(
         self, tool: str, arguments: dict[str, Any], own_s: float, timeout_s: float, *,
         untrusted: bool, max_output: int | None, ask: Asker | None = None,
+        progress: Reporter | None = None,
     ) -> Answer:
         """One call within ``own_s``; ``timeout_s`` is the caller's limit, for messages;
-        ``ask`` asks the person a question the server has during the call."""
+        ``ask`` asks the person a question the server has during the call; ``progress``
+        hears the server's progress notifications."""
         if ask is None:
             return await self._call(tool, arguments, own_s, timeout_s, untrusted=untrusted,
-                                    max_output=max_output)
+                                    max_output=max_output, progress=progress)
         self._askers.append(ask)
         try:
             return await self._call(tool, arguments, own_s, timeout_s, untrusted=untrusted,
-                                    max_output=max_output)
+                                    max_output=max_output, progress=progress)
         finally:
             self._askers.remove(ask)
 
     async def _call(
         self, tool: str, arguments: dict[str, Any], own_s: float, timeout_s: float, *,
-        untrusted: bool, max_output: int | None,
+        untrusted: bool, max_output: int | None, progress: Reporter | None,
     ) -> Answer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + own_s
@@ -494,7 +496,8 @@ class McpLink:
         if remaining <= 0:
             return Failed(message=timeout_message(tool, self.label, timeout_s))
         try:
-            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=remaining)
+            result = await conn.client.call_tool(tool, arguments, read_timeout_seconds=remaining,
+                                                 progress_callback=_progress_of(progress))
         except MCPError as e:
             if e.code == mcp_types.REQUEST_TIMEOUT:
                 self._start_probe(conn)
@@ -593,6 +596,17 @@ _SCHEMA_FAULTS = ("has an output schema but did not return", "Invalid structured
 def _breaks_its_schema(e: RuntimeError, tool: str) -> bool:
     text = str(e)
     return tool in text and any(f in text for f in _SCHEMA_FAULTS)
+
+
+def _progress_of(report: Reporter | None) -> Any:
+    """The SDK's progress callback that tells ``report`` (None: ask for no progress)."""
+    if report is None:
+        return None
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        report(done, total, message or "")
+
+    return progress
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -308,3 +308,21 @@ def test_a_question_nobody_answers_is_cancelled_by_the_host(host: tuple[str, Pat
         assert isinstance(question, wire.Ask) and question.id == 9
         answer = recv(sock)
         assert isinstance(answer, wire.Result) and answer.content == "cancel {}"
+
+
+# --- progress while a call runs (wire: progress) ----------------------------------------------
+
+
+def test_progress_reaches_the_port_before_the_answer(port: ToolPort) -> None:
+    seen: list[wire.Progress] = []
+    answer = port.call(session="s", call=1, tool="steps", arguments={},
+                       ask=Questions(None, 0.0, seen.append))
+    assert isinstance(answer, wire.Result) and answer.content == "3 steps taken"
+    assert [(p.id, p.done, p.total, p.message) for p in seen] == [
+        (answer.id, 1.0, 0.0, "step 1"), (answer.id, 2.0, 3.0, "step 2"),
+        (answer.id, 3.0, 3.0, "step 3")]
+
+
+def test_a_request_that_wants_no_progress_gets_none(host: tuple[str, Path]) -> None:
+    with raw_dealer(host[0]) as sock:
+        assert ask(sock, _req(5, "steps")) == wire.Result(5, "3 steps taken")

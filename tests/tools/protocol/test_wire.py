@@ -208,7 +208,7 @@ OLD_MESSAGES: list[wire.Message] = [
 
 # Fields added since those frames were written: today's frames carry them too.
 ADDED_SINCE: dict[str, dict[str, object]] = {
-    "request": {"landing": "", "traceparent": "", "ask_s": 0.0},
+    "request": {"landing": "", "traceparent": "", "ask_s": 0.0, "progress": False},
     "pending_approval": {"landing": "", "protected": ""},
 }
 
@@ -235,6 +235,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert [(kind, field, default) for kind, field, default, _ in wire.CODEC.added()] == [
         ("request", "approved", False), ("request", "landing", ""),
         ("request", "traceparent", ""), ("request", "ask_s", 0.0),
+        ("request", "progress", False),
         ("pending_approval", "landing", ""), ("pending_approval", "protected", ""),
     ]
     doc = " ".join((wire.__doc__ or "").split())
@@ -243,6 +244,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
             "and ``pending_approval.protected`` (default ``\"\"``)") in doc
     assert "``request.traceparent`` (default ``\"\"``: not traced)" in doc
     assert "``request.ask_s`` (default ``0.0``: nobody to ask)" in doc
+    assert "``request.progress`` (default ``false``: no progress wanted)" in doc
 
 
 def test_a_question_and_its_reply_cross_the_wire() -> None:
@@ -250,5 +252,7 @@ def test_a_question_and_its_reply_cross_the_wire() -> None:
     assert wire.decode(wire.encode(ask)) == ask
     reply = wire.Reply(3, 1, "accept", {"name": "Ada"})
     assert wire.decode(wire.encode(reply)) == reply
+    progress = wire.Progress(3, 2.0, 3.0, "step 2")
+    assert wire.decode(wire.encode(progress)) == progress
     assert wire.decode(_frame(kind="reply", id=3, question=1, action="decline",
                               content={})) == wire.Reply(3, 1, "decline")
