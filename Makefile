@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: venv run chat test lint bench eval gate clean embedded acp-client mcp-suite
+.PHONY: venv run chat test lint bench eval gate clean embedded acp-client mcp-suite soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.bench
 	$(BIN)/python -m scripts.bench
+
+# Mixed load through the daemon for LOOPD_SOAK_SECONDS (default an hour): memory, descriptors and
+# threads sampled, a table, flat after the warm-up or not (scripts/soak.py). Not part of `make test`.
+soak: $(VENV)/.test
+	$(BIN)/python -m scripts.soak
 
 # The embedded model on the fixed tasks of examples/eval/*.toml (per workspace), with a new user's
 # defaults: a table, the pass rate, bench/eval.json. Slow (minutes): not part of `make test`.
