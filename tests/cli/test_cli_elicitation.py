@@ -162,3 +162,18 @@ def test_an_mcp_servers_progress_is_shown_live_and_in_json(env: Env) -> None:
     shown = env.run("--session", "q", "t1 :: steps {}")
     assert shown.returncode == 0, shown.stderr
     assert "… steps 2/3: step 2" in shown.stdout + shown.stderr
+
+
+def test_a_typed_value_is_read_as_its_fields_type() -> None:
+    from actors.cli.approvers import Problem, describe, read_value
+
+    age = {"type": "integer", "description": "Your age", "default": 30}
+    assert describe(age, True) == "Your age (integer, required) default: 30"
+    assert read_value("", age, True) == 30  # Enter keeps the default
+    assert read_value("41", age, True) == 41
+    assert isinstance(read_value("forty", age, True), Problem)
+    assert isinstance(read_value("", {"type": "string"}, True), Problem)  # required, no default
+    assert read_value("yes", {"type": "boolean"}, False) is True
+    colour = {"type": "string", "enum": ["red", "blue"]}
+    assert read_value("blue", colour, False) == "blue"
+    assert isinstance(read_value("green", colour, False), Problem)
