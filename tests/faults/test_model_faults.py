@@ -27,7 +27,6 @@ import pytest
 from actors.base.events import Retrying
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.records import Assistant, Baseline, User
-from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import (
     FakeLlama,
     Reply,
@@ -41,6 +40,7 @@ from tests.support.fake_llama import (
     stream_error,
     trickle,
 )
+from tests.support.fault_rig import MakeRig, TurnRig
 
 RETRIES = 2  # the rig's inference.retries
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}

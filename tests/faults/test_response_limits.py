@@ -22,8 +22,8 @@ from actors.inference.llama import CONTROL_GRACE
 from actors.inference.sse import MAX_RESPONSE_CHARS
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.records import ToolResult
-from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import Conn, FakeLlama, Reply, answer
+from tests.support.fault_rig import MakeRig, TurnRig
 
 DEFAULT_CAP = 32  # loop.max_calls_per_response's default
 

@@ -16,8 +16,8 @@ from actors.inference.types import InferError, InferErrorKind
 from actors.log import server_values
 from actors.log.file import SessionLog
 from actors.log.records import Assistant, Usage, User
-from tests.faults.conftest import MakeRig
 from tests.support.fake_llama import FakeLlama, answer
+from tests.support.fault_rig import MakeRig
 
 BAD_NUMBERS: dict[str, dict[str, Any]] = {
     "timings.cache_n a string": {"timings": {"cache_n": "x", "prompt_n": 3}},

@@ -34,8 +34,8 @@ from actors.session.turn import run_turn
 from actors.tools.port import PORT_GRACE_S, HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
-from tests.faults.conftest import MakeRig, TurnRig
 from tests.support.fake_llama import FakeLlama
+from tests.support.fault_rig import MakeRig, TurnRig
 from tests.support.scripted_llama import agent
 from tests.support.watch import Background, Peak, living, wait_until
 from tests.tools.hostkit import short_dir

@@ -20,10 +20,10 @@ from actors.base.cancel import CancelToken
 from actors.base.events import Content, Event, Progress, Waiting
 from actors.inference.actor import Inference
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
-from tests.inference.conftest import config, request
 from tests.support.fake_llama import FakeLlama, hang
 from tests.support.gated_llama import WAIT, GatedServer
 from tests.support.http_backend import HandlerBackend
+from tests.support.inference_rig import config, request
 
 
 class Session(pykka.ThreadingActor):

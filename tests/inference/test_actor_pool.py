@@ -22,9 +22,9 @@ from actors.base.cancel import CancelToken
 from actors.base.events import Content, Event, Queued, Waiting
 from actors.inference.actor import Inference, InferenceActor
 from actors.inference.types import Completion, InferError, InferErrorKind
-from tests.inference.conftest import config, request
 from tests.support.gated_llama import WAIT, GatedServer
 from tests.support.http_backend import HandlerBackend
+from tests.support.inference_rig import config, request
 
 CHUNKS = len(GatedServer.CHUNKS)
 Outcome = Completion | BaseException

@@ -12,8 +12,8 @@ import pytest
 
 from actors.base.events import Content, Event, Retrying, Waiting
 from actors.inference.types import InferError, InferErrorKind
-from tests.inference.conftest import MakeRig
 from tests.support.fake_llama import Conn, Reply, answer, hang, http_error
+from tests.support.inference_rig import MakeRig
 from tests.support.watch import HANG_S
 
 SLOW = {"read_timeout_s": 600.0, "timeout_s": 900.0}

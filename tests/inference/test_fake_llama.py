@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.inference.conftest import USER, MakeRig, request
 from tests.support.fake_llama import FakeLlama, Reply, answer, render_prompt
+from tests.support.inference_rig import USER, MakeRig, request
 from tests.support.recordings import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]

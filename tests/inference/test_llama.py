@@ -22,7 +22,6 @@ from actors.inference import llama as client_module
 from actors.inference.llama import LlamaClient
 from actors.inference.types import InferError, InferErrorKind, is_context_full
 from actors.log.records import ToolCall
-from tests.inference.conftest import USER, MakeRig, config, request
 from tests.support.fake_llama import (
     Reply,
     answer,
@@ -38,6 +37,7 @@ from tests.support.fake_llama import (
     stream_error,
     trickle,
 )
+from tests.support.inference_rig import USER, MakeRig, config, request
 from tests.support.recordings import FIXTURES
 
 CALLS = [("c1", "find_tool", '{"query": "list files"}'), ("c2", "call_tool", '{"name": "x"}')]

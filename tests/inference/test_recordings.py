@@ -20,8 +20,8 @@ from actors.base.events import Content, Progress, Retrying, ToolCallDelta
 from actors.inference import recording
 from actors.inference.types import Completion, InferError, InferErrorKind, is_context_full
 from scripts import record
-from tests.inference.conftest import MakeRig, request
 from tests.support.fake_llama import FakeLlama, answer, replay
+from tests.support.inference_rig import MakeRig, request
 from tests.support.recordings import FIXTURES
 
 FILES = sorted(p.name for p in FIXTURES.glob("*.http"))

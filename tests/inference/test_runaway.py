@@ -12,9 +12,9 @@ from actors.base.config import LoopConfig
 from actors.base.events import AnswerCut, Content, Reasoning
 from actors.inference.runaway import GRAM, Runaway, Watcher, pieces
 from scripts import runaway_scores
-from tests.inference.conftest import USER, MakeRig, request
 from tests.support.fake_llama import Runaway as Sent
 from tests.support.fake_llama import answer, endless
+from tests.support.inference_rig import USER, MakeRig, request
 from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from actors.inference.llama import LlamaClient
 from actors.inference.sse import StreamAssembler
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.records import ToolCall
-from tests.inference.conftest import config, request
 from tests.support.http_backend import HandlerBackend
+from tests.support.inference_rig import config, request
 
 
 def chunk(delta: dict[str, Any], **extra: Any) -> str:

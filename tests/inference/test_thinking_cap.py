@@ -6,8 +6,8 @@ import pytest
 
 from actors.base.events import Content, Event, Reasoning, ThinkingCapped
 from actors.inference.llama import CONTROL_GRACE
-from tests.inference.conftest import USER, MakeRig, request
 from tests.support.fake_llama import Conn, Control, Reply, answer
+from tests.support.inference_rig import USER, MakeRig, request
 
 LONG = "".join(f"step {i}. " for i in range(200))  # far more reasoning than any budget here
 

@@ -20,8 +20,8 @@ from actors.base.events import Event, Waiting
 from actors.inference.llama import LlamaClient
 from actors.inference.types import InferError, InferErrorKind
 from actors.inference.watchdog import Watchdog
-from tests.inference.conftest import config, request
 from tests.support.http_backend import HandlerBackend
+from tests.support.inference_rig import config, request
 from tests.support.watch import HANG_S
 
 WAIT = HANG_S

@@ -33,9 +33,9 @@ from actors.inference.slots.keeper import (
 )
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.records import SlotState
-from tests.inference.conftest import request
 from tests.inference.slots.slots_rig import Slots, restored
 from tests.support.fake_llama import Conn, Reply, answer
+from tests.support.inference_rig import request
 from tests.support.watch import HANG_S, wait_until
 
 
