@@ -29,6 +29,8 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   made up 17 of 19 such answers.
 - A first response may look a tool up only when the question has a word some tool's name
   or description holds: "What is the capital of Japan?" was looked up, then answered.
+- In an empty workspace a first response may not read, list or search it (the embedded
+  model called find_definition for "the capital of Japan").
 - A short follow-up ("And in Lyon?") after a turn that called such a tool gets a call of
   that tool again.
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
@@ -127,6 +129,8 @@ def next_step(
     values, barred = held or ((), frozenset())
     if first and "find_tool" in names and not finds_any(specs, question):
         barred |= {"find_tool"}  # a lookup its words find nothing with ("capital of Japan")
+    if first and found_words is not None and not found_words.files:
+        barred |= _READERS & names  # an empty workspace: nothing to read, list or search
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})

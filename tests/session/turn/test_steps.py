@@ -141,6 +141,12 @@ def test_a_question_naming_tools_of_its_own_gets_a_call_of_each(
     r2.turn("What is the capital of Japan?")
     free = _rules(r2.fake.requests[0])
     assert free["root"] == CHOICE and "call-find-tool" not in free["call"]
+    # an empty workspace has nothing to read, list or search
+    r5, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "empty",
+                 [*STANDARD_SPECS.values(), *OWN])
+    r5.turn("What is the capital of Japan?")
+    assert not {"call-read-file", "call-list-dir", "call-search-files",
+                "call-find-definition"} & set(_rules(r5.fake.requests[0])["call"].split(" | "))
     r4, _ = _rig(rig, [answer("ANSWER Fine.")], tmp_path / "ws", OWN)
     r4.turn("Which city is it sunny in?")  # "city": get_weather's description: a lookup
     assert "call-find-tool" in _rules(r4.fake.requests[0])["call"]
