@@ -39,10 +39,11 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
+import itertools
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ from actors.acp import updates as up
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import LoopdError, SessionError
-from actors.base.events import ApprovalRequested, Choice, Decision, Event
+from actors.base.events import ApprovalRequested, Choice, Compacted, Compacting, Decision, Event
 from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
 from actors.service.choose import choose
@@ -127,6 +128,7 @@ class _Run:
         self.cancel = CancelToken()
         self.queue: asyncio.Queue[Event | _Ask | _End] = asyncio.Queue()
         self.finished = asyncio.Event()  # the prompt has answered: the turn is over
+        self.compaction = ""  # the id of the compaction under way (its updates share it)
 
     def put(self, item: Event | _Ask | _End) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the process is ending
@@ -178,9 +180,25 @@ class LoopdAgent:
         self._idle = asyncio.Event()
         self._idle.set()
         self.can_delete = False  # session/delete is routed (actors.acp.main.route_delete)
+        # the client advertised session.compaction (draft ACP; the pinned SDK drops it):
+        # compaction_update notifications, sent raw through ``notify``
+        self.compaction_updates = False
+        self._compaction_ids = itertools.count(1)
+        self.notify: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
     def on_connect(self, conn: Client) -> None:
         self.client = conn
+
+    def saw(self, message: dict[str, Any]) -> None:
+        """A message as it came (before the SDK's types): ``initialize``'s
+        ``clientCapabilities.session.compaction``, which the pinned SDK has no field for."""
+        if message.get("method") != "initialize":
+            return
+        params = message.get("params")
+        caps = params.get("clientCapabilities") if isinstance(params, dict) else None
+        session = caps.get("session") if isinstance(caps, dict) else None
+        self.compaction_updates = (isinstance(session, dict)
+                                   and isinstance(session.get("compaction"), dict))
 
     # --- the requests ------------------------------------------------------------------
 
@@ -391,6 +409,8 @@ class LoopdAgent:
                     asks.add(asyncio.create_task(self._ask(name, run, item)))
                 elif gone is None:
                     gone = await self._send(name, view.event(item), run)
+                    if gone is None and self.compaction_updates:
+                        gone = await self._compaction(name, item, run)
             return item, gone
         except asyncio.CancelledError:  # the connection closes: the turn winds down alone
             run.cancel.cancel()
@@ -398,6 +418,23 @@ class LoopdAgent:
         finally:
             for task in asks:
                 task.cancel()
+
+    async def _compaction(self, name: str, event: Event, run: _Run) -> Exception | None:
+        """A compaction's start and end as draft ACP's ``compaction_update`` (for a client
+        that opted in), sent raw: the pinned SDK has no type for it."""
+        if not isinstance(event, Compacting | Compacted):
+            return None
+        if isinstance(event, Compacting) or not run.compaction:
+            run.compaction = f"{name}-compaction-{next(self._compaction_ids)}"
+        update = up.compaction(event, run.compaction)
+        assert self.notify is not None, "main gives the agent its raw notify"
+        try:
+            await self.notify({"jsonrpc": "2.0", "method": "session/update",
+                               "params": {"sessionId": name, "update": update}})
+        except (ConnectionError, OSError) as e:
+            run.cancel.cancel()
+            return e
+        return None
 
     async def _send(self, name: str, updates: Iterable[up.Update], run: _Run) -> Exception | None:
         """Send updates; a client that can no longer be reached cancels the turn."""

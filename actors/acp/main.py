@@ -47,7 +47,9 @@ async def _serve(
     config: Config, read_fd: int, write_fd: int, local: bool, workspace: Path | None
 ) -> int:
     agent = LoopdAgent(config, local=local, workspace=workspace, say=_say)
-    transport = StdioTransport(read_fd, write_fd, on_end=agent.wind_down)
+    transport = StdioTransport(read_fd, write_fd, on_end=agent.wind_down,
+                               on_message=agent.saw)
+    agent.notify = transport.send  # what the pinned SDK cannot express (compaction updates)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, transport.end)

@@ -179,8 +179,10 @@ class StdioTransport:
     def __init__(
         self, read_fd: int, write_fd: int, *, limit: int = MAX_MESSAGE_BYTES,
         on_end: Callable[[], Awaitable[None]] | None = None,
+        on_message: Callable[[dict[str, Any]], None] = lambda _: None,
     ) -> None:  # fmt: skip
         self.read_fd, self.write_fd, self.limit, self.on_end = read_fd, write_fd, limit, on_end
+        self.on_message = on_message  # sees each message first (what the SDK's types drop)
         self._loop = asyncio.get_running_loop()
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, "loopd-acp-stdout")
@@ -240,6 +242,7 @@ class StdioTransport:
             if problem is not None:
                 await self._answer(problem[0], INVALID_REQUEST, f"Invalid request: {problem[1]}")
                 continue
+            self.on_message(message)
             return message  # type: ignore[no-any-return]
 
     async def _finish(self) -> None:

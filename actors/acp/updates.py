@@ -22,8 +22,9 @@ any other ``LoopdError``               a JSON-RPC error: loopd's one-line messag
 =====================================  ==============================================
 
 Waiting, progress, queueing, retries, cache losses and torn tails have no ACP update; they
-are loopd's own (``loopd run --json`` shows them). Compaction: see docs/acp.md#not-there-yet
-(the pinned SDK has no notification for it; :meth:`TurnView.event` is where it would go).
+are loopd's own (``loopd run --json`` shows them). ``Compacting`` / ``Compacted`` are draft
+ACP's ``compaction_update`` (``in_progress`` / ``completed``) for a client that opted in:
+JSON (:func:`compaction`), as the pinned SDK has no type for it.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ from actors.log.records import Assistant, Record, ToolResult, User
 from actors.session.limits import result_failed
 
 __all__ = [
-    "TurnView", "Update", "decision_of", "history", "loopd_meta", "permission", "prompt_text",
-    "stop_for_error", "stop_reason", "tool_call", "usage",
+    "TurnView", "Update", "compaction", "decision_of", "history", "loopd_meta", "permission",
+    "prompt_text", "stop_for_error", "stop_reason", "tool_call", "usage",
 ]  # fmt: skip
 
 Update: TypeAlias = (
@@ -174,6 +175,21 @@ class TurnView:
         closed: list[Update] = [_finished(c, NO_RESULT.format(why=why), True) for c in self.open]
         self.open.clear()
         return closed
+
+
+def compaction(event: ev.Compacting | ev.Compacted, compaction_id: str) -> dict[str, Any]:
+    """draft ACP's ``compaction_update`` (JSON: the pinned SDK has no type for it) for a
+    compaction's start (``in_progress``) and end (``completed``), loopd's figures in
+    ``_meta.loopd``."""
+    if isinstance(event, ev.Compacting):
+        status, meta = "in_progress", {"why": event.why, "tokensBefore": event.tokens_before,
+                                       "how": event.how}
+    else:
+        status, meta = "completed", {"why": event.why, "tokensBefore": event.tokens_before,
+                                     "tokensAfter": event.tokens_after,
+                                     "turnsKept": event.turns_kept, "ms": round(event.ms, 1)}
+    return {"sessionUpdate": "compaction_update", "compactionId": compaction_id,
+            "status": status, "_meta": loopd_meta(**meta)}
 
 
 def usage(used: ev.Used, size: int) -> UsageUpdate:

@@ -37,9 +37,9 @@ const statuses = (updates) =>
     .map((u) => `${u.sessionUpdate}:${u.status ?? ""}`);
 
 // One `loopd acp` process and a client connected to it; `op(ctx, editor)` runs the session.
-async function withAgent(op) {
+async function withAgent(op, argv = setup.argv) {
   const err = fs.openSync(setup.stderr, "a");
-  const child = spawn(setup.argv[0], setup.argv.slice(1), {
+  const child = spawn(argv[0], argv.slice(1), {
     cwd: setup.cwd,
     stdio: ["pipe", "pipe", err],
   });
@@ -71,10 +71,10 @@ async function withAgent(op) {
   return result;
 }
 
-async function initialize(ctx) {
+async function initialize(ctx, session = undefined) {
   const init = await ctx.request(acp.methods.agent.initialize, {
     protocolVersion: acp.PROTOCOL_VERSION,
-    clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+    clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false, session },
     clientInfo: { name: "loopd-acp-test", version: "1" },
   });
   assert.equal(init.protocolVersion, 1);
@@ -318,5 +318,30 @@ const lifecycle = await withAgent(async (ctx, editor) => {
   return { resumed: life, deleted: doomed, usage: [before, after], forkedAt1: early.sessionId };
 });
 
+// compaction (draft ACP): compaction_update for a client that advertised
+// session.compaction, nothing for one that did not; a config that compacts early
+const compactions = async (session) =>
+  withAgent(async (ctx, editor) => {
+    await initialize(ctx, session);
+    const { sessionId: long } = await ctx.request(acp.methods.agent.session.new, {
+      cwd: setup.workspace,
+      mcpServers: [],
+    });
+    for (let i = 0; i < 7; i++) {
+      const done = await ctx.request(acp.methods.agent.session.prompt, {
+        sessionId: long,
+        prompt: [{ type: "text", text: `c${i} ` + "words ".repeat(150) }],
+      });
+      assert.ok(["end_turn", "max_tokens"].includes(done.stopReason), done.stopReason);
+    }
+    return editor.updates.filter((u) => u.sessionUpdate === "compaction_update");
+  }, setup.argvCompact);
+const seen = await compactions({ compaction: {} });
+assert.ok(seen.length >= 2, "no compaction_update for a client that opted in");
+assert.deepEqual(seen.slice(0, 2).map((u) => u.status), ["in_progress", "completed"]);
+assert.equal(seen[0].compactionId, seen[1].compactionId);
+assert.ok(seen[1]._meta.loopd.tokensAfter < seen[1]._meta.loopd.tokensBefore, JSON.stringify(seen[1]));
+assert.deepEqual(await compactions(undefined), [], "compaction_update sent to a client that did not opt in");
+
 clearTimeout(guard);
-console.log(JSON.stringify({ sessionId, replayed: history.length, ...lifecycle }));
+console.log(JSON.stringify({ sessionId, replayed: history.length, ...lifecycle, compaction: seen[1] }));

@@ -39,8 +39,13 @@ def _node() -> str:
 @pytest.mark.timeout(300)
 def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
     node = _node()
-    setup = {"argv": env.argv("--local"), "cwd": str(ROOT), "workspace": str(env.workspace),
-             "stderr": str(env.stderr)}
+    compacting = env.root / "compacting.toml"  # compacts within a few turns
+    compacting.write_text(env.config.read_text() + "[session]\ncompact_at = 0.05\n"
+                          "compact_keep = 0.1\n")
+    argv = env.argv("--local")
+    setup = {"argv": argv, "cwd": str(ROOT), "workspace": str(env.workspace),
+             "stderr": str(env.stderr),
+             "argvCompact": [*argv[:argv.index("--config") + 1], str(compacting), "--local"]}
     done = subprocess.run([node, "flow.mjs"], cwd=HERE, capture_output=True, text=True,
                           timeout=290, env={**env.environ(), "LOOPD_ACP": json.dumps(setup)},
                           check=False)
@@ -65,3 +70,4 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
     # forked at turn 1: the source's first turn, then its own
     users = [r.content for r in env.records(summary["forkedAt1"]) if isinstance(r, User)]
     assert users == ["r1 the first message of a session to close", "r3"]
+    assert summary["compaction"]["_meta"]["loopd"]["why"] == "auto"
