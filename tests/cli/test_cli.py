@@ -21,9 +21,9 @@ import pytest
 from actors.cli.main import main
 from actors.log.file import SessionLog
 from tests.cli.clikit import cli_env
-from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer, hang, http_error
 from tests.support.recordings import FIXTURES
+from tests.support.turn_rig import baseline
 
 ROOT = Path(__file__).resolve().parents[2]
 

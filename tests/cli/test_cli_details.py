@@ -12,8 +12,8 @@ from actors.cli.main import main
 from actors.log.file import SessionLog, read_records
 from actors.log.records import Compaction, CompactionBy
 from tests.cli.clikit import cli_env
-from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer
+from tests.support.turn_rig import baseline
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def test_the_end_of_run_saves_and_sessions_rm_deletes_log_and_state(
 
 def test_sessions_rm_refuses_a_session_open_elsewhere(env: dict[str, Any], capsys: Any) -> None:
     from actors.log.file import SessionLog
-    from tests.session.turn.conftest import baseline
+    from tests.support.turn_rig import baseline
 
     log, _ = SessionLog.open(env["dir"] / "busy" / "log.bin", baseline=baseline(), name="busy")
     try:

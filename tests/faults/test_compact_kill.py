@@ -13,8 +13,8 @@ from actors.log.records import Assistant, Compaction, CompactionBy, User
 from actors.tools.registry import Registry
 from tests.faults.compact_child import POINTS, SUMMARY
 from tests.faults.killpoint import kill_at
-from tests.session.turn.conftest import Rig, ScriptedPort, baseline
 from tests.support.fake_llama import answer
+from tests.support.turn_rig import Rig, ScriptedPort, baseline
 
 LONG = " more" * 80  # 100 of the fake's tokens
 

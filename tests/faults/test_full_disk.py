@@ -34,8 +34,8 @@ from actors.session import compactor
 from actors.session.fork import fork_session
 from tests.faults.compact_child import Model
 from tests.faults.fork_child import config_at
-from tests.session.turn.conftest import baseline
 from tests.support.fork_source import source, states
+from tests.support.turn_rig import baseline
 
 SIZE = "4m"
 NO_SPACE = "No space left on device"

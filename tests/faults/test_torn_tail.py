@@ -23,8 +23,8 @@ from actors.cli.main import main
 from actors.log import tailscan
 from actors.log.file import HEADER, SessionLog, frame
 from actors.log.records import User
-from tests.session.turn.conftest import baseline
 from tests.support.fake_llama import FakeLlama, answer
+from tests.support.turn_rig import baseline
 
 TORN = frame(User(content="a message the crash interrupted " * 20))[:-7]
 

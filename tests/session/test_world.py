@@ -16,8 +16,8 @@ from actors.session.turn import Runtime
 from actors.session.world import World
 from actors.tools.registry import Registry
 from actors.tools.workspace_map import MAP_HEADER
-from tests.session.turn.conftest import ScriptedPort, make_config
 from tests.support.fake_llama import FakeLlama, answer
+from tests.support.turn_rig import ScriptedPort, make_config
 from tests.support.watch import HANG_S
 
 

@@ -15,8 +15,8 @@ from actors.log.file import SessionLog
 from actors.log.records import CacheLoss, Record, SlotState, SlotUse, Usage
 from actors.session.turn import Runtime, TurnOutcome, run_turn
 from actors.tools.registry import Registry
-from tests.session.turn.conftest import ScriptedPort, baseline
 from tests.support.fake_llama import FakeLlama, Reply, answer
+from tests.support.turn_rig import ScriptedPort, baseline
 
 
 class Slots:

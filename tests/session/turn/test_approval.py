@@ -30,8 +30,8 @@ from actors.session.turn import Runtime, TurnOutcome, run_turn
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.registry import Registry
-from tests.session.turn.conftest import ECHO, Rig, ScriptedPort, baseline
 from tests.support.fake_llama import answer
+from tests.support.turn_rig import ECHO, Rig, ScriptedPort, baseline
 
 Make = Callable[..., Rig]
 

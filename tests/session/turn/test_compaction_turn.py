@@ -36,8 +36,8 @@ from actors.session.messages import SUMMARY_FRAME
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import META_TOOLS, Registry
-from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import Reply, answer, context_full, render_prompt
+from tests.support.turn_rig import Rig, ScriptedPort
 
 Make = Callable[..., Rig]
 LONG = " more" * 80  # 400 characters: 100 of the fake's tokens

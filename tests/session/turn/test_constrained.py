@@ -34,9 +34,9 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, Registry
-from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import FakeLlama, answer, replay
 from tests.support.recordings import FIXTURES
+from tests.support.turn_rig import Rig, ScriptedPort
 
 Make = Callable[..., Rig]
 

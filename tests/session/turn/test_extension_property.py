@@ -37,8 +37,8 @@ from actors.session.messages import view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
-from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import Reply, answer, context_full, http_error
+from tests.support.turn_rig import Rig, ScriptedPort
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
 maybe_text = st.none() | text

@@ -14,8 +14,8 @@ import pytest
 
 from actors.log.records import ToolResult
 from actors.tools.registry import Registry
-from tests.session.turn.conftest import Rig
 from tests.support.fake_llama import answer
+from tests.support.turn_rig import Rig
 
 pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'loopd[mcp]'")
 pytest.importorskip("mcp_server_time", reason="needs mcp-server-time (the test extra)")

@@ -19,8 +19,8 @@ from actors.inference.runaway import pieces
 from actors.log.records import Assistant, Cut, Usage
 from actors.session.messages import UNANSWERED
 from actors.session.turn import run_turn
-from tests.session.turn.conftest import Rig
 from tests.support.fake_llama import Runaway, answer, cut_stream, endless, stall
+from tests.support.turn_rig import Rig
 from tests.support.watch import HANG_S
 
 Make = Callable[..., Rig]

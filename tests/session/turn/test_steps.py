@@ -24,8 +24,8 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import Registry
-from tests.session.turn.conftest import Rig, ScriptedPort
 from tests.support.fake_llama import answer
+from tests.support.turn_rig import Rig, ScriptedPort
 
 Make = Callable[..., Rig]
 

@@ -19,9 +19,9 @@ from actors.base.config import parse
 from actors.session.fork import fork_session
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
-from tests.session.turn.conftest import ECHO, Rig, ScriptedPort
 from tests.support.fake_llama import answer, context_full
 from tests.support.otlp import Receiver, Span, traced
+from tests.support.turn_rig import ECHO, Rig, ScriptedPort
 
 pytest.importorskip("opentelemetry.sdk.trace")
 

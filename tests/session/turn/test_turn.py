@@ -39,7 +39,6 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
-from tests.session.turn.conftest import Rig, ScriptedPort, baseline, make_config
 from tests.support.fake_llama import (
     after,
     answer,
@@ -48,6 +47,7 @@ from tests.support.fake_llama import (
     trickle,
 )
 from tests.support.recordings import FIXTURES
+from tests.support.turn_rig import Rig, ScriptedPort, baseline, make_config
 from tests.support.watch import HANG_S
 
 Make = Callable[..., Rig]
