@@ -223,3 +223,32 @@ def test_lifecycle_bad_input_is_answered_and_loses_nothing(
     assert elsewhere.close() == 0
     users = [r.content for r in env.records(session) if isinstance(r, User)]
     assert users == ["t1", "t2"]
+
+
+def test_close_mid_turn_cancels_it_and_the_session_resumes(
+    env: AcpEnv, raw: Callable[..., RawAgent]
+) -> None:
+    """session/close while a turn runs: the turn ends ``cancelled`` (its log valid), the
+    close answers after it, and the session resumes and goes on."""
+    agent = raw("--local")
+    session = agent.start(env.workspace)
+    turn = agent.send("session/prompt", {"sessionId": session,
+                                         "prompt": [{"type": "text", "text": "t1 [stall]"}]})
+    while agent.read(HANG_S).get("params", {}).get("update", {}).get(
+            "sessionUpdate") != "agent_message_chunk":
+        pass  # the answer has begun: the turn is running
+    close = agent.send("session/close", {"sessionId": session})
+    answers: dict[Any, dict[str, Any]] = {}
+    while len(answers) < 2:
+        message = agent.read(HANG_S)
+        if "method" not in message:
+            answers[message["id"]] = message
+    assert answers[turn]["result"]["stopReason"] == "cancelled"
+    assert answers[close]["result"] == {"_meta": {"loopd": {"cancelledTurn": True}}}
+    assert "result" in agent.request("session/resume", {
+        "sessionId": session, "cwd": str(env.workspace), "mcpServers": []})
+    answered, _ = prompt(agent, session, "t2")
+    assert answered["result"] == {"stopReason": "end_turn"}
+    assert agent.close() == 0
+    records = env.records(session)
+    assert [r.content for r in records if isinstance(r, User)] == ["t1 [stall]", "t2"]
