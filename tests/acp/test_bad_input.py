@@ -14,7 +14,7 @@ import pytest
 
 from actors.base.processes.stop_deadline import EXIT_CODE
 from actors.log.records import Assistant, User
-from tests.acp.conftest import AcpEnv, RawAgent, assert_gone, children_of, model
+from tests.support.acp_editor import AcpEnv, RawAgent, assert_gone, children_of, model
 from tests.support.fake_llama import FakeLlama
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from actors.log.records import User
-from tests.acp.conftest import AcpEnv, RawAgent
+from tests.support.acp_editor import AcpEnv, RawAgent
 
 pytestmark = pytest.mark.timeout(240)
 

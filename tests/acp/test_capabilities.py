@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.acp.conftest import AcpEnv, RawAgent
+from tests.support.acp_editor import AcpEnv, RawAgent
 
 pytestmark = pytest.mark.timeout(120)
 

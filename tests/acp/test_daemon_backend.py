@@ -13,8 +13,8 @@ import pytest
 
 from actors.log.file import read_log
 from actors.log.records import Approval, User
-from tests.acp.conftest import RawAgent
 from tests.daemon.daemonkit import Daemon, cli, daemon_config
+from tests.support.acp_editor import RawAgent
 from tests.support.fake_llama import FakeLlama
 from tests.tools.hostkit import short_dir
 

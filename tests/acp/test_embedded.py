@@ -15,7 +15,7 @@ import pytest
 from acp import spawn_agent_process, text_block
 from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart
 
-from tests.acp.conftest import ROOT, Editor
+from tests.support.acp_editor import ROOT, Editor
 from tests.support.embedded import THREADS, require_embedded
 
 pytestmark = [pytest.mark.embedded, pytest.mark.timeout(600)]

@@ -18,7 +18,7 @@ from acp import RequestError, spawn_agent_process, text_block
 from actors.inference.slots.keeper import FORKED
 from actors.log.records import CacheLoss, Forked, Usage, User
 from actors.session.messages import messages
-from tests.acp.conftest import ROOT, AcpEnv, Editor, model
+from tests.support.acp_editor import ROOT, AcpEnv, Editor, model
 from tests.support.fake_llama import FakeLlama
 
 pytestmark = pytest.mark.timeout(300)

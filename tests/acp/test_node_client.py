@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from actors.log.records import Usage, User
-from tests.acp.conftest import ROOT, AcpEnv, check_flow_log
+from tests.support.acp_editor import ROOT, AcpEnv, check_flow_log
 
 HERE = ROOT / "tests" / "acp"
 REQUIRED = os.environ.get("LOOPD_REQUIRE_NODE") == "1"

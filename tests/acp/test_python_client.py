@@ -21,7 +21,7 @@ from acp.schema import (
     UserMessageChunk,
 )
 
-from tests.acp.conftest import ROOT, AcpEnv, Editor, assert_gone, check_flow_log
+from tests.support.acp_editor import ROOT, AcpEnv, Editor, assert_gone, check_flow_log
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,7 +21,7 @@ from actors.base.errors import (
 from actors.base.events import NO_APPROVER, Event
 from actors.log.records import Baseline, Compaction, Rewind, User
 from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
-from tests.service.conftest import FULL, HANG, Place
+from tests.support.service_places import FULL, HANG, Place
 from tests.support.watch import HANG_S, wait_until
 
 
