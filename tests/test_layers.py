@@ -359,9 +359,10 @@ def test_a_module_missing_from_the_map_is_caught(tmp_path: Path) -> None:
 
 
 def helper_imports(root: Path) -> list[str]:
-    """Imports between test files: a test file's names are its own, and a private name
-    (``_helper``) is nobody else's; what tests share lives in ``tests/support/`` (or a
-    folder's conftest or rig module), under a public name."""
+    """Imports between test files: a test file's names are its own, a private name
+    (``_helper``) is nobody else's, and a conftest module is pytest's (it gives fixtures,
+    never imported as a module); what tests share lives in ``tests/support/`` (or a
+    folder's rig module), under a public name."""
     found = []
     for path in sorted((root / "tests").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -374,6 +375,8 @@ def helper_imports(root: Path) -> list[str]:
             where = path.relative_to(root)
             if source.rpartition(".")[2].startswith("test_"):
                 found.append(f"{where} imports from the test file {source}")
+            if source.rpartition(".")[2] == "conftest":
+                found.append(f"{where} imports the conftest module {source}")
             found += [f"{where} imports the private {a.name} from {source}"
                       for a in node.names if a.name.startswith("_")]  # fmt: skip
     return found
@@ -388,6 +391,7 @@ def test_tests_share_helpers_through_support() -> None:
     [
         ("from tests.a.test_b import helper", "imports from the test file tests.a.test_b"),
         ("from tests.support.kit import _hidden", "imports the private _hidden"),
+        ("from tests.a.conftest import Rig", "imports the conftest module tests.a.conftest"),
     ],
 )
 def test_a_test_importing_another_tests_helper_is_caught(
