@@ -98,6 +98,7 @@ class _Call:
     traceparent: str = ""  # the caller's execute_tool span: this run's span joins its trace
     ask_s: float = 0.0  # how long the caller waits for the person's answer (0: nobody asks)
     progress: bool = False  # the caller wants its progress (wire: progress)
+    asking: int = 0  # questions open: the call's clock stops while the person thinks
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -399,26 +400,7 @@ class Host:
 
     def _asker(self, call: _Call) -> Asker:
         """What a provider running ``call`` asks the person through (wire: ``ask``)."""
-
-        def ask(server: str, message: str, schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-            question = _Question()
-            number = next(self._asked)  # count's next is atomic: workers ask at once
-            key = (call.peer, call.id, number)
-            self._loop.post(self._ask, key, question,
-                            wire.Ask(call.id, number, server, message, dict(schema)))
-            limit = min(time.monotonic() + call.ask_s, call.deadline - HOST_GRACE_S)
-            while not question.done.wait(0.05):
-                if call.cancel.is_set() or time.monotonic() >= limit:
-                    break
-            self._loop.post(self._questions.pop, key, None)
-            reply = question.reply
-            if reply is None or reply.action not in wire.ACTIONS:
-                log.info("call %d (%s): the question %r got no answer", call.id, call.tool,
-                         message[:80])
-                return "cancel", {}
-            return reply.action, dict(reply.content) if reply.action == "accept" else {}
-
-        return ask
+        return _HostAsker(self, call)
 
     def _reporter(self, call: _Call) -> Reporter:
         """What a provider running ``call`` reports its progress through (wire: progress)."""
@@ -433,9 +415,20 @@ class Host:
         if self._active.get((call.peer, call.id)) is call:  # not after its answer
             self._send(call.peer, msg)
 
-    def _ask(self, key: tuple[bytes, int, int], question: _Question, msg: wire.Ask) -> None:
+    def _ask(
+        self, key: tuple[bytes, int, int], question: _Question, call: _Call, msg: wire.Ask
+    ) -> None:
         self._questions[key] = question
+        call.asking += 1
         self._send(key[0], msg)
+
+    def _asked_done(self, key: tuple[bytes, int, int], call: _Call, waited: float) -> None:
+        """The question is over: the call's clock runs again, the time asked not counted."""
+        self._questions.pop(key, None)
+        call.asking -= 1
+        call.deadline += waited
+        if self._active.get((call.peer, call.id)) is call:
+            self._expire_at(call.deadline)
 
     def _frame(self, call: _Call, spec: ToolSpec, answer: Any) -> bytes:
         """The answer as a frame with the call's id, cut to fit in one frame."""
@@ -476,7 +469,8 @@ class Host:
             return self._unhealthy  # a stuck worker is stuck for good: only a restart helps
         now = time.monotonic()
         stuck = sorted(
-            (c for c in self._busy if now > c.deadline + STUCK_S), key=lambda c: c.deadline
+            (c for c in self._busy if now > c.deadline + STUCK_S and not c.asking),
+            key=lambda c: c.deadline,
         )
         if not stuck:
             return ""
@@ -500,7 +494,7 @@ class Host:
         """At the earliest deadline: answer every late call Failed and tell it to stop."""
         self._expiry = None
         now = time.monotonic()
-        late = [c for c in self._active.values() if c.deadline <= now]
+        late = [c for c in self._active.values() if c.deadline <= now and not c.asking]
         for call in late:
             del self._active[(call.peer, call.id)]
             call.cancel.set()
@@ -518,8 +512,9 @@ class Host:
                     "limit, tools.timeout_s); it was stopped",
                 ),
             )
-        if self._active:
-            self._expire_at(min(c.deadline for c in self._active.values()))
+        running = [c.deadline for c in self._active.values() if not c.asking]
+        if running:  # a call asking the person is re-armed when its question is over
+            self._expire_at(min(running))
 
     def _expire_at(self, deadline: float) -> None:
         if self._expiry is None or deadline < self._expiry.when:
@@ -557,6 +552,35 @@ class Host:
             except Exception as e:
                 log.warning("closing a provider failed: %s", e)
         self._loop.close()
+
+
+class _HostAsker:
+    """A running call's :class:`~actors.tools.protocol.provider.Asker` (wire: ``ask``)."""
+
+    def __init__(self, host: Host, call: _Call) -> None:
+        self.host, self.call = host, call
+        self.budget_s = call.ask_s + HOST_GRACE_S  # the reply's trip back included
+
+    def __call__(
+        self, server: str, message: str, schema: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        host, call = self.host, self.call
+        question = _Question()
+        number = next(host._asked)  # count's next is atomic: workers ask at once
+        key = (call.peer, call.id, number)
+        start = time.monotonic()
+        host._loop.post(host._ask, key, question, call,
+                        wire.Ask(call.id, number, server, message, dict(schema)))
+        while not question.done.wait(0.05):
+            if call.cancel.is_set() or time.monotonic() >= start + self.budget_s:
+                break
+        host._loop.post(host._asked_done, key, call, time.monotonic() - start)
+        reply = question.reply
+        if reply is None or reply.action not in wire.ACTIONS:
+            log.info("call %d (%s): the question %r got no answer", call.id, call.tool,
+                     message[:80])
+            return "cancel", {}
+        return reply.action, dict(reply.content) if reply.action == "accept" else {}
 
 
 _PONG = wire.encode(Pong())

@@ -44,7 +44,6 @@ __all__ = ["CallSockets", "Questions", "classify"]
 
 log = logging.getLogger("loopd.toolport")
 
-PORT_ANSWER_S = 1.0  # a reply is sent this long before the call's limit, so it still counts
 _PULSE_MS = 20  # how often a waiting call looks at its cancel token and the connection
 
 
@@ -258,7 +257,9 @@ class CallSockets:
                     if questions is not None and questions.progress is not None:
                         questions.progress(answer)
                 elif isinstance(answer, wire.Ask):
+                    asked = time.monotonic()
                     self._answer(sock, answer, questions, deadline)
+                    deadline += time.monotonic() - asked  # the person's time is not the call's
                 elif answer is not None:
                     return answer
             now = time.monotonic()
@@ -288,9 +289,7 @@ class CallSockets:
         if questions is None or questions.ask is None:
             action, content = "decline", {}
         else:
-            by = deadline - PORT_ANSWER_S
-            if questions.timeout_s > 0:
-                by = min(by, time.monotonic() + questions.timeout_s)
+            by = time.monotonic() + (questions.timeout_s or max(0.0, deadline - time.monotonic()))
             try:
                 action, content = questions.ask(question, by)
             except Exception:  # the person's side failed: the call goes on, declined

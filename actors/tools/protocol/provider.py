@@ -19,10 +19,18 @@ __all__ = [
 # that writes checks where the write really lands against it (docs/approval.md).
 APPROVED_LANDING: ContextVar[str | None] = ContextVar("approved_landing", default=None)
 
-# Asks the person a question for the call being run: (server, message, form schema) ->
-# (action: accept | decline | cancel, the form's values when accepted). It blocks the
-# calling thread until the answer, the call's limit or its cancel.
-Asker = Callable[[str, str, Mapping[str, Any]], tuple[str, dict[str, Any]]]
+class Asker(Protocol):
+    """Asks the person a question for the call being run: (server, message, form schema) ->
+    (action: accept | decline | cancel, the form's values when accepted). It blocks the
+    calling thread until the answer, ``budget_s`` or the call's cancel. The call's clock
+    stops while it waits: a provider with limits of its own adds ``budget_s`` to them."""
+
+    budget_s: float
+
+    def __call__(
+        self, server: str, message: str, schema: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]]: ...
+
 
 # The asker of the call being run (wire: ``ask``), set by the host around ``run`` in its
 # worker thread; None when nobody can answer (the request's ``ask_s`` was 0).

@@ -81,10 +81,11 @@ answers ``pending_approval`` again, and nothing was written.
 A question mid-call: a tool that needs the person's answer while it runs (an MCP server's
 elicitation) makes the host send ``ask`` with the call's ``id`` and a ``question`` number
 unique within the call; the port asks the person and sends ``reply`` with both numbers.
-The host waits at most ``ask_s`` seconds (and never past the call's own limit, which keeps
-running while the person thinks); with no reply by then, or when the call is cancelled,
-the question counts as cancelled. A request with ``ask_s`` 0 means nobody can answer: the
-host answers the question itself (``tools.elicitation``) and sends no ``ask``.
+The host waits at most ``ask_s`` seconds; with no reply by then, or when the call is
+cancelled, the question counts as cancelled. The call's limit does not run while a
+question waits (at the host and at the port): the person's time is not the tool's. A
+request with ``ask_s`` 0 means nobody can answer: the host answers the question itself
+(``tools.elicitation``) and sends no ``ask``.
 
 Fields added later
 ------------------

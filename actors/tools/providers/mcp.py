@@ -167,12 +167,16 @@ class McpProvider:
             got = self._loop.wait(read, timeout_s, cancel)
             return got if not isinstance(got, Stopped) else Failed(
                 message=f"reading {uri} on MCP server {self.label} stopped: {got.name.lower()}")
-        call = self._link.call(tool, dict(arguments), own_s, timeout_s,
+        asker = ASK.get()
+        # The host's clock stops while the person is asked; the SDK's and ours cannot, so
+        # they get the person's time on top (the host still stops the call at its limit).
+        room = asker.budget_s if asker is not None else 0.0
+        call = self._link.call(tool, dict(arguments), own_s + room, timeout_s,
                                untrusted=spec.untrusted, max_output=self._max_output,
-                               ask=ASK.get(), progress=PROGRESS.get())
+                               ask=asker, progress=PROGRESS.get())
         try:
             # the SDK sends notifications/cancelled when a stopped call's task is cancelled
-            answer = self._loop.wait(call, timeout_s, cancel)
+            answer = self._loop.wait(call, timeout_s + room, cancel)
         except Exception as e:  # a bug on our side must still answer the call
             log.exception("MCP call %s on %s failed", tool, self.label)
             return Failed(message=f"MCP call {tool} on {self.label} failed: {e!r}")

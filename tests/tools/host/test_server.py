@@ -326,3 +326,20 @@ def test_progress_reaches_the_port_before_the_answer(port: ToolPort) -> None:
 def test_a_request_that_wants_no_progress_gets_none(host: tuple[str, Path]) -> None:
     with raw_dealer(host[0]) as sock:
         assert ask(sock, _req(5, "steps")) == wire.Result(5, "3 steps taken")
+
+
+def test_the_persons_time_does_not_count_against_the_calls_limit(
+    quick: tuple[str, Path],
+) -> None:
+    """The quick host stops a call after 0.5 s; the person takes longer than that to answer,
+    and the call still finishes with their answer."""
+
+    def slow_person(question: wire.Ask, deadline: float) -> tuple[str, dict[str, Any]]:
+        time.sleep(1.0)
+        return "accept", {"name": "Slow"}
+
+    with _port(quick[0]) as port:
+        answer = port.call(session="s", call=1, tool="question", arguments={"message": "Who?"},
+                           ask=Questions(slow_person, 30.0))
+    assert isinstance(answer, wire.Result), answer
+    assert answer.content == 'accept {"name": "Slow"}'
