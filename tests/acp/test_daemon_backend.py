@@ -68,6 +68,19 @@ def test_turns_run_in_the_daemon_that_serves_the_workspace(
             assert forked["result"]["_meta"]["loopd"]["forkedFrom"] == session
             assert f"session {fork}: attached" in cli(config, "status").stdout
             assert prompt(agent, fork, "t3")["result"] == {"stopReason": "end_turn"}
+            # close detaches it in the daemon; resume attaches it again, and its turn's
+            # usage_update crosses the daemon's wire
+            assert "result" in agent.request("session/close", {"sessionId": session})
+            assert f"session {session}: attached" not in cli(config, "status").stdout
+            assert "result" in agent.request("session/resume", {
+                "sessionId": session, "cwd": str(root / "ws"), "mcpServers": []})
+            assert f"session {session}: attached" in cli(config, "status").stdout
+            answered, seen = agent.answer(agent.send("session/prompt", {
+                "sessionId": session, "prompt": [{"type": "text", "text": "t4"}]}))
+            assert answered["result"] == {"stopReason": "end_turn"}
+            (usage,) = [m["params"]["update"] for m in seen
+                        if m["params"]["update"]["sessionUpdate"] == "usage_update"]
+            assert usage["used"] > 0 and usage["_meta"]["loopd"]["cachedTokens"] > 0, usage
             assert agent.close() == 0
             assert f"session {session}" not in cli(config, "status").stdout  # detached
 
@@ -84,9 +97,10 @@ def test_turns_run_in_the_daemon_that_serves_the_workspace(
             assert f"the loopd daemon serves {root / 'ws'}, not {other}" in said
             assert "turns run in this process" in said
     records, _ = read_log(root / "sessions" / session / "log.bin", name=session)
-    assert [r.content for r in records if isinstance(r, User)] == [order, "t2 [stall]"]
+    assert [r.content for r in records if isinstance(r, User)] == [order, "t2 [stall]", "t4"]
     (approved,) = [r for r in records if isinstance(r, Approval)]
     assert (approved.decision.value, approved.by) == ("allow", "person")
     forked, _ = read_log(root / "sessions" / fork / "log.bin", name=fork)
-    assert forked[: len(records)] == records  # the source's records, then its own
+    t4 = next(i for i, r in enumerate(records) if isinstance(r, User) and r.content == "t4")
+    assert forked[:t4] == records[:t4]  # the source's records (up to the fork), then its own
     assert [r.content for r in forked if isinstance(r, User)][-1] == "t3"
