@@ -15,7 +15,7 @@ import pytest
 from acp import spawn_agent_process, text_block
 
 from actors.log.records import CacheLoss, SlotState, Usage, User
-from tests.acp.conftest import ROOT, AcpEnv, Editor, model
+from tests.support.acp_editor import ROOT, AcpEnv, Editor, model
 from tests.support.fake_llama import FakeLlama
 
 pytestmark = pytest.mark.timeout(300)
