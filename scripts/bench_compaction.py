@@ -161,21 +161,21 @@ def _conversation(root: Path, url: str, way: str) -> _Result:
     compactions = 0
     started = time.perf_counter()
     try:
-        with start_world(config) as app:
-            model = _Counted(app.runtime.inference, reprefill=way == "re-prefill")
-            runtime = dataclasses.replace(app.runtime, inference=model)
-            session = app.session(names[-1])
+        with start_world(config) as world:
+            model = _Counted(world.runtime.inference, reprefill=way == "re-prefill")
+            runtime = dataclasses.replace(world.runtime, inference=model)
+            session = world.session(names[-1])
             for turn in range(1, TURNS + 1):
                 before = model.processed
                 try:
                     outcome = _turn(session, runtime, message(turn))
                 except SessionFull:  # a new session, as a person would start
                     names.append(f"bench-{way.replace(' ', '-')}-{len(names)}")
-                    session = app.session(names[-1])
+                    session = world.session(names[-1])
                     outcome = _turn(session, runtime, message(turn))
                 compactions += outcome.compactions
                 per_turn.append(model.processed - before)
-            app.close_sessions()
+            world.close_sessions()
     finally:
         for name in names:
             remove_session_files(slot_dirs(config), session_path(config, name))

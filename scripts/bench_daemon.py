@@ -58,11 +58,11 @@ def _side_by_side(config: cfg.Config) -> tuple[float, float]:
     """p50 ms of a turn in this process and through the daemon, taken in turn (ABAB...), so
     that both see the same load on a shared machine."""
     local, remote = [], []
-    with start_world(config) as app, Client.from_config(config) as client:
-        session = app.session("inproc")
+    with start_world(config) as world, Client.from_config(config) as client:
+        session = world.session("inproc")
         for n in range(-3, TURNS):  # three of each to warm up
             start = time.perf_counter()
-            session.turn(app.runtime, message(0, n % 1000), _sink).get(timeout=60)
+            session.turn(world.runtime, message(0, n % 1000), _sink).get(timeout=60)
             middle = time.perf_counter()
             client.turn("daemon", message(0, n % 1000)).run(_sink)
             end = time.perf_counter()

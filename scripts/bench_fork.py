@@ -46,30 +46,30 @@ def run() -> list[dict[str, Any]]:
         return _measure(config)
 
 
-def _rewind(app: World, name: str) -> None:
-    session = app.session(name)
+def _rewind(world: World, name: str) -> None:
+    session = world.session(name)
     session.rewind(1).get(timeout=60)
     session.actor_ref.stop(timeout=30)
-    app.sessions.remove(session)
+    world.sessions.remove(session)
 
 
 def _measure(config: cfg.Config) -> list[dict[str, Any]]:
-    with start_world(config) as app:
-        timed_turn(app, app.runtime, "src", facts("warehouse", HISTORY))
-        _, built = timed_turn(app, app.runtime, "src", "What does item 3 weigh?")
+    with start_world(config) as world:
+        timed_turn(world, world.runtime, "src", facts("warehouse", HISTORY))
+        _, built = timed_turn(world, world.runtime, "src", "What does item 3 weigh?")
     started = time.perf_counter()
     report = fork_session(config, "src", "fork")
     fork_s = time.perf_counter() - started
     fork_session(config, "src", "copy")
     remove_session_files(slot_dirs(config), session_path(config, "copy"))  # no KV state
     question = "What does item 7 cost?"
-    with start_world(config) as app:  # a new command: a new server process
-        fast, forked = timed_turn(app, app.runtime, "fork", question)
-    with start_world(config) as app:
-        slow, copied = timed_turn(app, app.runtime, "copy", question)
-    with start_world(config) as app:
-        _rewind(app, "src")
-        undo_s, undone = timed_turn(app, app.runtime, "src", "What does item 5 weigh?")
+    with start_world(config) as world:  # a new command: a new server process
+        fast, forked = timed_turn(world, world.runtime, "fork", question)
+    with start_world(config) as world:
+        slow, copied = timed_turn(world, world.runtime, "copy", question)
+    with start_world(config) as world:
+        _rewind(world, "src")
+        undo_s, undone = timed_turn(world, world.runtime, "src", "What does item 5 weigh?")
     history = built.prompt_tokens + built.completion_tokens
     state = report.state.tokens if report.state is not None else 0
     fork_n, copy_n = (int(u.timings.get("prompt_n", 0)) for u in (forked, copied))

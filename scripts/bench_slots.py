@@ -73,15 +73,15 @@ def _name(i: int) -> str:
 
 
 def _resume(config: cfg.Config) -> list[dict[str, Any]]:
-    with start_world(config) as app:
-        _, built = timed_turn(app, app.runtime, "resume", facts("warehouse", HISTORY))
+    with start_world(config) as world:
+        _, built = timed_turn(world, world.runtime, "resume", facts("warehouse", HISTORY))
     times: dict[str, tuple[float, Usage]] = {}
     for variant in ("restored", "not restored"):
         if variant == "not restored":
             remove_session_files(slot_dirs(config), session_path(config, "resume"))
             config = config.replace("slots", warm_start=False)  # nor the baseline's
-        with start_world(config) as app:  # a new command: a new server process
-            times[variant] = timed_turn(app, app.runtime, "resume", "What does item 7 weigh?")
+        with start_world(config) as world:  # a new command: a new server process
+            times[variant] = timed_turn(world, world.runtime, "resume", "What does item 7 weigh?")
     (fast, kept), (slow, cold) = times["restored"], times["not restored"]
     restored = kept.slot.restored if kept.slot else 0
     size = next((m.bytes / max(m.tokens, 1) for s in slot_dirs(config) for k, m in s.all()
@@ -106,14 +106,14 @@ def _new_session(config: cfg.Config) -> list[dict[str, Any]]:
     config = config.replace("tools", standard=NEW_TOOLS)  # a person's baseline: ~1,170 tokens
     ask = {"new-first": "What is 12 times 3?", "new-cold": "What is 12 times 3?",
            "new-warm": "What is 12 times 3?", "new-second": "What is 7 plus 5?"}
-    with start_world(config) as app:  # the baseline processed and saved, if it was not yet
-        timed_turn(app, app.runtime, "new-first", ask["new-first"])
+    with start_world(config) as world:  # the baseline processed and saved, if it was not yet
+        timed_turn(world, world.runtime, "new-first", ask["new-first"])
     ttft: dict[str, float] = {}
-    with start_world(config.replace("slots", warm_start=False)) as app:
-        ttft["new-cold"] = timed_turn(app, app.runtime, "new-cold", ask["new-cold"])[0]
-    with start_world(config) as app:  # a new command: only the saved file can help
+    with start_world(config.replace("slots", warm_start=False)) as world:
+        ttft["new-cold"] = timed_turn(world, world.runtime, "new-cold", ask["new-cold"])[0]
+    with start_world(config) as world:  # a new command: only the saved file can help
         for name in ("new-warm", "new-second"):
-            ttft[name] = timed_turn(app, app.runtime, name, ask[name])[0]
+            ttft[name] = timed_turn(world, world.runtime, name, ask[name])[0]
     first = {name: next(r for r in _records(config, name) if isinstance(r, Usage))
              for name in ttft}  # each session's first request (a turn may ask more)
 
@@ -218,25 +218,25 @@ class _SlotZero:
         return self._client.tokenize(text)
 
 
-def _rounds(app: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
+def _rounds(world: World, runtime: Runtime, tag: str) -> Iterator[Usage]:
     """Every session's first turn, then ROUNDS rounds; yields the later rounds' Usage."""
     for i in range(SESSIONS):
-        timed_turn(app, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", SHELF))
+        timed_turn(world, runtime, f"{_name(i)}{tag}", facts(f"shelf {i}{tag}", SHELF))
     for n in range(ROUNDS):
         for i in range(SESSIONS):
-            yield timed_turn(app, runtime, f"{_name(i)}{tag}",
+            yield timed_turn(world, runtime, f"{_name(i)}{tag}",
                              f"Round {n}: what does item {n + 2} weigh?")[1]
 
 
 def _round_robin(config: cfg.Config) -> list[dict[str, Any]]:
-    with start_world(config) as app:  # each strategy on a server process of its own
-        keeper = list(_rounds(app, app.runtime, ""))
-    with start_world(config) as app:
-        client = LlamaClient(app.config.inference, url=app.urls[0])
+    with start_world(config) as world:  # each strategy on a server process of its own
+        keeper = list(_rounds(world, world.runtime, ""))
+    with start_world(config) as world:
+        client = LlamaClient(world.config.inference, url=world.urls[0])
         try:
-            old_runtime = Runtime(config=app.config, inference=_SlotZero(client),
-                                  registry=app.runtime.registry)
-            old = list(_rounds(app, old_runtime, "-old"))
+            old_runtime = Runtime(config=world.config, inference=_SlotZero(client),
+                                  registry=world.runtime.registry)
+            old = list(_rounds(world, old_runtime, "-old"))
         finally:
             client.close()
     floor = []

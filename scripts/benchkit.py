@@ -82,15 +82,15 @@ class FirstToken:
             self.at = time.perf_counter()
 
 
-def timed_turn(app: World, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
+def timed_turn(world: World, runtime: Runtime, name: str, text: str) -> tuple[float, Usage]:
     """One turn of session ``name``, its actor stopped after: seconds to its first token,
     and its last Usage."""
-    session = app.session(name)
+    session = world.session(name)
     sink = FirstToken()
     started = time.perf_counter()
     session.turn(runtime, text, sink, CancelToken()).get(timeout=900)
     records: tuple[Record, ...] = session.records().get(timeout=60)
     session.actor_ref.stop(timeout=30)
-    app.sessions.remove(session)
+    world.sessions.remove(session)
     usage = [r for r in records if isinstance(r, Usage)][-1]
     return (sink.at or time.perf_counter()) - started, usage

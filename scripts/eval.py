@@ -393,7 +393,7 @@ def run_tasks(
     restart: bool = False,
     way: str = "",
 ) -> list[Row]:
-    """Run the tasks of ``files`` on one app (one model server, one set of tool hosts), a
+    """Run the tasks of ``files`` on one world (one model server, one set of tool hosts), a
     session at a time on a fresh copy of its workspace, and score each turn.
 
     ``restart``: a turn the context cannot hold (SessionFull) is asked again in a new
@@ -411,9 +411,9 @@ def run_tasks(
     names: list[str] = []
     rows: list[Row] = []
     try:
-        for servers in dict.fromkeys(f.servers for f in files):  # one app per set of servers
-            with start_world(with_servers(config, servers), say) as app:
-                _run_files(app, [f for f in files if f.servers == servers], workspace,
+        for servers in dict.fromkeys(f.servers for f in files):  # one world per set of servers
+            with start_world(with_servers(config, servers), say) as world:
+                _run_files(world, [f for f in files if f.servers == servers], workspace,
                            timeout_s, restart, way, names, rows, say)
     finally:
         for name in names:
@@ -432,24 +432,24 @@ def with_servers(config: cfg.Config, servers: Sequence[str]) -> cfg.Config:
     return config.replace("tools", hosts=hosts)
 
 
-def _run_files(app: Any, files: Sequence[TaskFile], workspace: Path, timeout_s: float,
+def _run_files(world: Any, files: Sequence[TaskFile], workspace: Path, timeout_s: float,
                restart: bool, way: str, names: list[str], rows: list[Row],
                say: Callable[[str], None]) -> None:
-    """The sessions of ``files`` on ``app``, a row each turn (``run_tasks``)."""
+    """The sessions of ``files`` on ``world``, a row each turn (``run_tasks``)."""
     for f in files:
         for group in sessions(f.tasks):
             fill(workspace, f.workspace)
             name = f"eval-{group[0].id}-{int(time.time())}"
             names.append(name)
-            session = app.session(name)
+            session = world.session(name)
             for task in group:
-                row, full = _run_one(app, session, task, workspace, timeout_s)
+                row, full = _run_one(world, session, task, workspace, timeout_s)
                 if full and restart:  # a new session, as a person would start
                     name = f"eval-{task.id}-{int(time.time())}"
                     names.append(name)
-                    session = app.session(name)
+                    session = world.session(name)
                     lost = row  # what the full session spent on it counts too
-                    row, _ = _run_one(app, session, task, workspace, timeout_s)
+                    row, _ = _run_one(world, session, task, workspace, timeout_s)
                     row = dataclasses.replace(
                         row, restarted=True, processed=row.processed + lost.processed,
                         written=row.written + lost.written,
@@ -459,7 +459,7 @@ def _run_files(app: Any, files: Sequence[TaskFile], workspace: Path, timeout_s: 
                     row, file=f.name, workspace=f.workspace or "loopd", set=f.set,
                     way=way))
                 say(_line(rows[-1]))
-            app.close_sessions()
+            world.close_sessions()
 
 
 def fill(workspace: Path, name: str) -> None:
@@ -515,7 +515,7 @@ def _repo_files() -> list[str]:
 
 
 def _run_one(
-    app: Any, session: Any, task: Task, workspace: Path, timeout_s: float
+    world: Any, session: Any, task: Task, workspace: Path, timeout_s: float
 ) -> tuple[Row, bool]:
     """One turn's row, and whether it failed for a full context (SessionFull)."""
     cancel = CancelToken()
@@ -529,7 +529,7 @@ def _run_one(
     sink = lambda e: done.append(e) if isinstance(e, Compacted) else None  # noqa: E731
     timer.start()
     try:
-        outcome = session.turn(app.runtime, task.prompt, sink, cancel,
+        outcome = session.turn(world.runtime, task.prompt, sink, cancel,
                                _Harness(task.approve)).get()
         answer = outcome.content
         if outcome.cut:

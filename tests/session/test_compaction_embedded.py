@@ -73,10 +73,10 @@ def test_a_session_past_its_context_compacts_keeps_its_cache_and_keeps_answering
         "session": {"compaction": "elide"},
         "embedded": {"ctx_size": CTX, "slots": 1, "threads": THREADS},
     })
-    with start_world(config) as app:
-        seen = Seen(app.runtime.inference)
-        runtime = dataclasses.replace(app.runtime, inference=seen)
-        session = app.session("long")
+    with start_world(config) as world:
+        seen = Seen(world.runtime.inference)
+        runtime = dataclasses.replace(world.runtime, inference=seen)
+        session = world.session("long")
         answers = [session.turn(runtime, notes(t), lambda _: None, CancelToken()).get(timeout=600)
                    for t in range(1, TURNS + 1)]
         records = session.records().get(timeout=60)
@@ -145,11 +145,11 @@ def test_ten_pasted_pages_in_4096_tokens_are_answered_and_no_request_compacts_tw
         "embedded": {"ctx_size": PAGE_CTX, "slots": 1, "threads": THREADS},
     })
     assert config.session.compact_at == 0.4
-    with start_world(config) as app:
-        session = app.session("pages")
-        sizes = [app.runtime.inference.tokens("pages", page(n)) for n in (1, PAGES)]
+    with start_world(config) as world:
+        session = world.session("pages")
+        sizes = [world.runtime.inference.tokens("pages", page(n)) for n in (1, PAGES)]
         assert all(420 <= n <= 480 for n in sizes), sizes
-        answers = [session.turn(app.runtime, page(n), lambda _: None, CancelToken())
+        answers = [session.turn(world.runtime, page(n), lambda _: None, CancelToken())
                    .get(timeout=900) for n in range(1, PAGES + 1)]
         records = session.records().get(timeout=60)
     told = [a.content for a in answers]

@@ -28,7 +28,7 @@ class _Busy(pykka.ThreadingActor):
         release.wait(30)
 
 
-def _app() -> World:
+def _bare_world() -> World:
     runtime = Runtime(config=Config(), inference=cast(Any, None), registry=Registry([]))
     # the busy one waits all of it; an idle one must stop within it, even on a busy machine
     return World(runtime=runtime, model="m", stop_timeout_s=3.0)
@@ -40,12 +40,12 @@ def test_a_session_still_busy_is_told_to_stop_and_the_command_ends_with_a_warnin
     idle = _Busy.start()
     try:
         busy.proxy().work(release)  # runs until released
-        app = _app()
-        app.sessions += [busy.proxy(), idle.proxy()]
+        world = _bare_world()
+        world.sessions += [busy.proxy(), idle.proxy()]
         said: list[str] = []
-        app.close_sessions(said.append)  # no pykka.Timeout out of here
+        world.close_sessions(said.append)  # no pykka.Timeout out of here
         assert len(said) == 1 and "still busy after 3 s" in said[0]
-        assert app.sessions == []
+        assert world.sessions == []
         assert not idle.is_alive()  # the others were still stopped
         release.set()
         assert busy.actor_stopped.wait(HANG_S)  # the stop it was sent takes effect after its work
@@ -58,11 +58,11 @@ def test_a_session_already_gone_is_not_an_error() -> None:
     gone = _Busy.start()
     proxy = gone.proxy()
     gone.stop()
-    app = _app()
-    app.sessions.append(proxy)
+    world = _bare_world()
+    world.sessions.append(proxy)
     said: list[str] = []
-    app.close_sessions(said.append)
-    assert said == [] and app.sessions == []
+    world.close_sessions(said.append)
+    assert said == [] and world.sessions == []
 
 
 # --- the workspace map in a new session's baseline ------------------------------------------

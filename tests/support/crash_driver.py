@@ -58,21 +58,21 @@ def config(url: str, log_dir: str, workspace: str) -> Config:
 
 def drive(cfg: Config, turns: int, say: Callable[[str], None]) -> None:
     """Run the turns after the last one in the log, up to ``turns``; ``say`` reports progress."""
-    with start_world(cfg) as app:
-        session = app.session(SESSION)
-        hosts = _host_pids(app)
+    with start_world(cfg) as world:
+        session = world.session(SESSION)
+        hosts = _host_pids(world)
         say("ready " + json.dumps({"hosts": hosts}))
         records = session.records().get(timeout=30)
         start = sum(1 for r in records if isinstance(r, User)) + 1
         for n in range(start, turns + 1):
-            session.turn(app.runtime, message(n), _ignore).get(timeout=60)
+            session.turn(world.runtime, message(n), _ignore).get(timeout=60)
             say(f"done {n}")
     say("finished")
 
 
-def _host_pids(app: Any) -> list[int | None]:
-    """The tool hosts' pids, through the registry's ports (the app keeps no Toolbox)."""
-    return [port.status().pid for port in app.runtime.registry.ports]
+def _host_pids(world: Any) -> list[int | None]:
+    """The tool hosts' pids, through the registry's ports (the world keeps no Toolbox)."""
+    return [port.status().pid for port in world.runtime.registry.ports]
 
 
 def _ignore(event: object) -> None:

@@ -87,13 +87,13 @@ class Server:
     """Serves the client protocol on ``sock`` (bound by the caller) for the World's sessions."""
 
     def __init__(
-        self, app: World, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
+        self, world: World, sock: zmq.Socket[Any], *, endpoint: str, heartbeat_s: float,
         max_frame_bytes: int, max_clients: int = 64, max_sessions_per_client: int = 32,
         max_requests_per_client: int = 48, max_requests: int = 256,
         max_client_bytes: int = 64 * 1024 * 1024,
         fd_limit: int | None = None, on_stopping: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
-        self.app = app
+        self.world = world
         self.sock = sock
         self.endpoint = endpoint
         self.heartbeat_s = heartbeat_s
@@ -103,7 +103,7 @@ class Server:
         self.max_client_bytes = max_client_bytes
         self._jobs = 0  # requests in progress, all clients
         self._flushing: Any = None  # the timer that offers queued answers again
-        self.sessions = SessionTable(Worlds(app.config, app), max_sessions_per_client)
+        self.sessions = SessionTable(Worlds(world.config, world), max_sessions_per_client)
         self.on_stopping = on_stopping  # called as the stop begins (the stop's deadline)
         self.started = time.monotonic()
         self._clients: dict[bytes, _Client] = {}
@@ -377,8 +377,8 @@ class Server:
         return p.StatusReply(
             id=rid, pid=os.getpid(), endpoint=self.endpoint,
             uptime_s=time.monotonic() - self.started, clients=len(self._clients),
-            sessions=tuple(self.sessions.rows()), workspace=str(self.app.config.workspace),
-            model=self.app.describe(),
+            sessions=tuple(self.sessions.rows()), workspace=str(self.world.config.workspace),
+            model=self.world.describe(),
         )  # fmt: skip
 
     # --- requests, each in a thread of its own -----------------------------------------

@@ -142,12 +142,12 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
     with _pid_lock(config):
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            with start_world(config, say, deadline=deadline) as app:
+            with start_world(config, say, deadline=deadline) as world:
                 ctx: zmq.Context[Any] = zmq.Context()
                 sock, auth = _bind(ctx, config, where)
                 try:
                     server.append(Server(
-                        app, sock, endpoint=where, heartbeat_s=config.daemon.heartbeat_s,
+                        world, sock, endpoint=where, heartbeat_s=config.daemon.heartbeat_s,
                         max_frame_bytes=config.daemon.max_frame_bytes,
                         max_clients=config.daemon.max_clients,
                         max_sessions_per_client=config.daemon.max_sessions_per_client,

@@ -58,7 +58,7 @@ class Gated:
 class Rig:
     def __init__(self, tmp: Path, **limits: Any) -> None:
         self.config = Config().replace("log", dir=str(tmp / "sessions"), fsync="never")
-        self.app = Gated(self.config)
+        self.world = Gated(self.config)
         self.ctx: zmq.Context[Any] = zmq.Context()
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -67,7 +67,7 @@ class Rig:
         tmp.mkdir(parents=True)
         self.endpoint = f"inproc://loopd-{id(self)}"
         sock.bind(self.endpoint)
-        self.server = Server(self.app, sock, endpoint=self.endpoint, heartbeat_s=60,
+        self.server = Server(self.world, sock, endpoint=self.endpoint, heartbeat_s=60,
                              max_frame_bytes=4 * 1024 * 1024, **limits)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
@@ -80,7 +80,7 @@ class Rig:
         return sock
 
     def close(self) -> None:
-        self.app.gate.set()
+        self.world.gate.set()
         self.server.request_stop()
         self.thread.join(HANG_S)
         self.ctx.destroy(linger=0)
@@ -130,14 +130,14 @@ def test_a_flood_of_pipelined_requests_gets_answers_or_the_limit_and_few_threads
     refused = answers(a, FLOOD - 8)  # all but the 8 in progress, at once
     assert all(isinstance(m, p.Error) and "daemon.max_requests_per_client = 8" in m.message
                for m in refused), refused[:3]
-    wait_until(lambda: rig.app.waiting == 8, timeout=HANG_S, what="8 forks in progress")
+    wait_until(lambda: rig.world.waiting == 8, timeout=HANG_S, what="8 forks in progress")
     for rid in range(1, 11):  # another client: 4 more fit in all, then the total's limit
         b.send(p.encode(p.Fork(id=rid, source="src", session=f"m{rid}", at=None)))
     over = answers(b, 6)
     assert all(isinstance(m, p.Error) and "daemon.max_requests = 12" in m.message for m in over)
     assert threading.active_count() <= threads + 12 + 1
     assert alive(a) and alive(b)
-    rig.app.gate.set()
+    rig.world.gate.set()
     done = answers(a, 8) + answers(b, 4)
     assert all(isinstance(m, p.ForkReply) for m in done), done
     assert alive(a)  # and the counts came back: new work is taken again
@@ -231,7 +231,7 @@ def test_a_thread_the_system_refuses_is_an_error_answer_and_the_daemon_goes_on(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig = make()
-    rig.app.gate.set()
+    rig.world.gate.set()
     client = rig.client()
     assert alive(client)
     monkeypatch.setattr(loop_module, "threading", SimpleNamespace(

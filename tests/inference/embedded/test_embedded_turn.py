@@ -176,7 +176,7 @@ def test_the_cache_check_catches_a_prompt_not_reused() -> None:
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path) -> Iterator[World]:
     require_embedded()
     config = (
         cfg.load(EXAMPLES / "loopd.toml")
@@ -189,18 +189,18 @@ def app(tmp_path: Path) -> Iterator[World]:
         yield running
 
 
-def _turn(app: World, session: Any, message: str) -> None:
-    session.turn(app.runtime, message, lambda _event: None, CancelToken()).get(
+def _turn(world: World, session: Any, message: str) -> None:
+    session.turn(world.runtime, message, lambda _event: None, CancelToken()).get(
         timeout=TURN_TIMEOUT_S
     )
 
 
 @pytest.mark.embedded
 @pytest.mark.timeout(1800)  # hang guards: a fresh machine also assembles the model (~0.5 GB) first
-def test_two_turns_on_the_embedded_model(app: World) -> None:
-    session = app.session("embedded")
-    _turn(app, session, FIRST)
-    _turn(app, session, SECOND)
+def test_two_turns_on_the_embedded_model(world: World) -> None:
+    session = world.session("embedded")
+    _turn(world, session, FIRST)
+    _turn(world, session, SECOND)
     records = session.records().get(timeout=HANG_S)
 
     assert sequence_problems(records, turns=2) == [], records

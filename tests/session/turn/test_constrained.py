@@ -126,12 +126,12 @@ def test_auto_is_off_for_a_server_named_by_url_and_on_turns_on_bare_json(tmp_pat
     with FakeLlama([]) as fake:
         base = parse({"log": {"dir": str(tmp_path / "s")}, "tools": {"standard": False},
                       "inference": {"url": fake.url}})
-        with start_world(base) as app:
-            inference = app.runtime.config.inference
+        with start_world(base) as world:
+            inference = world.runtime.config.inference
             assert not inference.constrained_calls and not inference.bare_json_tool_calls
         on = base.replace("inference", constrained_calls="on", bare_json_tool_calls="off")
-        with start_world(on) as app:
-            inference = app.runtime.config.inference
+        with start_world(on) as world:
+            inference = world.runtime.config.inference
             assert inference.constrained_calls and inference.bare_json_tool_calls
 
 
