@@ -39,6 +39,8 @@ _SPECS = [
     ToolSpec("touch", "Create a marker file.", _obj(path={"type": "string"})),
     ToolSpec("pid", "This host's process id.", _obj()),
     ToolSpec("steps", "Report progress three times.", _obj()),
+    ToolSpec("long_steps", "Take steps of a second each, reporting each.",
+             _obj(steps={"type": "integer"})),
     ToolSpec("question", "Ask the person a question mid-call.", _obj(message={"type": "string"})),
 ]
 
@@ -75,6 +77,14 @@ class FakeTools:
                 if report is not None:
                     report(i, 3 if i > 1 else None, f"step {i}")
             return Result(content="3 steps taken")
+        if tool == "long_steps":
+            report, n = PROGRESS.get(), int(arguments["steps"])
+            for i in range(1, n + 1):
+                if cancel.wait(0.3):
+                    return Result(content="stopped")
+                if report is not None:
+                    report(i, n, "")
+            return Result(content=f"{n} long steps taken")
         if tool == "question":
             asker = ASK.get()
             if asker is None:

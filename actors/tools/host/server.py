@@ -99,6 +99,7 @@ class _Call:
     ask_s: float = 0.0  # how long the caller waits for the person's answer (0: nobody asks)
     progress: bool = False  # the caller wants its progress (wire: progress)
     asking: int = 0  # questions open: the call's clock stops while the person thinks
+    latest: float = 0.0  # the most its deadline may move to on progress (0: not at all)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -323,6 +324,8 @@ class Host:
         call = _Call(peer, req.id, req.tool, time.monotonic() + self.timeout_s + HOST_GRACE_S,
                      landing=req.landing if req.approved and req.landing else None,
                      traceparent=req.traceparent, ask_s=req.ask_s, progress=req.progress)
+        if req.progress:
+            call.latest = time.monotonic() + wire.PROGRESS_MAX_TIMES * self.timeout_s
         self._active[key] = call
         self._expire_at(call.deadline)
         self._busy.add(call)
@@ -412,7 +415,10 @@ class Host:
         return report
 
     def _progress(self, call: _Call, msg: wire.Progress) -> None:
+        """Send it on, and give the call a whole limit from now (up to ``latest``)."""
         if self._active.get((call.peer, call.id)) is call:  # not after its answer
+            moved = min(time.monotonic() + self.timeout_s + HOST_GRACE_S, call.latest)
+            call.deadline = max(call.deadline, moved)
             self._send(call.peer, msg)
 
     def _ask(

@@ -256,6 +256,8 @@ class CallSockets:
                 if isinstance(answer, wire.Progress):
                     if questions is not None and questions.progress is not None:
                         questions.progress(answer)
+                    latest = start + wire.PROGRESS_MAX_TIMES * limit  # as the host does
+                    deadline = max(deadline, min(time.monotonic() + limit, latest))
                 elif isinstance(answer, wire.Ask):
                     asked = time.monotonic()
                     self._answer(sock, answer, questions, deadline)

@@ -78,6 +78,10 @@ the request's ``landing`` names exactly that landing (the person saw it and said
 approved request with a ``landing`` runs only if the write still lands there; else the host
 answers ``pending_approval`` again, and nothing was written.
 
+Progress and the limit: a call the port wants progress of (``request.progress``) and that
+sends some gets a whole limit again from each ``progress`` message, at the host and at the
+port, up to ``PROGRESS_MAX_TIMES`` (10) times its limit in all.
+
 A question mid-call: a tool that needs the person's answer while it runs (an MCP server's
 elicitation) makes the host send ``ask`` with the call's ``id`` and a ``question`` number
 unique within the call; the port asks the person and sends ``reply`` with both numbers.
@@ -131,6 +135,7 @@ __all__ = [
     "ACTIONS",
     "CODEC",
     "DEFAULT_MAX_FRAME",
+    "PROGRESS_MAX_TIMES",
     "VERSION",
     "Answer",
     "Ask",
@@ -156,6 +161,10 @@ __all__ = [
 
 VERSION = 1
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024
+# A call that keeps reporting progress may run this many times its limit in all (MCP lets
+# a receiver reset its timeout on progress if it keeps a maximum): each progress message
+# gives it a whole limit from then, at the host and at the port.
+PROGRESS_MAX_TIMES = 10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

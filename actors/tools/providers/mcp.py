@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actors.base.errors import McpError
+from actors.tools.protocol import wire
 from actors.tools.protocol.provider import ASK, PROGRESS
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer, Failed
@@ -171,9 +172,12 @@ class McpProvider:
         # The host's clock stops while the person is asked; the SDK's and ours cannot, so
         # they get the person's time on top (the host still stops the call at its limit).
         room = asker.budget_s if asker is not None else 0.0
+        progress = PROGRESS.get()
+        if progress is not None:  # a call that reports progress may run longer (the host says)
+            room += (wire.PROGRESS_MAX_TIMES - 1) * timeout_s
         call = self._link.call(tool, dict(arguments), own_s + room, timeout_s,
                                untrusted=spec.untrusted, max_output=self._max_output,
-                               ask=asker, progress=PROGRESS.get())
+                               ask=asker, progress=progress)
         try:
             # the SDK sends notifications/cancelled when a stopped call's task is cancelled
             answer = self._loop.wait(call, timeout_s + room, cancel)

@@ -343,3 +343,17 @@ def test_the_persons_time_does_not_count_against_the_calls_limit(
                            ask=Questions(slow_person, 30.0))
     assert isinstance(answer, wire.Result), answer
     assert answer.content == 'accept {"name": "Slow"}'
+
+
+def test_progress_gives_the_call_a_whole_limit_again(quick: tuple[str, Path]) -> None:
+    """The quick host stops a call after 0.5 s; one that reports progress every 0.3 s runs
+    its 1.2 s to the end, and the same call wanting no progress is stopped at the limit."""
+    with _port(quick[0]) as port:
+        seen: list[wire.Progress] = []
+        answer = port.call(session="s", call=1, tool="long_steps", arguments={"steps": 4},
+                           ask=Questions(None, 0.0, seen.append))
+        assert isinstance(answer, wire.Result), answer
+        assert answer.content == "4 long steps taken" and len(seen) == 4
+        stopped = port.call(session="s", call=2, tool="long_steps", arguments={"steps": 4})
+        assert isinstance(stopped, wire.Failed)
+        assert "did not finish within 0.5 s" in stopped.message
