@@ -26,10 +26,10 @@ import httpx
 from actors.base.cancel import CancelToken
 from actors.base.config import InferenceConfig
 from actors.base.events import Event
-from actors.inference import recording
 from actors.inference.actor import Inference
 from actors.inference.llama import LlamaClient
 from actors.inference.types import ChatRequest
+from tests.support import recording
 from tests.support.fake_llama import in_process
 
 __all__ = ["run"]

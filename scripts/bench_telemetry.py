@@ -27,10 +27,10 @@ from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.config import InferenceConfig
 from actors.base.events import Event
-from actors.inference import recording
 from actors.inference.actor import Inference
 from actors.inference.types import ChatRequest
 from scripts.bench_inference import FIXTURES, fake_server
+from tests.support import recording
 from tests.support.otlp import Receiver
 
 __all__ = ["run"]

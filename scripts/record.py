@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from actors.base.errors import RecordingError
-from actors.inference import recording
+from tests.support import recording
 
 __all__ = ["main", "record"]
 

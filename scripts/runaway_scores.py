@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from actors.inference import recording
 from actors.inference.runaway import Watcher
+from tests.support import recording
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDINGS = ROOT / "tests" / "fixtures" / "http"

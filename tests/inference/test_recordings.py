@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from actors.base.errors import RecordingError
 from actors.base.events import Content, Progress, Retrying, ToolCallDelta
-from actors.inference import recording
 from actors.inference.types import Completion, InferError, InferErrorKind, is_context_full
 from scripts import record
+from tests.support import recording
 from tests.support.fake_llama import FakeLlama, answer, replay
 from tests.support.inference_rig import MakeRig, request
 from tests.support.recordings import FIXTURES

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from actors.inference import recording
+from tests.support import recording
 from tests.support.watch import HANG_S
 
 __all__ = [
