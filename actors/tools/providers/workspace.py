@@ -199,20 +199,7 @@ class Workspace:
                 if target is None:
                     names.append(name)
                     continue
-                links += 1
-                if links > _MAX_LINKS:
-                    raise Refused(f"{path!r}: more than {_MAX_LINKS} symlinks on the way")
-                if os.path.isabs(target):
-                    try:
-                        inside = self._parts(target)
-                    except OutsideWorkspace:
-                        raise self._outside(path, target) from None
-                    for fd in fds[1:]:
-                        os.close(fd)
-                    del fds[1:], names[:]
-                    parts.extendleft(reversed(inside))
-                else:
-                    parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+                links = self._follow(path, target, links, fds, names, parts)
             return "/".join(names) or "."
         finally:
             for fd in fds:
@@ -355,20 +342,7 @@ class Workspace:
                 target = _readlink(fds[-1], name)
                 if target is None:
                     raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
-                links += 1
-                if links > _MAX_LINKS:
-                    raise Refused(f"{path!r}: more than {_MAX_LINKS} symlinks on the way")
-                if os.path.isabs(target):
-                    try:
-                        inside = self._parts(target)
-                    except OutsideWorkspace:
-                        raise self._outside(path, target) from None
-                    for fd in fds[1:]:
-                        os.close(fd)
-                    del fds[1:], names[:]
-                    parts.extendleft(reversed(inside))
-                else:
-                    parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+                links = self._follow(path, target, links, fds, names, parts)
             if leaf is not None:
                 raise IsADirectoryError(errno.EISDIR, "is a directory", path)
             top = fds.pop()
@@ -376,6 +350,27 @@ class Workspace:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _follow(self, path: str, target: str, links: int, fds: list[int], names: list[str],
+                parts: deque[str]) -> int:
+        """Take one symlink on the way to ``path``: an absolute ``target`` restarts the walk
+        at the root (refused when it leads outside), a relative one goes on from here; the
+        count of links taken, refused past ``_MAX_LINKS`` (a loop)."""
+        links += 1
+        if links > _MAX_LINKS:
+            raise Refused(f"{path!r}: more than {_MAX_LINKS} symlinks on the way")
+        if os.path.isabs(target):
+            try:
+                inside = self._parts(target)
+            except OutsideWorkspace:
+                raise self._outside(path, target) from None
+            for fd in fds[1:]:
+                os.close(fd)
+            del fds[1:], names[:]
+            parts.extendleft(reversed(inside))
+        else:
+            parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+        return links
 
     def _outside(self, given: str, target: str = "") -> OutsideWorkspace:
         via = f" (through a symlink to {target})" if target else ""
