@@ -36,7 +36,7 @@ EVAL = ROOT / "examples" / "eval"
 def peaks(messages: Iterable[Mapping[str, Any]], chunks: Iterable[tuple[str, bool]]
           ) -> tuple[int, int]:
     """The longest repeat and copy runs of the streamed ``chunks`` (text, is reasoning)."""
-    watch = Watcher(list(messages), 1 << 62, 1 << 62)  # watched, never cut: measured
+    watch = Watcher(list(messages), 1 << 62, 1 << 62, lazy=0)  # watched, never cut: measured
     for text, reasoning in chunks:
         watch.feed(text, reasoning)
     return watch.peaks[0], watch.peaks[1]

@@ -16,7 +16,9 @@ the run is how many pieces in a row match it.
 
 - **repeat**: the last ``repeat`` pieces copy the stream's own earlier text;
 - **copy**: the last ``copy`` pieces copy the prompt (every message's text, cut into pieces
-  once per request, when the first text arrives).
+  once per request, when a stream reaches :data:`LAZY` pieces: most answers are shorter, and
+  cutting a long conversation into pieces costs milliseconds a request; the pieces said so far
+  are then followed again, so the run is the same as if the prompt had been there at once).
 
 Each piece costs a few dictionary look-ups (the cost per chunk is in docs/turn.md), so the
 watch runs on every streamed token. A legitimate answer copies its prompt to show a file,
@@ -31,11 +33,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["GRAM", "Runaway", "Watcher", "pieces", "prompt_text"]
+__all__ = ["GRAM", "LAZY", "Runaway", "Watcher", "pieces", "prompt_text"]
 
 GRAM = 8  # pieces that must match before a run is followed (and the shortest run)
 _PIECE = re.compile(r"\d+|[^\W\d]+|[^\w\s]")
 _WORD_END = re.compile(r"\w+\Z")
+LAZY = 64  # pieces a stream says before the prompt is cut into pieces (0: at once)
 _HELD = 64  # characters of an unfinished word held back at most (one giant word: cut up)
 
 
@@ -106,23 +109,27 @@ class _Stream:
 
     __slots__ = ("copy", "held", "own", "repeat", "said")
 
-    def __init__(self, prompt: _Follow | None) -> None:
+    def __init__(self) -> None:
         self.said: list[str] = []
         self.own: dict[tuple[str, ...], int] = {}
         self.repeat = _Follow(self.said, self.own)
-        self.copy = prompt
+        self.copy: _Follow | None = None  # the prompt's follower, from LAZY pieces on
         self.held = ""  # the end of the text so far, when it may be an unfinished word
 
 
 class Watcher:
     """Watches the answer and the reasoning of one response; ``repeat``/``copy``: the
     longest run allowed (0: not watched). ``messages``: the request's, cut into pieces
-    when the first text comes (a response that only calls a tool never pays for it)."""
+    when a stream reaches ``lazy`` pieces (a short answer, or a response that only calls a
+    tool, never pays for it)."""
 
-    __slots__ = ("_copy", "_grams", "_messages", "_prompt", "_repeat", "_streams", "peaks")
+    __slots__ = ("_copy", "_grams", "_lazy", "_messages", "_prompt", "_repeat", "_streams",
+                 "peaks")
 
-    def __init__(self, messages: Iterable[Mapping[str, Any]], repeat: int, copy: int) -> None:
+    def __init__(self, messages: Iterable[Mapping[str, Any]], repeat: int, copy: int,
+                 lazy: int = LAZY) -> None:
         self._repeat, self._copy = repeat or 1 << 62, copy or 1 << 62
+        self._lazy = max(1, min(lazy, copy or lazy))  # never later than a cut could come
         self._messages = messages if copy else ()
         self._prompt: list[str] | None = None
         self._grams: dict[tuple[str, ...], int] = {}
@@ -133,7 +140,7 @@ class Watcher:
         """The next text of the answer (or of the reasoning); a Runaway once it ran away."""
         stream = self._streams.get(reasoning)
         if stream is None:
-            stream = self._streams[reasoning] = _Stream(self._prompt_follow())
+            stream = self._streams[reasoning] = _Stream()
         text = stream.held + text
         stream.held = ""
         if text[-1:].isalnum() or text[-1:] == "_":  # a word that may go on in the next text
@@ -160,16 +167,31 @@ class Watcher:
             if run >= self._repeat:
                 return Runaway("repeat", run, period=end + 1 - stream.repeat.at)
         if stream.copy is not None:
-            copied = stream.copy.step(piece, gram)
-            if copied > peaks[1]:
-                peaks[1] = copied
-                if copied >= self._copy:
-                    return Runaway("copy", copied)
+            return self._copied(stream.copy.step(piece, gram))
+        if end + 1 == self._lazy and self._messages:
+            return self._catch_up(stream)
         return None
 
-    def _prompt_follow(self) -> _Follow | None:
-        if not self._messages:
-            return None
+    def _copied(self, copied: int) -> Runaway | None:
+        peaks = self.peaks
+        if copied > peaks[1]:
+            peaks[1] = copied
+            if copied >= self._copy:
+                return Runaway("copy", copied)
+        return None
+
+    def _catch_up(self, stream: _Stream) -> Runaway | None:
+        """Follow the prompt over every piece said so far, as if it had been there at once."""
+        copy = stream.copy = self._prompt_follow()
+        said = stream.said
+        for i, piece in enumerate(said):
+            gram = tuple(said[i - GRAM + 1: i + 1]) if i >= GRAM - 1 else None
+            found = self._copied(copy.step(piece, gram))
+            if found is not None:
+                return found
+        return None
+
+    def _prompt_follow(self) -> _Follow:
         if self._prompt is None:
             self._prompt = pieces(prompt_text(self._messages))
             p = self._prompt

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from actors.base.config import LoopConfig
 from actors.base.events import AnswerCut, Content, Reasoning
-from actors.inference.runaway import GRAM, Runaway, Watcher, pieces
+from actors.inference.runaway import GRAM, LAZY, Runaway, Watcher, pieces
 from scripts import runaway_scores
 from tests.support.fake_llama import Runaway as Sent
 from tests.support.fake_llama import answer, endless
@@ -80,6 +80,30 @@ def test_a_copy_of_the_prompt_is_cut_at_its_limit(start: int, length: int) -> No
         assert found is None
     else:
         assert found == Runaway("copy", 400)
+
+
+@given(start=st.integers(0, 200), length=st.integers(1, 700), copy=st.integers(GRAM, 500),
+       cuts=st.lists(st.integers(0, 20_000), max_size=30))
+def test_the_prompt_cut_late_finds_what_it_cut_at_once_would(
+        start: int, length: int, copy: int, cuts: list[int]) -> None:
+    """The prompt is cut into pieces only when a stream reaches LAZY pieces; the run it then
+    follows, the peak and the cut are those of a watch that had the prompt from the start."""
+    notes = " ".join(f"Note {k}: {w} on row {k * 7}." for k, w in
+                     zip(range(200), ["apples", "pears", "figs", "plums", "dates"] * 40,
+                         strict=True))
+    prompt = ({"role": "user", "content": notes},)
+    text = "Here it is: " + " ".join(notes.split()[start:start + length]) + " "
+    late, at_once = Watcher(prompt, 0, copy), Watcher(prompt, 0, copy, lazy=0)
+    assert feed(late, text, cuts) == feed(at_once, text, cuts)
+    if len(pieces(text)) >= min(LAZY, copy):  # a shorter stream is not measured for copies
+        assert late.peaks == at_once.peaks
+
+
+def test_a_short_answer_never_cuts_the_prompt_into_pieces() -> None:
+    """Most answers are short: the prompt of a long conversation is not cut up for them."""
+    watch = Watcher(({"role": "user", "content": "words " * 5000},), 256, 400)
+    assert watch.feed("A short answer of a few words, well under the lazy bound. ") is None
+    assert watch._prompt is None
 
 
 def test_the_notes_of_a_long_paste_copied_back_are_cut_as_a_repeat() -> None:
