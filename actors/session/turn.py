@@ -145,11 +145,9 @@ class _Turn:
                 cut = completion.finish_reason in CUT  # an answer cut is the turn's answer
                 if not completion.tool_calls or cut:
                     return TurnOutcome(
-                        content=completion.content or "", usage=asked.usage,
+                        content=completion.content or "", usage=asked.usage, cut=cut,
                         iterations=self.iterations, tool_calls=self.tool_calls,
-                        cut=cut, restored=self.restored,
-                        compactions=self.compactor.made,
-                    )
+                        restored=self.restored, compactions=self.compactor.made)
                 self._count_iteration()
                 for call in completion.tool_calls:
                     self._run_tool(call)
@@ -202,8 +200,7 @@ class _Turn:
         return completion
 
     def _record(self, completion: Completion, previous: Usage | None) -> Usage:
-        """The response, its usage, what loopd cut of it and a cache loss (if the prompt cache
-        was lost) logged."""
+        """The response, its usage, what loopd cut of it and a lost cache's loss, logged."""
         assistant, usage = completion.assistant(), completion.usage_record()
         loss = cache_outcome(previous.timings if previous else None, completion.timings,
                              completion.slot, completion.baseline)

@@ -190,6 +190,7 @@ def daemon(cfg: Any) -> None:
     each its own connection, running two turns on sessions ``d0``-``d2``; then it stops."""
     from actors.daemon.client import Client, find_daemon
     from actors.daemon.server.main import serve
+    from tests.support.watch import wait_until
 
     failures: list[BaseException] = []
 
@@ -203,9 +204,10 @@ def daemon(cfg: Any) -> None:
 
     def clients() -> None:
         try:
-            while (probe := find_daemon(cfg)) is None:
-                time.sleep(0.05)
-            probe.close()
+            probes: list[Any] = []
+            wait_until(lambda: probes.append(find_daemon(cfg)) or probes[-1] is not None,
+                       what="the daemon to listen")  # a poll with the suite's hang guard
+            probes[-1].close()
             threads = [threading.Thread(target=client, args=(c,)) for c in range(3)]
             for t in threads:
                 t.start()
