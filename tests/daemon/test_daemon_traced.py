@@ -12,7 +12,7 @@ import pytest
 from actors.base import telemetry
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama
-from tests.support.otlp import Receiver, Span, traced
+from tests.support.otlp import Receiver, Span, receiving
 from tests.support.scripted_llama import agent
 from tests.tools.hostkit import short_dir
 
@@ -23,12 +23,8 @@ pytest.importorskip("opentelemetry.sdk.trace")
 def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     """Tracing on here and in what starts after (the daemon, its hosts): the receiver's
     endpoint, batches sent at once."""
-    with Receiver() as rx:
-        traced(monkeypatch, rx.endpoint)
-        try:
-            yield rx
-        finally:
-            telemetry.reset()
+    with receiving(monkeypatch) as rx:
+        yield rx
 
 
 def _named(spans: list[Span], name: str) -> list[Span]:

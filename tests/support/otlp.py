@@ -9,10 +9,11 @@ starts: to the receiver, batches sent at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -163,3 +164,16 @@ class Receiver:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+@contextlib.contextmanager
+def receiving(monkeypatch: Any) -> Iterator[Receiver]:
+    """A receiver with tracing on to it (:func:`traced`), the decision reset when done."""
+    from actors.base import telemetry
+
+    with Receiver() as rx:
+        traced(monkeypatch, rx.endpoint)
+        try:
+            yield rx
+        finally:
+            telemetry.reset()

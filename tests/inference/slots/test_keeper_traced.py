@@ -10,19 +10,15 @@ import pytest
 
 from actors.base import telemetry
 from tests.inference.slots.slots_rig import Slots
-from tests.support.otlp import Receiver, traced
+from tests.support.otlp import Receiver, receiving
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
 
 @pytest.fixture
 def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    with Receiver() as rx:
-        traced(monkeypatch, rx.endpoint)
-        try:
-            yield rx
-        finally:
-            telemetry.reset()
+    with receiving(monkeypatch) as rx:
+        yield rx
 
 
 def test_a_save_and_a_restore_are_spans_of_the_request_that_needed_them(

@@ -20,7 +20,7 @@ from actors.session.fork import fork_session
 from actors.tools.registry import Registry
 from actors.tools.toolbox import Toolbox
 from tests.support.fake_llama import answer, context_full
-from tests.support.otlp import Receiver, Span, traced
+from tests.support.otlp import Receiver, Span, receiving, traced
 from tests.support.turn_rig import ECHO, Rig, ScriptedPort
 
 pytest.importorskip("opentelemetry.sdk.trace")
@@ -35,12 +35,8 @@ def _call_tool(tool: str, **arguments: Any) -> tuple[str, str]:
 
 @pytest.fixture
 def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    with Receiver() as rx:
-        traced(monkeypatch, rx.endpoint)
-        try:
-            yield rx
-        finally:
-            telemetry.reset()
+    with receiving(monkeypatch) as rx:
+        yield rx
 
 
 @pytest.fixture
