@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -120,3 +121,25 @@ def closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}/mcp"
+
+
+@contextlib.contextmanager
+def http_test_server(*args: str) -> Iterator[str]:
+    """The test server over streamable HTTP (with ``args``), as its URL; its stderr kept in a
+    file (a pipe nobody reads could fill and stall it) and shown if it does not start."""
+    from tests.support.watch import HANG_S
+
+    command = [sys.executable, str(TEST_SERVER), "--http", *args]
+    with tempfile.TemporaryFile("w+") as err, \
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("PORT "):
+                err.seek(0)
+                raise AssertionError(f"the HTTP test server did not start: {line!r}; "
+                                     f"its stderr ends: {err.read()[-2000:]!r}")
+            yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        finally:
+            proc.kill()
+            proc.wait(timeout=HANG_S)

@@ -55,6 +55,7 @@ from tests.tools.mcp_support import (  # noqa: E402
     TEST_SERVER,
     TIME_SERVER,
     closed_port_url,
+    http_test_server,
     mcp_port,
     refusing,
 )
@@ -454,16 +455,8 @@ def test_close_stops_the_server_and_later_calls_fail(
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
-    command = [sys.executable, str(TEST_SERVER), "--http"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.startswith("PORT "), f"the HTTP test server did not start: {line!r}"
-            yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
-        finally:
-            proc.kill()
-            proc.wait(timeout=WAIT_S)
+    with http_test_server() as url:
+        yield url
 
 
 def test_a_streamable_http_server(

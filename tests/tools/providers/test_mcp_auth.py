@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from actors.tools.providers.mcp_settings import McpAuth, resolve
 from actors.tools.toolbox import Toolbox, token_file
 from tests.support.watch import HANG_S
 from tests.tools.hostkit import short_dir
-from tests.tools.mcp_support import TEST_SERVER
+from tests.tools.mcp_support import TEST_SERVER, http_test_server
 
 TOKEN = "s3cret-token-7f1c"  # what must never show outside the request
 CALL_S = 60.0
@@ -43,16 +42,8 @@ CALL_S = 60.0
 @pytest.fixture
 def guarded_server() -> Iterator[str]:
     """The test server over HTTP, refusing requests without the token and X-Team: blue."""
-    command = [sys.executable, str(TEST_SERVER), "--http", "--token", TOKEN]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.startswith("PORT "), f"the HTTP test server did not start: {line!r}"
-            yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
-        finally:
-            proc.kill()
-            proc.wait(timeout=HANG_S)
+    with http_test_server("--token", TOKEN) as url:
+        yield url
 
 
 def test_a_bearer_token_and_headers_from_the_environment_and_a_file_reach_the_server(
