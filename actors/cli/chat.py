@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from actors.base.errors import LoopdError, SessionFull
-from actors.cli.conversation import Conversation, last_usage
+from actors.cli.conversation import Conversation, shown_size
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import LiveView, summary
 from actors.log.outcome import TurnOutcome
@@ -74,9 +74,9 @@ class Chat:
     def greet(self) -> None:
         self.say(f"session {self.session}: Ctrl-C cancels a turn, Ctrl-D leaves, /help lists "
                  "the chat commands")
-        usage = last_usage(self.conversation.config, self.session)
-        if usage is not None:
-            self.size(usage.prompt_tokens + usage.completion_tokens, opened=True)
+        used = shown_size(self.conversation.config, self.session)
+        if used:
+            self.size(used, opened=True)
 
     def size(self, used: int, *, opened: bool = False) -> None:
         """Say how full the conversation is, when that is worth saying."""

@@ -21,15 +21,14 @@ from actors.base.events import Approver, Sink, TornTail
 from actors.base.rules import RuleBook, parse_rules
 from actors.log.file import read_log
 from actors.log.outcome import TurnOutcome
-from actors.log.records import Usage
 from actors.log.sessiondir import check_name, session_path
 from actors.service.choose import Here, place, start
 from actors.service.remote import RemoteService
 from actors.service.types import CompactReport, Rewound, SessionService
-from actors.session.limits import shown_usage
+from actors.session.limits import shown_tokens
 
-__all__ = ["Conversation", "approved", "last_usage", "open_conversation", "place_for",
-           "service_for"]
+__all__ = ["Conversation", "approved", "open_conversation", "place_for", "service_for",
+           "shown_size"]
 
 
 def approved(args: argparse.Namespace) -> RuleBook:
@@ -40,15 +39,15 @@ def approved(args: argparse.Namespace) -> RuleBook:
         raise UsageError(f"--approve: {e}") from None
 
 
-def last_usage(config: cfg.Config, name: str) -> Usage | None:
-    """The last Usage record of session ``name`` the conversation still shows, as its log
-    file says now (None: no such session, no answer yet, or rewound past a compaction): how
-    full its prompt was after its last request."""
+def shown_size(config: cfg.Config, name: str) -> int:
+    """How full session ``name``'s prompt is, as its log file says now (0: no such session
+    or not known): the last shown request's prompt and answer, or the estimate of the
+    compaction that came after it (the last Usage record no longer counts then)."""
     path = session_path(config, name)
     if not path.is_file():
-        return None
+        return 0
     records, _ = read_log(path, name=name)
-    return shown_usage(records)
+    return shown_tokens(records)
 
 
 def place_for(args: argparse.Namespace, config: cfg.Config, say: Callable[[str], None],

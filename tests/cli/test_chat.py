@@ -274,3 +274,38 @@ def test_compact_shortens_the_conversation_and_it_goes_on(env: Env) -> None:
     assert compaction["by"] == "person"
     assert [r["content"] for r in records if r["kind"] == "user"] == [
         "first", "second", "third", "fourth"]  # the log keeps every turn
+
+
+def test_a_session_opened_after_a_compaction_says_its_size_from_the_compaction(
+        tmp_path: Path) -> None:
+    """The greeting read the last Usage record the conversation shows: after a compaction
+    there is none until the next request, so a session compacted to 800 of 1,000 tokens was
+    opened as if empty. The compaction's estimate stands in (as in `loopd sessions`)."""
+    import io
+    import types
+    from typing import cast
+
+    from rich.console import Console
+
+    from actors.base import config as cfg
+    from actors.cli.chat import Chat
+    from actors.cli.conversation import Conversation
+    from actors.log.file import SessionLog
+    from actors.log.records import Assistant, Compaction, CompactionBy, Usage, User
+    from tests.support.turn_rig import baseline
+
+    config = cfg.Config(log=cfg.LogConfig(dir=str(tmp_path)))
+    log, _ = SessionLog.open(tmp_path / "c" / "log.bin", fsync="never", baseline=baseline(),
+                             name="c")
+    log.append(User(content="a pasted page"), Assistant(content="ok", reasoning=None),
+               Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=930,
+                     completion_tokens=2, finish_reason="stop"))
+    log.append(Compaction(summary="They pasted a page.", kept=1, tokens_before=932,
+                          by=CompactionBy.PERSON, tokens_after=800))
+    log.close()
+    conversation = types.SimpleNamespace(config=config, name="c", context=lambda: N_CTX)
+    out = io.StringIO()
+    chat = Chat(cast(Conversation, conversation), Console(file=out, width=200), {})
+    chat.greet()
+    said = " ".join(out.getvalue().split())
+    assert "session c is filling up: 800 of 1,000 tokens (80%)" in said, said
