@@ -237,6 +237,7 @@ class LoopdAgent:
         async with self._handling():
             name = _name(session_id)
             backend = await self._backend(cwd)
+            await self._known(name, backend)  # as resume: another workspace's is refused
             if name not in self.sessions:
                 opened = await self._call(backend.open, name, False)
                 if opened.cut_bytes:

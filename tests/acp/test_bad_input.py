@@ -188,8 +188,8 @@ def test_a_stop_that_outlasts_its_grace_ends_acp_and_leaves_the_log_whole(
 def test_lifecycle_bad_input_is_answered_and_loses_nothing(
     env: AcpEnv, raw: Callable[..., RawAgent], tmp_path: Path
 ) -> None:
-    """Close twice, a prompt or close of an unknown session, resume of an unknown one or of
-    another workspace's: each a clear error; the session goes on after them."""
+    """Close twice, a prompt or close of an unknown session, resume of an unknown one, resume
+    or load of another workspace's: each a clear error; the session goes on after them."""
     agent = raw("--local")
     session = agent.start(env.workspace)
     answered, _ = prompt(agent, session, "t1")
@@ -220,7 +220,12 @@ def test_lifecycle_bad_input_is_answered_and_loses_nothing(
                                                    "mcpServers": []})
     assert error_of(refused)[1] == -32602
     assert str(env.workspace) in refused["error"]["message"]
+    loaded = elsewhere.request("session/load", {"sessionId": session, "cwd": str(other),
+                                                "mcpServers": []})
+    assert error_of(loaded)[1] == -32602  # the same check as resume: nothing replayed
+    assert str(env.workspace) in loaded["error"]["message"]
     assert elsewhere.close() == 0
+    assert not [m for m in elsewhere.stdout_bytes if b"session/update" in m]
     users = [r.content for r in env.records(session) if isinstance(r, User)]
     assert users == ["t1", "t2"]
 
