@@ -39,7 +39,7 @@ from actors.approval.rulesfile import RuleStore, load_rules
 from actors.base.command_line import split_words
 from actors.base.rules import RuleBook, protected, verdict
 from actors.cli.view import SafeConsole, visible
-from actors.inference.smallmodel.grammar import build_grammar, cached_grammar
+from actors.session.smallmodel.grammar import build_grammar, cached_grammar
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox
 from actors.tools.providers.standard import STANDARD_SPECS

@@ -49,8 +49,8 @@ from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.errors import LoopdError, SessionFull
 from actors.base.events import Choice, Compacted, Decision
-from actors.inference.smallmodel.bare_json import parse_bare_tool_call
 from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage, User
+from actors.session.smallmodel.bare_json import parse_bare_tool_call
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
 

@@ -66,6 +66,11 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
         "actors.base", "actors.wire", "actors.log", "actors.inference", "actors.tools",
         "actors.approval", "actors.session",
     ),
+    # what helps a small model: asked by the turn as it builds a request, it asks nothing of
+    # the session (its actor, turn, world), the model server or the gate back
+    "actors.session.smallmodel": (
+        "actors.base", "actors.wire", "actors.log", "actors.tools", "actors.session.smallmodel",
+    ),
     "actors.daemon": _CLIENT,
     # the session service: its types and the daemon's side are a client's; in this process
     # it is the world's, and the choice between them reaches both
@@ -81,8 +86,11 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
 NO_PYKKA = (
     "actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers",
     "actors.tools.host", "actors.log", "actors.daemon.protocol", "actors.daemon.address",
-    "actors.daemon.client", "actors.inference.smallmodel", "actors.service.types",
-    "actors.service.remote",
+    "actors.daemon.client", "actors.service.types", "actors.service.remote",
+    *(f"actors.session.smallmodel.{m}" for m in (
+        "grammar", "decision_word", "questions", "bare_json", "last_listing", "workspace_words",
+        "workspace_map",
+    )),
 )
 
 
@@ -223,6 +231,7 @@ _MINI = (
     "actors/wire/__init__.py", "actors/wire/codec.py",
     "actors/log/__init__.py", "actors/log/file.py", "actors/log/records.py",
     "actors/session/__init__.py", "actors/session/turn.py", "actors/session/actor.py",
+    "actors/session/smallmodel/__init__.py", "actors/session/smallmodel/grammar.py",
     "actors/cli/__init__.py", "actors/cli/view.py", "actors/cli/main.py",
     "actors/inference/__init__.py", "actors/inference/llama.py",
     "actors/tools/__init__.py", "actors/tools/host/__init__.py",
@@ -257,6 +266,12 @@ def __getattr__(name):
          "actors.tools.host reaches actors.inference.llama"),
         ("actors/log/file.py", "from actors.cli import view", "reaches actors.cli.view"),
         ("actors/session/turn.py", "from actors.cli.main import main", "reaches actors.cli"),
+        # the small-model aids: the turn asks them, they ask nothing of the session back
+        ("actors/session/smallmodel/grammar.py", "from actors.session import turn",
+         "reaches actors.session.turn"),
+        ("actors/session/smallmodel/grammar.py", "from actors.inference import llama",
+         "actors.session.smallmodel may not"),
+        ("actors/session/smallmodel/grammar.py", "def f():\n    import pykka", "reaches pykka"),
         ("actors/base/errors.py", "from actors.wire import codec", "actors.base may not"),
         ("actors/wire/codec.py", "from actors.log import records", "actors.wire may not"),
         ("actors/inference/llama.py", "from actors.session import turn", "reaches actors"),

@@ -355,9 +355,10 @@ class EmbeddedConfig:
     pinned: tuple[str, ...] = ("list_dir", "read_file", "search_files", "write_file",
                                "find_definition")
     # The workspace map after embedded.system: at most this many files and folders of the
-    # workspace (names and sizes) taken when a session is made (actors/tools/workspace_map.py);
-    # 0: none, the default: on the workspaces never used for tuning the embedded model
-    # answered from the map's names and sizes instead of calling a tool (make eval, docs/eval.md).
+    # workspace (names and sizes) taken when a session is made
+    # (actors/session/smallmodel/workspace_map.py); 0: none, the default: on the workspaces
+    # never used for tuning the embedded model answered from the map's names and sizes
+    # instead of calling a tool (make eval, docs/eval.md).
     workspace_map: int = field(default=0, metadata=limits(0, 10_000))
     # The embedded server's default sampling temperature (--temp): greedy, the small model's
     # most likely path. inference.temperature (when at least 0) overrides it per request.

@@ -47,8 +47,6 @@ from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import Cancelled, SessionError, SessionFull, UsageError
 from actors.base.events import Compacted, Compacting, Event, Progress, Queued, Retrying, Waiting
-from actors.inference.smallmodel.decision_word import strip_word
-from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import ChatRequest, Completion, InferError, InferErrorKind
 from actors.log.file import SessionLog
 from actors.log.records import (
@@ -73,6 +71,8 @@ from actors.session.compaction import (
 )
 from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.session.render import PER_MESSAGE, Counts, Prompt, Renderer
+from actors.session.smallmodel.decision_word import strip_word
+from actors.session.smallmodel.grammar import cached_grammar
 
 __all__ = ["Compactor", "Model", "compact_session"]
 

@@ -37,9 +37,6 @@ from actors.base.events import (
     ToolCallStarted,
     ToolResultEvent,
 )
-from actors.inference.smallmodel.bare_json import bare_call
-from actors.inference.smallmodel.decision_word import WordFilter, strip_word
-from actors.inference.smallmodel.grammar import cached_grammar
 from actors.inference.types import (
     CUT,
     ChatRequest,
@@ -62,7 +59,10 @@ from actors.session.limits import (
     cap_result,
 )
 from actors.session.render import Renderer
-from actors.session.steps import next_step
+from actors.session.smallmodel.bare_json import bare_call
+from actors.session.smallmodel.decision_word import WordFilter, strip_word
+from actors.session.smallmodel.grammar import cached_grammar
+from actors.session.smallmodel.step_rules import next_step
 from actors.tools.registry import Local, Registry, dispatch
 
 __all__ = ["Runtime", "TurnOutcome", "run_turn"]
@@ -211,8 +211,8 @@ class _Turn:
         return usage
 
     def _grammar(self, offered: tuple[Any, ...]) -> str | None:
-        """The grammar of the next response: what this step may say
-        (:func:`actors.session.steps.next_step`), built once per set of tools and holds."""
+        """The next response's grammar (:func:`actors.session.smallmodel.step_rules.next_step`):
+        what this step may say, built once per set of tools and holds."""
         if not self.runtime.config.inference.constrained_calls:
             return None
         specs = self.runtime.registry.specs()

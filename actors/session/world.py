@@ -31,10 +31,10 @@ from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.records import Baseline, now
 from actors.session.actor import SessionActor, open_session
 from actors.session.fork import ForkReport, fork_session
+from actors.session.smallmodel.workspace_map import workspace_map
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
 from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
-from actors.tools.workspace_map import workspace_map
 
 __all__ = ["StatusEvent", "World", "start_world"]
 

@@ -12,10 +12,10 @@ import pykka
 from actors.base.config import Config
 from actors.inference.actor import Inference
 from actors.log.records import Baseline
+from actors.session.smallmodel.workspace_map import MAP_HEADER
 from actors.session.turn import Runtime
 from actors.session.world import World
 from actors.tools.registry import Registry
-from actors.tools.workspace_map import MAP_HEADER
 from tests.support.fake_llama import FakeLlama, answer
 from tests.support.turn_rig import ScriptedPort, make_config
 from tests.support.watch import HANG_S

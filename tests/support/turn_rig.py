@@ -1,5 +1,5 @@
 """A session log, a fake llama-server and tool-port doubles for turn tests (their fixture
-is in tests/session/turn/conftest.py)."""
+is in tests/session/conftest.py)."""
 
 from __future__ import annotations
 

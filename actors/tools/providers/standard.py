@@ -54,7 +54,7 @@ def _schema(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 # A path never holds a control character or a glob's * or ?: the schema check refuses one
 # (a small model writes ".\n" or "./*"; Python's $ lets one newline at the end pass), and
 # under inference.constrained_calls the grammar cannot produce one at all
-# (actors.inference.smallmodel.grammar holds a string to a pattern of one negated class).
+# (actors.session.smallmodel.grammar holds a string to a pattern of one negated class).
 PATH_PATTERN = "^[^*?\\x00-\\x1f]*$"
 _PATH = {
     "type": "string",

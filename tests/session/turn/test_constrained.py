@@ -26,9 +26,9 @@ import pytest
 
 from actors.base.config import GENERAL_SYSTEM, parse
 from actors.base.events import Content
-from actors.inference.smallmodel import grammar as grammar_module
-from actors.inference.smallmodel.grammar import TOTAL_CAP
 from actors.log.records import Assistant, ToolResult
+from actors.session.smallmodel import grammar as grammar_module
+from actors.session.smallmodel.grammar import TOTAL_CAP
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -266,7 +266,7 @@ def test_a_question_with_a_word_of_a_small_workspace_gets_a_call_of_what_it_hold
         "What is the capital of France?").splitlines() if " ::= " in line)
     assert free["search-files-args"].startswith('"{" "\\"pattern\\": " string')
     # no lookup either: no tool's name or description holds its words (tests/session/turn/
-    # test_steps.py); a question with such a word may look one up
+    # test_step_rules.py); a question with such a word may look one up
     assert "call-find-tool" not in free["call"]
     looked = dict(line.split(" ::= ", 1) for line in grammar(
         "Can you fetch a web page for me?").splitlines() if " ::= " in line)

@@ -1,7 +1,7 @@
 """What one step of a turn may say, under ``inference.constrained_calls``
 (docs/inference.md#small-model-aids).
 
-The grammar (:mod:`actors.inference.smallmodel.grammar`) lets a response be the word TOOL
+The grammar (:mod:`actors.session.smallmodel.grammar`) lets a response be the word TOOL
 and one call, or ANSWER and text. :func:`next_step` says, for the next response of a turn,
 whether it may call (after ``inference.constrained_tool_steps`` steps it may not), whether
 it may answer instead, which tools it may not call and which arguments are held to which
@@ -9,18 +9,19 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
 
 - A question that asks for two or more file tools by their verbs ("Search for backup, then
   read the file you found") gets those calls, in that order, one a step
-  (:func:`~actors.inference.smallmodel.decision_word.asked_steps`): left the choice after the
+  (:func:`~actors.session.smallmodel.decision_word.asked_steps`): left the choice after the
   first result, the embedded model answered from it.
 - A question that names a file gets a call first, no ANSWER.
 - In a small workspace (``inference.workspace_words``: the files the search reads hold at
-  most that many bytes), loopd reads what it holds (:mod:`actors.tools.workspace_words`) at
-  each step and holds the first call to it (:func:`_held`).
+  most that many bytes), loopd reads what it holds
+  (:mod:`actors.session.smallmodel.workspace_words`) at each step and holds the first call
+  to it (:func:`_held`).
 - In a workspace too big to tell by its words, a question that names code (``class
   Context``, ``parse_value()``) or asks about the project (what it does, its version) gets a
   call of the tools that read the workspace first (:func:`_code_question`): left the choice
   on a real repository, the embedded model answered 12 of 14 such questions from nothing.
 - A message whose ask needs no tool ("Reply with OK.", "What is 12 plus 30?", a greeting:
-  :func:`~actors.inference.smallmodel.questions.needs_no_tool`) gets no call, on any
+  :func:`~actors.session.smallmodel.questions.needs_no_tool`) gets no call, on any
   workspace: the model listed an empty folder before each pasted note ending "Reply with
   OK.".
 - A question that names one of the session's other tools (an MCP server's) by a word of its
@@ -47,7 +48,8 @@ from typing import Any
 
 from actors.base.config import Config
 from actors.base.errors import LoopdError
-from actors.inference.smallmodel.decision_word import (
+from actors.log.records import Assistant, Record, ToolResult, User
+from actors.session.smallmodel.decision_word import (
     about_the_workspace,
     asked_steps,
     asks_a_size,
@@ -56,21 +58,20 @@ from actors.inference.smallmodel.decision_word import (
     place_named,
     refers_back,
 )
-from actors.inference.smallmodel.grammar import Values
-from actors.inference.smallmodel.questions import (
+from actors.session.smallmodel.grammar import Values
+from actors.session.smallmodel.last_listing import listed_entry
+from actors.session.smallmodel.questions import (
     about_the_project,
     code_names,
     follows_on,
     needs_no_tool,
 )
-from actors.log.records import Assistant, Record, ToolResult, User
-from actors.session.last_listing import listed_entry
+from actors.session.smallmodel.workspace_words import Holdings, workspace_words
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.providers.workspace import Workspace
 from actors.tools.search import asked_for, finds_any
 from actors.tools.toolbox import uses_workspace
-from actors.tools.workspace_words import Holdings, workspace_words
 
 __all__ = ["Step", "next_step"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
-from actors.session.last_listing import listed_entry
+from actors.session.smallmodel.last_listing import listed_entry
 from actors.tools.protocol.spec import ResultClass
 
 

@@ -1,5 +1,5 @@
-"""The step rules for any tools (actors/session/steps.py), against the fake llama-server:
-each request's grammar says what that response may be.
+"""The step rules for any tools (actors/session/smallmodel/step_rules.py), against the fake
+llama-server: each request's grammar says what that response may be.
 
 - a message that needs no tool ("Reply with OK." after pasted notes, arithmetic, a
   greeting) gets no call, on an empty workspace and on one whose files hold its words;

@@ -11,10 +11,10 @@ samples only what it allows: either
 - the word ``ANSWER``, then plain text that does not start with ``{``, ``[``, ``<``, a
   backquote or white space (so it cannot be the start of a call in another form).
 
-The word makes the model decide first (:mod:`actors.inference.smallmodel.decision_word`,
+The word makes the model decide first (:mod:`actors.session.smallmodel.decision_word`,
 which also takes it off again); the first answer to a question that names a file may only be a call
 (``text=False``). The call arrives as the answer's content, where the bare-JSON path
-(:mod:`actors.inference.smallmodel.bare_json`) takes it as the call. ``call_tool``'s arguments
+(:mod:`actors.session.smallmodel.bare_json`) takes it as the call. ``call_tool``'s arguments
 are one
 of the registry's tools with *that* tool's schema, so a call through it is well formed too;
 a registry tool may also be called by its own name (the bare-JSON path routes it through
@@ -55,7 +55,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from actors.inference.smallmodel.decision_word import ANSWER, TOOL
+from actors.session.smallmodel.decision_word import ANSWER, TOOL
 
 __all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "Values", "build_grammar",
            "cached_grammar"]

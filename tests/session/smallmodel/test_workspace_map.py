@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from actors.session.smallmodel.workspace_map import MAP_HEADER, render_map, workspace_map
 from actors.tools.providers.workspace import Entry
-from actors.tools.workspace_map import MAP_HEADER, render_map, workspace_map
 
 
 def test_the_map_is_a_line_per_entry_sorted_by_path() -> None:

@@ -2,7 +2,7 @@
 
 "What files are in the workspace?" then "What does the third one say?": the embedded model
 cannot count (it read the fourth file), so the turn finds the file itself
-(:func:`actors.inference.smallmodel.decision_word.place_named` gives the place) and holds the
+(:func:`actors.session.smallmodel.decision_word.place_named` gives the place) and holds the
 read to it.
 """
 

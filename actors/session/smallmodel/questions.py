@@ -1,6 +1,6 @@
 """What a message asks, read from its words: nothing a tool could find, a name in the code,
 or the project itself. Pure functions of the message's text, for the step rules
-(:mod:`actors.session.steps`).
+(:mod:`actors.session.smallmodel.step_rules`).
 
 - :func:`needs_no_tool`: the message's ask (its last sentence) wants no fact from anywhere
   ("Reply with OK.", "What is 12 plus 30?", "Hello!"). Left the choice, the embedded model
@@ -20,7 +20,7 @@ from __future__ import annotations
 import keyword
 import re
 
-from actors.inference.smallmodel.decision_word import names_a_file
+from actors.session.smallmodel.decision_word import names_a_file
 
 __all__ = ["about_the_project", "code_names", "follows_on", "needs_no_tool", "the_ask"]
 

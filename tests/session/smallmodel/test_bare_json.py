@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.inference.smallmodel.bare_json import parse_bare_tool_call, via_call_tool
+from actors.session.smallmodel.bare_json import parse_bare_tool_call, via_call_tool
 from tests.support.recordings import FIXTURES
 
 KNOWN = ("find_tool", "call_tool", "read_file")

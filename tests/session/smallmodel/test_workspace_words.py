@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actors.tools.workspace_words import MAX_FILES, words_of, workspace_words
+from actors.session.smallmodel.workspace_words import MAX_FILES, words_of, workspace_words
 
 
 def test_words_are_lower_case_runs_and_joined_runs() -> None:

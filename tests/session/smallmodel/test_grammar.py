@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.inference.smallmodel import grammar as grammar_module
-from actors.inference.smallmodel.grammar import (
+from actors.session.smallmodel import grammar as grammar_module
+from actors.session.smallmodel.grammar import (
     TOOL_CAP,
     TOTAL_CAP,
     build_grammar,

@@ -1,4 +1,5 @@
-"""Fixtures for turn tests: a session log, a fake llama-server, tool ports, all closed after."""
+"""Fixtures for session tests that run a turn (the turn's own, the small-model step rules): a
+session log, a fake llama-server, tool ports, all closed after."""
 
 from __future__ import annotations
 

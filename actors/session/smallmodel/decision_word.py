@@ -1,6 +1,6 @@
 """The word a constrained answer starts with: ``TOOL`` before a call, ``ANSWER`` before text.
 
-Under ``inference.constrained_calls`` the grammar (:mod:`actors.inference.smallmodel.grammar`) makes
+Under ``inference.constrained_calls`` the grammar (:mod:`actors.session.smallmodel.grammar`) makes
 the model write one of :data:`WORDS` first, so that it decides between a call and an answer
 before it writes either. Left to start with the call or the text itself, the embedded
 0.5B model's first choice is ``{"`` for every question, "What is 12 plus 30?" included
@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 
 from actors.base.events import Content, Event, Retrying
-from actors.inference.smallmodel.bare_json import could_be_call
+from actors.session.smallmodel.bare_json import could_be_call
 
 __all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
            "asks_a_size", "named_files", "names_a_file", "place_named", "refers_back",
@@ -75,7 +75,7 @@ _TERM = re.compile(r"[^\W_]+(?:[.'-][^\W_]+)*")
 
 def about_the_workspace(question: str, words: frozenset[str] | None) -> tuple[str, ...]:
     """The words of ``question`` that the workspace's files hold (``words``:
-    :func:`actors.tools.workspace_words.workspace_words`, None for a folder too big to
+    :func:`actors.session.smallmodel.workspace_words.workspace_words`, None for a folder too big to
     tell), as the question writes them, and each two of them in a row ("Omar Haddad"): a
     word of four letters or more that is not in :data:`COMMON`, a name of three (a capital,
     not the first word: Tom), or a version or name with a digit and a dot or dash (2.3.1,

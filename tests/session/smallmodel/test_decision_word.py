@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.base.events import Content, Event, Progress, Retrying
-from actors.inference.smallmodel.bare_json import could_be_call
-from actors.inference.smallmodel.decision_word import (
+from actors.session.smallmodel.bare_json import could_be_call
+from actors.session.smallmodel.decision_word import (
     ANSWER,
     TOOL,
     WordFilter,

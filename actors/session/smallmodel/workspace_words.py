@@ -1,12 +1,12 @@
 """The words of a small workspace, to tell a question about its files from one that is not.
 
 The embedded model decides for itself whether a question needs a tool (the decision word,
-:mod:`actors.inference.smallmodel.decision_word`), and on folders it was not tuned on it often
+:mod:`actors.session.smallmodel.decision_word`), and on folders it was not tuned on it often
 answers a question about them from nothing: "In which city does Omar Haddad work?" got
 "Omar Haddad works in Cairo." (staff.csv says Lyon), "Who deployed version 2.3.1?" got
 "William Shakespeare" (the system prompt's Hamlet example). A question that names a file
 already gets a call first; :func:`workspace_words` lets the turn do the same for a question
-with a word that the workspace's files hold (:func:`actors.inference.smallmodel.decision_word.
+with a word that the workspace's files hold (:func:`actors.session.smallmodel.decision_word.
 about_the_workspace`): the names, places, versions and rarer words of its files.
 
 Only a small folder is read: the files the search reads (the file tools' rule: loopd's own
