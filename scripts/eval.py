@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,8 @@ from actors.base.cancel import CancelToken
 from actors.base.errors import LoopdError, SessionFull
 from actors.base.events import Choice, Compacted, Decision
 from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage, User
+from actors.session.compaction import ELIDE_HEADER
+from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.session.smallmodel.bare_json import parse_bare_tool_call
 from actors.tools.providers.standard import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
@@ -65,7 +68,8 @@ SERVERS = EVAL_DIR / "servers"  # the MCP servers a task file may run beside the
 # The sets, in the order they are reported; the first two make the overall rate.
 # "never-tuned-repo" (a real project built from an installed package) and "own-tools" (MCP
 # servers of a person's own) are reported apart and never used to choose a default.
-SETS = ("tuned", "never-tuned", "repo", "never-tuned-repo", "own-tools", "long", "overflow")
+SETS = ("tuned", "never-tuned", "repo", "never-tuned-repo", "own-tools", "long", "long-repo",
+        "overflow")
 OVERALL = SETS[:2]
 OPT_IN = ("overflow",)  # run only when asked for: each file once per way, hours in all
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,
@@ -285,6 +289,9 @@ def score(
     text = (answer or "").strip()
     if not text:
         return False, "no answer"
+    framed = frame_text(text)
+    if framed is not None:
+        return False, f"the answer holds the compaction's frame ({framed!r})"
     if parse_bare_tool_call(text, {c.name for c in calls_of(records)} | _ALL_TOOLS) or (
         text.startswith("{") and '"name"' in text
     ):
@@ -321,6 +328,25 @@ def score(
     if task.file is not None:
         return _file_check(task.file, ran, workspace, approval)
     return True, "ok"
+
+
+def frame_text(answer: str) -> str | None:
+    """The first piece of a compaction's frame or an elided summary's own wording that
+    ``answer`` holds (None: none): such text is loopd's, never an answer."""
+    low = " ".join(answer.lower().split())
+    return next((piece for piece in _FRAME_PIECES if piece in low), None)
+
+
+def _frame_pieces() -> tuple[str, ...]:
+    texts = [*SUMMARY_FRAME.split("{summary}"), *OUTSIDE_FRAME.split("{summary}"), ELIDE_HEADER]
+    pieces = {" ".join(p.lower().split()) for t in texts for p in re.split(r"[.,:()\[\]]", t)}
+    # and the wording of earlier summaries, still in older logs
+    old = ("no longer fits the context", "earlier lines left out", "earlier line left out",
+           "call it again to see them", "the person asked:")
+    return tuple(sorted({p for p in pieces if len(p) >= 24} | set(old)))
+
+
+_FRAME_PIECES = _frame_pieces()
 
 
 def _file_check(

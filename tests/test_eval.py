@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
+from actors.session.compaction import ELIDE_HEADER
+from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
 from tests.support.embedded import THREADS, require_embedded
@@ -161,6 +163,23 @@ def test_each_check_can_fail_a_read(
     passed, reason = ev.score(_task("read-notes"), answer, None, turn, tmp_path)
     assert not passed
     assert why in reason
+
+
+@pytest.mark.parametrize("answer", [
+    SUMMARY_FRAME.format(summary="They read notes.txt: the club meets on Saturday."),
+    OUTSIDE_FRAME.format(summary="The club meets on Saturday."),
+    f"{ELIDE_HEADER}\n- The person asked: when does the club meet? Saturday.",
+    "On Saturday. (3 earlier lines left out)",  # an older summary's wording
+    "The earlier part of this  conversation no longer fits the context. Saturday.",
+])
+def test_an_answer_holding_the_compactions_frame_fails(tmp_path: Path, answer: str) -> None:
+    """A compaction's frame, or a summary's own wording, is loopd's text: an answer holding
+    it fails, whatever else it says (the 30-turn chat checks every answer so)."""
+    turn = _turn(("read_file", {"path": "notes.txt"}, NOTES), answer=answer)
+    passed, why = ev.score(_task("read-notes"), answer, None, turn, tmp_path)
+    assert not passed and "compaction's frame" in why, why
+    plain = "The summary of notes.txt: the club meets on Saturday, then goes on from here."
+    assert ev.frame_text(plain) is None
 
 
 def test_a_fact_in_an_unnamed_file_must_be_looked_for(tmp_path: Path) -> None:
