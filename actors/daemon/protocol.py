@@ -193,7 +193,6 @@ from actors.base.errors import WireError
 from actors.base.events import Choice
 from actors.log.records import SlotUse
 from actors.service import types as svc
-from actors.tools.protocol.wire import Ping, Pong  # the heartbeat of both protocols
 from actors.wire.codec import CHECK, Codec, Natural, added, shape_of
 
 __all__ = [
@@ -221,6 +220,16 @@ def _session_rows(v: Any) -> tuple[Mapping[str, Any], ...]:
             raise TypeError("a session row's name is text, its busy a bool")
         rows.append(row)
     return tuple(rows)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ping:
+    """Client -> daemon at least every ``daemon.heartbeat_s``: still here."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pong:
+    """Daemon -> client, the answer to ``Ping``: still here too."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
