@@ -21,8 +21,8 @@ qualified name (two hosts, one name: :class:`~actors.tools.registry.Registry`) a
 :attr:`Toolbox.warnings`.
 
 Each local host is supervised by its port actor (restarted with backoff when it dies, see
-:mod:`actors.tools.port.handle`), runs with ``--parent-pid`` so it exits if the daemon is killed,
-and leads a process session of its own, so :meth:`Toolbox.close` can kill everything it
+:mod:`actors.tools.port.tool_port`), runs with ``--parent-pid`` so it exits if the daemon is
+killed, and leads a process session of its own, so :meth:`Toolbox.close` can kill everything it
 and its tools started. Nothing is left running after ``close``.
 """
 

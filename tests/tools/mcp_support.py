@@ -1,7 +1,7 @@
 """Starting an MCP tool host behind a real tool port, for tests (and the turn's tests).
 
 ``mcp_port(command=[...])`` is a context manager: it starts ``python -m actors.tools.host
---mcp "COMMAND"`` through :func:`actors.tools.port.handle.start_port` (so the port supervises and
+--mcp "COMMAND"`` through :func:`actors.tools.port.tool_port.start_port` (so the port supervises and
 restarts the host, as the daemon does), waits until the host has listed its tools, yields
 the :class:`~actors.tools.port.ToolPort`, and stops the port and host on the way out, even
 when the test fails. The host's log goes to ``host.log`` in a fresh short directory (ipc
