@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -11,7 +13,8 @@ from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.wire import Answer
 
 __all__ = [
-    "APPROVED_LANDING", "ASK", "PROGRESS", "Asker", "Reporter", "ToolProvider", "landing_of",
+    "APPROVED_LANDING", "ASK", "FREE_CPUS", "PROGRESS", "Asker", "Reporter", "ToolProvider",
+    "landing_of", "starting_process",
 ]
 
 # Where the call being run was approved to write (wire: ``request.landing``), set by the
@@ -43,6 +46,30 @@ Reporter = Callable[[float, "float | None", str], None]
 # The reporter of the call being run (wire: ``progress``), set by the host around ``run``;
 # None when the caller wants no progress.
 PROGRESS: ContextVar[Reporter | None] = ContextVar("progress", default=None)
+
+
+# The CPUs a process started by a tool may run on, set by the host once in each worker
+# thread; None when the thread is not held to fewer (no host, or nothing to pin). A host's
+# workers keep to its loop's CPU, and a process inherits its starter's CPUs: see
+# starting_process.
+FREE_CPUS: ContextVar[frozenset[int] | None] = ContextVar("free_cpus", default=None)
+
+
+@contextlib.contextmanager
+def starting_process() -> Iterator[None]:
+    """Around starting a process from a tool: the process gets every CPU of the host's
+    (``FREE_CPUS``), not the one its worker thread keeps to. Only a call that starts a
+    process pays for the two affinity changes (~12 us each on a VM), not every call."""
+    free = FREE_CPUS.get()
+    if free is None:
+        yield
+        return
+    home = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, free)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, home)
 
 
 class ToolProvider(Protocol):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from actors.base.processes.trees import kill_group
+from actors.tools.protocol.provider import starting_process
 
 __all__ = ["CommandOutcome", "run_shell"]
 
@@ -52,17 +53,18 @@ def run_shell(
 
     ``started`` is called once the process is started, before its output is read; when it
     says why the command must not go on, the command is killed at once (``"refused"``)."""
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        process_group=0,
-        close_fds=True,
-        pass_fds=tuple(pass_fds),
-    )
+    with starting_process():  # on every CPU, not the tool host's worker's one
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+        )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
