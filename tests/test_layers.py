@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _HOST = ("actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers")
 _CLIENT = (
     "actors.base", "actors.wire", "actors.tools.protocol.spec", "actors.log.records",
-    "actors.log.outcome", "actors.log.server_values",
+    "actors.log.server_values",
     "actors.daemon.protocol", "actors.daemon.address", "actors.daemon.client",
     "actors.service.types", "actors.service.remote",
 )
@@ -62,9 +62,10 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
     "actors.approval": (
         "actors.base", "actors.wire", "actors.log", "actors.tools.protocol", "actors.approval",
     ),
+    # the session service's result types too: the turn makes the TurnOutcome it returns
     "actors.session": (
         "actors.base", "actors.wire", "actors.log", "actors.inference", "actors.tools",
-        "actors.approval", "actors.session",
+        "actors.approval", "actors.session", "actors.service.types",
     ),
     # what helps a small model: asked by the turn as it builds a request, it asks nothing of
     # the session (its actor, turn, world), the model server or the gate back
@@ -216,6 +217,23 @@ def test_every_module_has_a_rule() -> None:
     assert tops <= {f.split(".")[1] for f in MAY_REACH if f != "actors"}, tops
 
 
+def host_reaching_events(imports: dict[str, set[str]]) -> list[str]:
+    """The events a turn emits live in ``base`` because every emitter and reader may import
+    it (docs/layout.md); the tool host is not one of them and never loads them."""
+    return sorted(
+        f"{m} reaches actors.base.events (imported by {via})"
+        for m in imports if _within(m, (*_HOST[2:], "actors.tools.host"))
+        for target, via in reach(imports, m).items() if target == "actors.base.events"
+    )
+
+
+def test_the_tool_host_loads_no_turn_events() -> None:
+    assert host_reaching_events(graph(ROOT)) == []
+    caught = host_reaching_events({"actors.tools.providers.x": {"actors.base.events"}})
+    assert caught == ["actors.tools.providers.x reaches actors.base.events (imported by "
+                      "actors.tools.providers.x)"]
+
+
 def test_the_walk_sees_the_hosts_real_imports() -> None:
     """A checker that found nothing could pass on an empty graph: it must see real edges."""
     reached = reach(graph(ROOT), "actors.tools.host.main")
@@ -266,6 +284,9 @@ def __getattr__(name):
          "actors.tools.host reaches actors.inference.llama"),
         ("actors/log/file.py", "from actors.cli import view", "reaches actors.cli.view"),
         ("actors/session/turn.py", "from actors.cli.main import main", "reaches actors.cli"),
+        # the session makes the service's results, but never calls the service
+        ("actors/session/turn.py", "from actors.service import local",
+         "reaches actors.service.local"),
         # the small-model aids: the turn asks them, they ask nothing of the session back
         ("actors/session/smallmodel/grammar.py", "from actors.session import turn",
          "reaches actors.session.turn"),

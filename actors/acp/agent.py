@@ -79,10 +79,9 @@ from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import LoopdError, SessionError
 from actors.base.events import ApprovalRequested, Choice, Compacted, Compacting, Decision, Event
-from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
 from actors.service.choose import choose
-from actors.service.types import SessionService
+from actors.service.types import SessionService, TurnOutcome
 from actors.session.workspace import other_workspace
 
 __all__ = ["LoopdAgent"]

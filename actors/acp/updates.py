@@ -64,8 +64,8 @@ from acp.schema import (
 from actors.base import events as ev
 from actors.base.errors import Cancelled, LoopdError, TurnLimit
 from actors.base.events import Choice, Decision
-from actors.log.outcome import TurnOutcome
 from actors.log.records import Assistant, Record, ToolResult, User
+from actors.service.types import TurnOutcome
 from actors.session.limits import result_failed
 
 __all__ = [

@@ -28,8 +28,8 @@ from actors.base.errors import LoopdError, SessionFull
 from actors.cli.conversation import Conversation, shown_size
 from actors.cli.fullness import size_note, ways_on
 from actors.cli.view import LiveView, summary
-from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import list_sessions
+from actors.service.types import TurnOutcome
 
 __all__ = ["Chat", "Command", "line_reader", "new_session", "parse", "run_chat", "show_help"]
 

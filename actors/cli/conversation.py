@@ -20,11 +20,10 @@ from actors.base.errors import UsageError
 from actors.base.events import Approver, Sink, TornTail
 from actors.base.rules import RuleBook, parse_rules
 from actors.log.file import read_log
-from actors.log.outcome import TurnOutcome
 from actors.log.sessiondir import check_name, session_path
 from actors.service.choose import Here, place, start
 from actors.service.remote import RemoteService
-from actors.service.types import CompactReport, Rewound, SessionService
+from actors.service.types import CompactReport, Rewound, SessionService, TurnOutcome
 from actors.session.limits import shown_tokens
 
 __all__ = ["Conversation", "approved", "open_conversation", "place_for", "service_for",

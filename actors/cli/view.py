@@ -31,7 +31,7 @@ from rich.text import Text
 
 from actors.base import events as ev
 from actors.log import records as rec
-from actors.log.outcome import TurnOutcome
+from actors.service.types import TurnOutcome
 
 __all__ = [
     "CUT_WORDS",

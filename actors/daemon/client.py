@@ -44,10 +44,9 @@ from actors.base.events import NO_APPROVER, ApprovalRequested, Approver, Choice,
 from actors.daemon import protocol as p
 from actors.daemon.address import endpoint as daemon_endpoint
 from actors.daemon.address import not_private, runtime_dir
-from actors.log.outcome import TurnOutcome
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
-from actors.service.types import CompactReport, Forked, Opened, Rewound
+from actors.service.types import CompactReport, Forked, Opened, Rewound, TurnOutcome
 from actors.wire.loop import Heartbeat, Loop
 from actors.wire.peer_guard import new_routing_id
 

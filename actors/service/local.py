@@ -36,10 +36,9 @@ from actors.base.errors import DaemonError, LimitError, SessionError, SessionInU
 from actors.base.events import Approver, Sink, TornTail
 from actors.base.rules import Rule, RuleBook, parse_rules
 from actors.log.file import read_records
-from actors.log.outcome import TurnOutcome
 from actors.log.records import Record, User
 from actors.log.sessiondir import kept_workspace, list_sessions, session_path
-from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
+from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState, TurnOutcome
 from actors.session.actor import SessionActor, open_session
 from actors.session.fork import RewindReport, fork_session
 from actors.session.world import World, start_world

@@ -17,9 +17,8 @@ from actors.base.config import Config
 from actors.base.events import Approver, Compacted, Sink
 from actors.daemon import protocol as p
 from actors.daemon.client import Client
-from actors.log.outcome import TurnOutcome
 from actors.log.records import Record
-from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
+from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState, TurnOutcome
 
 __all__ = ["RemoteService"]
 

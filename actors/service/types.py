@@ -22,13 +22,27 @@ from typing import Protocol
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.events import Approver, Sink
-from actors.log.outcome import TurnOutcome
-from actors.log.records import Record
+from actors.log.records import Record, SlotUse, Usage
 
 __all__ = [
     "CompactReport", "Forked", "Opened", "Rewound", "SessionService", "SessionState",
     "TurnOutcome",
 ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """What a turn that answered gives back: the turn (:mod:`actors.session.turn`) makes it,
+    either implementation returns it as it is, the daemon's ``done`` carries its fields."""
+
+    content: str
+    usage: Usage
+    iterations: int  # model responses that asked for tools
+    tool_calls: int
+    cut: bool  # the answer was cut: usage.finish_reason says how (types.CUT)
+    restored: SlotUse | None = None  # the turn's restore of saved KV state, if any
+    context: int = 0  # tokens the session's slot holds (its n_ctx); 0: not known
+    compactions: int = 0  # compactions the turn made (actors/session/compactor.py)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

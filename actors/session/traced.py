@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
 from actors.base import telemetry
-from actors.log.outcome import TurnOutcome
 from actors.log.records import ToolCall
+from actors.service.types import TurnOutcome
 from actors.session.limits import Answered
 
 __all__ = ["AGENT", "compaction", "fork", "tool", "turn"]

@@ -46,8 +46,8 @@ from actors.inference.types import (
     is_context_full,
 )
 from actors.log.file import SessionLog
-from actors.log.outcome import TurnOutcome
 from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, User
+from actors.service.types import TurnOutcome
 from actors.session import compactor, traced
 from actors.session.limits import (
     REPEAT_NOTICE,
