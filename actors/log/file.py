@@ -102,6 +102,7 @@ class SessionLog:
         self._records = records
         self._snapshot: tuple[Record, ...] | None = None
         self._broken: str | None = None
+        self._size = os.fstat(fd).st_size  # the file's length: the one writer keeps count
         calls = [r.call for r in records if type(r) is ToolResult or type(r) is Approval]
         self._next_call = max(calls, default=0) + 1
 
@@ -164,9 +165,10 @@ class SessionLog:
         """
         fd = self._writable()
         data = b"".join(frame(r) for r in records)  # a RecordError here writes nothing
-        size = os.fstat(fd).st_size
+        size = self._size  # counted, not asked of the file (an fstat per append)
         try:
             write_all(fd, data)
+            self._size = size + len(data)
             if self._fsync == "always":
                 _fdatasync(fd)
         except OSError as e:
