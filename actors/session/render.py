@@ -26,7 +26,16 @@ from actors.base.config import Config
 from actors.base.errors import Cancelled
 from actors.inference.types import InferError, InferErrorKind
 from actors.log.file import SessionLog
-from actors.log.records import Assistant, Compaction, Record, Rewind, ToolResult, Usage, User
+from actors.log.records import (
+    Assistant,
+    Baseline,
+    Compaction,
+    Record,
+    Rewind,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.session.limits import shown_usage
 from actors.session.messages import Message, View, message_text, render, view
 from actors.session.messages import messages as render_messages
@@ -138,7 +147,7 @@ class Renderer:
         """Tokens of the system prompt and the tools."""
         baseline = self.log.baseline
         return (self.tokens(baseline.system, exact)
-                + self.tokens(json.dumps(list(baseline.tools)), exact) + PER_MESSAGE)
+                + self.tokens(_tools_text(baseline), exact) + PER_MESSAGE)
 
     def pending_tokens(self, pending: str | None, exact: bool = True) -> int:
         return self.tokens(pending, exact) + PER_MESSAGE if pending is not None else 0
@@ -164,3 +173,20 @@ class Renderer:
                 found = len(text) // _CHARS_PER_TOKEN + 1
             self._counted[text] = found
         return found
+
+
+_TOOLS_TEXT: dict[int, tuple[Baseline, str]] = {}  # id(baseline) -> (it, its tools' text)
+
+
+def _tools_text(baseline: Baseline) -> str:
+    """The tools of ``baseline`` as the text counted for them, made once per baseline: a
+    request counts them once or twice (every request's check, the compactor's), and dumping
+    even the meta-tools alone took ~40 us each time. A log's baseline never changes."""
+    found = _TOOLS_TEXT.get(id(baseline))
+    if found is not None and found[0] is baseline:
+        return found[1]
+    text = json.dumps(list(baseline.tools))
+    if len(_TOOLS_TEXT) >= 64:  # sessions come and go: keep the last ones' only
+        _TOOLS_TEXT.clear()
+    _TOOLS_TEXT[id(baseline)] = (baseline, text)
+    return text
