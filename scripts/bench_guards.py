@@ -40,10 +40,10 @@ from actors.base.command_line import split_words
 from actors.base.rules import RuleBook, protected, verdict
 from actors.cli.view import SafeConsole, visible
 from actors.session.smallmodel.grammar import build_grammar, cached_grammar
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
+from actors.tools.protocol.workspace import Workspace
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox
-from actors.tools.providers.standard import STANDARD_SPECS
-from actors.tools.providers.workspace import Workspace
 from actors.tools.registry import META_TOOLS
 
 __all__ = ["run"]

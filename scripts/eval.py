@@ -54,7 +54,7 @@ from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage,
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.session.smallmodel.bare_json import parse_bare_tool_call
-from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
 
 ROOT = Path(__file__).resolve().parent.parent

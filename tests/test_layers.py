@@ -68,9 +68,11 @@ MAY_REACH: dict[str, tuple[str, ...]] = {
         "actors.approval", "actors.session", "actors.service.types",
     ),
     # what helps a small model: asked by the turn as it builds a request, it asks nothing of
-    # the session (its actor, turn, world), the model server or the gate back
+    # the session (its actor, turn, world), the model server or the gate back; it knows the
+    # tools by what both ends share (specs, the workspace walk), never by the host's code
     "actors.session.smallmodel": (
-        "actors.base", "actors.wire", "actors.log", "actors.tools", "actors.session.smallmodel",
+        "actors.base", "actors.wire", "actors.log", "actors.tools.protocol", "actors.tools.search",
+        "actors.session.smallmodel",
     ),
     "actors.daemon": _CLIENT,
     # the session service: its types and the daemon's side are a client's; in this process
@@ -88,10 +90,7 @@ NO_PYKKA = (
     "actors.base", "actors.wire", "actors.tools.protocol", "actors.tools.providers",
     "actors.tools.host", "actors.log", "actors.daemon.protocol", "actors.daemon.address",
     "actors.daemon.client", "actors.service.types", "actors.service.remote",
-    *(f"actors.session.smallmodel.{m}" for m in (
-        "grammar", "decision_word", "questions", "bare_json", "last_listing", "workspace_words",
-        "workspace_map",
-    )),
+    "actors.session.smallmodel",
 )
 
 
@@ -293,6 +292,8 @@ def __getattr__(name):
         ("actors/session/smallmodel/grammar.py", "from actors.inference import llama",
          "actors.session.smallmodel may not"),
         ("actors/session/smallmodel/grammar.py", "def f():\n    import pykka", "reaches pykka"),
+        ("actors/session/smallmodel/grammar.py", "from actors.tools.providers import standard",
+         "reaches actors.tools.providers.standard"),
         ("actors/base/errors.py", "from actors.wire import codec", "actors.base may not"),
         ("actors/wire/codec.py", "from actors.log import records", "actors.wire may not"),
         ("actors/inference/llama.py", "from actors.session import turn", "reaches actors"),

@@ -453,6 +453,11 @@ class Config:
     def workspace(self) -> Path:
         return Path(self.tools.workspace).expanduser().resolve()
 
+    @property
+    def uses_workspace(self) -> bool:
+        """Whether a local tool host works on ``tools.workspace`` (remote hosts have their own)."""
+        return self.tools.standard or any(h.kind != "remote" for h in self.tools.hosts)
+
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some keys of one section changed, each checked like a file's
         ("auto" is resolved for this config's model server). Whether the embedded model is

@@ -34,9 +34,7 @@ def other_workspace(name: str, kept: Path, given: Path) -> str:
 def keep_workspace(config: Config, name: str) -> None:
     """Remember the workspace of session ``name`` at its first open; UsageError when it was
     made with another one than ``config``'s. Nothing to keep when no local tool uses one."""
-    from actors.tools.toolbox import uses_workspace  # the world's process only, not the CLI's
-
-    if not uses_workspace(config):
+    if not config.uses_workspace:
         return
     kept, here = kept_workspace(config, name), config.workspace
     if kept is None:

@@ -34,7 +34,7 @@ from actors.session.fork import ForkReport, fork_session
 from actors.session.smallmodel.workspace_map import workspace_map
 from actors.session.turn import Runtime
 from actors.tools.registry import baseline_tools
-from actors.tools.toolbox import Toolbox, check_workspace, uses_workspace
+from actors.tools.toolbox import Toolbox, check_workspace
 
 __all__ = ["StatusEvent", "World", "start_world"]
 
@@ -94,7 +94,7 @@ class World:
         session, embedded = self.config.session, self.config.embedded
         system = session.system or (self.embedded and embedded.system) or GENERAL_SYSTEM
         pinned = (*embedded.pinned, *session.pinned) if self.embedded else session.pinned
-        if self.embedded and uses_workspace(self.config):
+        if self.embedded and self.config.uses_workspace:
             found = workspace_map(self.config.workspace, self.hidden, embedded.workspace_map)
             system = f"{system}\n\n{found}" if found else system
         return Baseline(

@@ -61,7 +61,7 @@ from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
 from actors.wire.curve import load_public, load_secret
 
-__all__ = ["STANDARD_HOSTS", "Toolbox", "check_workspace", "host_argv", "uses_workspace"]
+__all__ = ["STANDARD_HOSTS", "Toolbox", "check_workspace", "host_argv"]
 
 log = logging.getLogger("loopd.toolbox")
 
@@ -177,18 +177,12 @@ def _curve(h: HostConfig, where: str) -> CurveClient:
     return CurveClient(server_key=load_public(h.server_key), public=public, secret=secret)
 
 
-def uses_workspace(config: Config) -> bool:
-    """Whether a local tool host works on ``tools.workspace`` (remote hosts have their own)."""
-    tools = config.tools
-    return tools.standard or any(h.kind != "remote" for h in tools.hosts)
-
-
 def check_workspace(config: Config) -> Path:
     """The workspace, when the local tool hosts need one and it is a directory; else
     ConfigError. Checked before anything starts (the model server takes seconds)."""
     tools = config.tools
     workspace = config.workspace
-    if uses_workspace(config) and not workspace.is_dir():
+    if config.uses_workspace and not workspace.is_dir():
         raise ConfigError(
             f"tools.workspace = {tools.workspace!r} (or --workspace): {workspace} is not a "
             "directory; create it or point tools.workspace at one"

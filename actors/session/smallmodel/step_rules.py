@@ -68,10 +68,9 @@ from actors.session.smallmodel.questions import (
 )
 from actors.session.smallmodel.workspace_words import Holdings, workspace_words
 from actors.tools.protocol.spec import ToolSpec
-from actors.tools.providers.standard import STANDARD_SPECS
-from actors.tools.providers.workspace import Workspace
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
+from actors.tools.protocol.workspace import Workspace
 from actors.tools.search import asked_for, finds_any
-from actors.tools.toolbox import uses_workspace
 
 __all__ = ["Step", "next_step"]
 
@@ -122,10 +121,10 @@ def next_step(
     named = names_a_file(question)
     first = steps == 0
     found_words = (workspace_words(config.workspace, hidden, config.inference.workspace_words)
-                   if (first or steps < planned) and uses_workspace(config) else None)
+                   if (first or steps < planned) and config.uses_workspace else None)
     held = _held(question, steps, planned, named, found_words, names, records)
     if held is None and first and not named and not planned and found_words is None and (
-            uses_workspace(config)):
+            config.uses_workspace):
         held = _code_question(question, names, config, hidden)
     values, barred = held or ((), frozenset())
     if first and "find_tool" in names and not finds_any(specs, question):

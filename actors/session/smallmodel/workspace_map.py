@@ -10,7 +10,7 @@ tools give the current state.
 The map has at most ``limit`` entries, breadth first (the top level first), shown sorted
 by path; what the file tools would refuse or the search skips (loopd's own places,
 symlinks, special files, ``.git`` and the like) is left out, by the file tools' own rule
-(:meth:`actors.tools.providers.workspace.Workspace.tree`).
+(:meth:`actors.tools.protocol.workspace.Workspace.tree`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from actors.base.errors import UsageError
-from actors.tools.providers.workspace import Entry, Workspace
+from actors.tools.protocol.workspace import Entry, Workspace
 
 __all__ = ["MAP_HEADER", "render_map", "workspace_map"]
 

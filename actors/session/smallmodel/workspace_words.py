@@ -10,7 +10,7 @@ with a word that the workspace's files hold (:func:`actors.session.smallmodel.de
 about_the_workspace`): the names, places, versions and rarer words of its files.
 
 Only a small folder is read: the files the search reads (the file tools' rule: loopd's own
-places, symlinks, special files and :data:`~actors.tools.providers.workspace.SKIP_DIRS` left
+places, symlinks, special files and :data:`~actors.tools.protocol.workspace.SKIP_DIRS` left
 out), their names and text, up to ``cap`` bytes in all. A bigger folder holds most words of
 any question (this repository holds "capital", "planet" and "thank"), so past the cap there
 are no words and the model decides alone, as before. Read at each turn's first request, so a
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from actors.base.errors import UsageError
-from actors.tools.providers.workspace import SKIP_DIRS, Workspace
+from actors.tools.protocol.workspace import SKIP_DIRS, Workspace
 
 __all__ = ["MAX_FILES", "WORD", "Holdings", "words_of", "workspace_words"]
 

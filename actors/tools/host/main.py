@@ -121,9 +121,9 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
     providers: list[ToolProvider] = []
     if args.tools:
         from actors.base.config import DEFAULT_ENV
+        from actors.tools.protocol.workspace import Workspace
         from actors.tools.providers.sandbox import Bounds, Sandbox
         from actors.tools.providers.standard import StandardTools
-        from actors.tools.providers.workspace import Workspace
 
         # loopd's own places, and the directory of this host's ipc socket, are hidden
         hide = (*args.hide, *((os.path.dirname(args.bind[6:]),)

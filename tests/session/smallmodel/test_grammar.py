@@ -24,7 +24,7 @@ from actors.session.smallmodel.grammar import (
     build_grammar,
     cached_grammar,
 )
-from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, baseline_tools
 from tests.support.hostile_host import deep, deep_shared, wide
 

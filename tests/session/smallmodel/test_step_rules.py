@@ -22,7 +22,7 @@ from typing import Any
 from actors.base.config import EmbeddedConfig
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
-from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.registry import Registry
 from tests.support.fake_llama import answer
 from tests.support.turn_rig import Rig, ScriptedPort

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from actors.session.smallmodel.workspace_map import MAP_HEADER, render_map, workspace_map
-from actors.tools.providers.workspace import Entry
+from actors.tools.protocol.workspace import Entry
 
 
 def test_the_map_is_a_line_per_entry_sorted_by_path() -> None:

@@ -32,7 +32,7 @@ from actors.session.smallmodel.grammar import TOTAL_CAP
 from actors.tools.port import HostLauncher, PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
-from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS, Registry
 from tests.support.fake_llama import FakeLlama, answer, replay
 from tests.support.recordings import FIXTURES
@@ -162,7 +162,7 @@ def test_after_the_allowed_tool_steps_the_grammar_asks_for_text_only(rig: Make) 
 
 def test_the_embedded_model_gets_its_own_system_prompt_and_pinned_tools(rig: Make) -> None:
     from actors.session.world import World
-    from actors.tools.providers.standard import STANDARD_SPECS
+    from actors.tools.protocol.standard_specs import STANDARD_SPECS
 
     r = rig([], Registry([ScriptedPort(specs=list(STANDARD_SPECS.values()))]))
     # the workspace map after the prompt is tests/session/test_world.py's

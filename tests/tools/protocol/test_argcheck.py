@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from actors.base.errors import UsageError
 from actors.tools.protocol.argcheck import ArgumentCheck, quick_check
-from actors.tools.providers.standard import STANDARD_SPECS
+from actors.tools.protocol.standard_specs import STANDARD_SPECS
 
 ROOT = Path(__file__).resolve().parents[3]
 _NAMES = st.sampled_from(["text", "path", "n", "flag", "x"])
@@ -116,7 +116,7 @@ def test_a_check_of_usual_arguments_needs_no_jsonschema_and_an_invalid_schema_is
     code = (
         "import sys\n"
         "from actors.tools.protocol.argcheck import ArgumentCheck\n"
-        "from actors.tools.providers.standard import STANDARD_SPECS\n"
+        "from actors.tools.protocol.standard_specs import STANDARD_SPECS\n"
         "checks = {n: ArgumentCheck(s.parameters) for n, s in STANDARD_SPECS.items()}\n"
         "assert checks['read_file'].problem({'path': 'a.txt', 'offset': 2}) is None\n"
         "assert checks['run_command'].problem({'command': 'ls', 'timeout_s': 5}) is None\n"

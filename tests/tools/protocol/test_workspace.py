@@ -15,7 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from actors.base.errors import UsageError
-from actors.tools.providers.workspace import (
+from actors.tools.protocol.workspace import (
     MAX_DEPTH,
     MultiplyLinked,
     NotRegular,
