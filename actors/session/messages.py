@@ -45,7 +45,10 @@ gives the turn's question, names the tool and its result, and asks for an answer
 the second far more often (after a ``tool`` message it mostly writes "Mark ..." about
 nothing); the question first and "in full sentences" made it answer, where "answer in one
 sentence: QUESTION" after the result mostly got the result or the question echoed back
-(measured: right answers after the right call 16/17 against 12/17). A user message is the
+(measured: right answers after the right call 16/17 against 12/17). A later result of the
+same turn restates the earlier ones with it (:data:`USER_RESULTS`): asked for two tools'
+facts ("the weather in Paris, and how many tickets are open?"), the model made both calls
+and answered from the last result alone. A user message is the
 person's role, so an untrusted result (a web page, an MCP tool's answer) has
 :data:`OUTSIDE_RESULT` after the tool's name. The question is the
 last User record before the result in the whole log, sent or not, so a turn whose start was
@@ -71,9 +74,10 @@ from actors.log.records import (
 )
 
 __all__ = [
-    "MISSING_RESULT", "OUTSIDE_FRAME", "OUTSIDE_RESULT", "RESTATED_CAP", "SUMMARY_ACK",
-    "SUMMARY_FRAME", "UNANSWERED", "USER_RESULT", "Message", "ResultStyle", "View", "frame",
-    "message_text", "messages", "render", "turn_of", "view",
+    "EARLIER_CAP", "EARLIER_MAX", "EARLIER_RESULT", "MISSING_RESULT", "OUTSIDE_FRAME",
+    "OUTSIDE_RESULT", "RESTATED_CAP", "SUMMARY_ACK", "SUMMARY_FRAME", "UNANSWERED",
+    "USER_RESULT", "USER_RESULTS", "Message", "ResultStyle", "View", "frame", "message_text",
+    "messages", "render", "turn_of", "view",
 ]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
@@ -82,6 +86,13 @@ USER_RESULT = (
     "Question: {question}\n\n{tool} returned:\n{result}\n\n"
     "Answer the question from that result, in full sentences."
 )
+USER_RESULTS = (
+    "Question: {question}\n\n{earlier}\n\n{tool} returned:\n{result}\n\n"
+    "Answer the question from these results, in full sentences."
+)
+EARLIER_RESULT = "Earlier in this turn, {tool} returned:\n{result}"
+EARLIER_CAP = 400  # characters of an earlier result of the turn restated with a later one
+EARLIER_MAX = 3  # earlier results restated, the latest ones
 # After the tool's name, for an untrusted result sent in a user message (``"user"`` style):
 # the message is in the person's role, the text in it is not the person's.
 OUTSIDE_RESULT = (
@@ -187,7 +198,10 @@ def render(
     pending: list[ToolCall] = []  # calls of the open block still waiting for a result
     question = ""  # the content of the last User record: the turn's question
     open_question = False  # a User record of this view that no answer followed yet
+    earlier: list[tuple[str, str]] = []  # this turn's results sent so far: (tool, content)
     for i, record in enumerate(records):
+        if isinstance(record, User):
+            earlier = []
         if i not in live:
             if isinstance(record, User):
                 question = record.content
@@ -196,8 +210,9 @@ def render(
             continue
         added: list[Message] = []
         if isinstance(record, User | Assistant):
-            added.extend(_result(results, call.id, MISSING_RESULT, call, question)
-                         for call in pending)
+            for call in pending:
+                added.append(_result(results, call.id, MISSING_RESULT, call, question,
+                                     earlier))
             pending = []
         if isinstance(record, User):
             if open_question:
@@ -215,7 +230,7 @@ def render(
                     answered = pending.pop(k)
                     break
             added.append(_result(results, record.tool_call_id, record.content, answered,
-                                 question, outside=record.untrusted))
+                                 question, earlier, outside=record.untrusted))
         # Baseline, Usage, Cut, CacheLoss, Approval, Forked, Rewind: nothing
         if framed and added:
             framed = False
@@ -258,15 +273,28 @@ def message_text(message: Message) -> str:
 
 def _result(
     style: ResultStyle, call_id: str, content: str, call: ToolCall | None, question: str,
-    *, outside: bool = False,
+    earlier: list[tuple[str, str]], *, outside: bool = False,
 ) -> Message:
+    """A result as its style sends it; in the user style, with the turn's earlier results
+    restated (the latest :data:`EARLIER_MAX`, each cut to :data:`EARLIER_CAP` characters,
+    an untrusted one still marked), and added to ``earlier``."""
     if style == "tool":
         return {"role": "tool", "tool_call_id": call_id, "content": content}
     tool = call.tool if call is not None else "A tool"
     if outside:  # in the person's role: say whose words these are not
         tool += OUTSIDE_RESULT
-    text = USER_RESULT.format(tool=tool, result=content, question=question)
+    if earlier:
+        before = "\n\n".join(EARLIER_RESULT.format(tool=t, result=_cut(r, EARLIER_CAP))
+                              for t, r in earlier[-EARLIER_MAX:])
+        text = USER_RESULTS.format(tool=tool, result=content, question=question, earlier=before)
+    else:
+        text = USER_RESULT.format(tool=tool, result=content, question=question)
+    earlier.append((tool, content))
     return {"role": "user", "content": text}
+
+
+def _cut(text: str, cap: int) -> str:
+    return text if len(text) <= cap else text[: cap - 3] + "..."
 
 
 def _assistant(record: Assistant) -> Message:

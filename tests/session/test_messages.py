@@ -30,6 +30,7 @@ from actors.log.records import (
     User,
 )
 from actors.session.messages import (
+    EARLIER_CAP,
     MISSING_RESULT,
     OUTSIDE_RESULT,
     RESTATED_CAP,
@@ -56,8 +57,8 @@ BASE = Baseline(
 SYSTEM = {"role": "system", "content": "sys"}
 
 
-def call(i: str) -> ToolCall:
-    return ToolCall(id=i, name="f", arguments='{"x": 1}')
+def call(i: str, name: str = "f") -> ToolCall:
+    return ToolCall(id=i, name=name, arguments='{"x": 1}')
 
 
 def result(i: str, content: str = "ok", *, untrusted: bool = True) -> ToolResult:
@@ -277,13 +278,15 @@ def test_user_style_names_the_tool_gives_the_result_and_asks_the_question_again(
     ]
     out = messages(BASE, recs, results="user")
     asked = "Answer the question from that result, in full sentences."
+    both = "Answer the question from these results, in full sentences."
+    q = "Question: What does n.txt say?"
     assert out[3:] == [
-        {"role": "user",
-         "content": f"Question: What does n.txt say?\n\nf returned:\none\n\n{asked}"},
-        {"role": "user",
-         "content": f"Question: What does n.txt say?\n\nread_file returned:\nSaturday\n\n{asked}"},
-        {"role": "user",
-         "content": f"Question: What does n.txt say?\n\nA tool returned:\norphan\n\n{asked}"},
+        {"role": "user", "content": f"{q}\n\nf returned:\none\n\n{asked}"},
+        {"role": "user", "content": f"{q}\n\nEarlier in this turn, f returned:\none\n\n"
+                                    f"read_file returned:\nSaturday\n\n{both}"},
+        {"role": "user", "content": f"{q}\n\nEarlier in this turn, f returned:\none\n\n"
+                                    "Earlier in this turn, read_file returned:\nSaturday\n\n"
+                                    f"A tool returned:\norphan\n\n{both}"},
     ]
     # the tool style of the same records is unchanged
     assert [m["role"] for m in messages(BASE, recs)[3:]] == ["tool", "tool", "tool"]
@@ -303,9 +306,40 @@ def test_user_style_says_an_untrusted_result_is_not_the_persons_words() -> None:
     assert outside["content"].startswith(
         f"Question: What is the weather?\n\nf{OUTSIDE_RESULT} returned:\n{injected}")
     assert "instruction" in OUTSIDE_RESULT and "permission" in OUTSIDE_RESULT
-    assert OUTSIDE_RESULT not in own["content"]
+    assert "\n\nf returned:\nsunny" in own["content"]  # the trusted one is not marked
+    assert f"Earlier in this turn, f{OUTSIDE_RESULT} returned:\n{injected}" in own["content"]
     # the tool role says whose text it is by itself: unchanged
     assert messages(BASE, recs)[3]["content"] == injected
+
+
+def test_user_style_restates_the_turns_earlier_results_with_a_later_one() -> None:
+    """Two calls for one question, a step each: the model answered from the last result
+    alone ("the weather in Paris, and how many tickets are open?" got the tickets); the
+    second result's message restates the first, cut at EARLIER_CAP; a new question starts
+    afresh."""
+    long = "x" * (EARLIER_CAP + 50)
+    recs: list[Record] = [
+        User(content="Weather in Paris, and open tickets?"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("a", "get_weather"),)),
+        result("a", "Paris: cloudy, 12 C", untrusted=False),
+        Assistant(content=None, reasoning=None, tool_calls=(call("b", "list_tickets"),)),
+        result("b", "3 open tickets", untrusted=False),
+        Assistant(content="Cloudy, 12 C; 3 tickets.", reasoning=None),
+        User(content="And now?"),
+        Assistant(content=None, reasoning=None, tool_calls=(call("c", "list_tickets"),)),
+        result("c", long, untrusted=False),
+        Assistant(content=None, reasoning=None, tool_calls=(call("d", "get_weather"),)),
+        result("d", "sunny", untrusted=False),
+    ]
+    out = [m["content"] for m in messages(BASE, recs, results="user") if m["role"] == "user"]
+    assert out[2] == ("Question: Weather in Paris, and open tickets?\n\n"
+                      "Earlier in this turn, get_weather returned:\nParis: cloudy, 12 C\n\n"
+                      "list_tickets returned:\n3 open tickets\n\n"
+                      "Answer the question from these results, in full sentences.")
+    assert "Paris" not in out[4] and "from that result" in out[4]  # a new turn
+    assert f"list_tickets returned:\n{'x' * (EARLIER_CAP - 3)}...\n\nget_weather" in out[5]
+    # only what came before a result shapes it: a longer log renders its start the same
+    assert messages(BASE, recs[:5], results="user") == messages(BASE, recs, results="user")[:6]
 
 
 def test_user_style_placeholder_for_a_call_that_never_ran() -> None:

@@ -10,6 +10,10 @@ or the project itself. Pure functions of the message's text, for the step rules
   defined?" -> Context, "What does parse_value() do?" -> parse_value): on a workspace too big
   to tell by its words, the embedded model answered these from nothing ("in the file
   context" and a .py file name that is not there).
+- :func:`asks_about_now`: a question about the present moment ("right now", "today's
+  rate", "currently"): only a tool can know it, whatever its words name; a question
+  without such a word and without a tool's word is answered from knowledge ("What is the
+  capital of Japan?", where the embedded model called the one tool it had).
 - :func:`about_the_project`: a question about the workspace as a whole ("What does this
   project do?", "What is the version?"), answered on a real repository with the text of
   loopd's own tool descriptions.
@@ -22,7 +26,8 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "code_names", "follows_on", "needs_no_tool", "the_ask"]
+__all__ = ["about_the_project", "asks_about_now", "code_names", "follows_on", "needs_no_tool",
+           "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -140,3 +145,16 @@ def follows_on(question: str) -> bool:
     """Whether ``question`` is a short follow-up asking the last question again of
     something else ("And in Lyon?", "What about Paris?"): the same tool, other arguments."""
     return _FOLLOW.match(question.strip()) is not None and len(question.split()) <= 8
+
+
+_NOW = re.compile(r"\b(?:now|nowadays|today|today's|tonight|currently|current|at the moment|"
+                  r"at present|this (?:morning|afternoon|evening|week|month)|latest|"
+                  r"so far|yet|still)\b|\b(?:is|are|am)\s+(?:\w+\s+){0,2}\w+ing\b",
+                  re.IGNORECASE)  # and what is going on: "Is it raining in Oslo?"
+
+
+def asks_about_now(question: str) -> bool:
+    """Whether ``question`` asks about the present moment ("today's rate", "Is the room free
+    this morning?") or what is going on ("Is it raining in Oslo?"): a fact only a tool can
+    give."""
+    return _NOW.search(question) is not None

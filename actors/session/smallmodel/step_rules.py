@@ -31,7 +31,12 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
 - A first response may look a tool up only when the question has a word some tool's name
   or description holds: "What is the capital of Japan?" was looked up, then answered.
 - In an empty workspace a first response may not read, list or search it (the embedded
-  model called find_definition for "the capital of Japan").
+  model called find_definition for "the capital of Japan"); and when there is nothing to
+  read, a question that no tool's name or description has a word of and that asks nothing
+  of the present moment (:func:`~actors.session.smallmodel.questions.asks_about_now`: "now",
+  "today", "currently") gets no call: "the capital of Japan" called find_customer, the one
+  tool left, and answered its "no customer named 'Japan'". "Is it raining in Bergen at the
+  moment?" keeps the choice (no tool says "rain", but it asks of now).
 - A short follow-up ("And in Lyon?") after a turn that called such a tool gets a call of
   that tool again.
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
@@ -62,6 +67,7 @@ from actors.session.smallmodel.grammar import Values
 from actors.session.smallmodel.last_listing import listed_entry
 from actors.session.smallmodel.questions import (
     about_the_project,
+    asks_about_now,
     code_names,
     follows_on,
     needs_no_tool,
@@ -127,9 +133,13 @@ def next_step(
             config.uses_workspace):
         held = _code_question(question, names, config, hidden)
     values, barred = held or ((), frozenset())
+    nothing_there = not _READERS & names or (found_words is not None and not found_words.files)
+    if first and nothing_there and held is None and not named and not planned and not (
+            finds_any(specs, question) or asks_about_now(question)):
+        return Step(calls=False)  # no tool its words name, no file to read: knowledge
     if first and "find_tool" in names and not finds_any(specs, question):
         barred |= {"find_tool"}  # a lookup its words find nothing with ("capital of Japan")
-    if first and found_words is not None and not found_words.files:
+    if first and nothing_there:
         barred |= _READERS & names  # an empty workspace: nothing to read, list or search
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other

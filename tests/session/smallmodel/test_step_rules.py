@@ -135,18 +135,34 @@ def test_a_question_naming_tools_of_its_own_gets_a_call_of_each(
     again = _rules(r3.fake.requests[2])
     assert again["root"] == CALL_ONLY and again["call"] == "call-call-tool | call-get-weather"
     assert [c[3] for c in port3.calls] == [{"city": "Oslo"}, {"city": "Lyon"}]
-    # a question that names none of them keeps the choice, but a lookup its words cannot
-    # find anything with is not offered
+    # a question that names none of them and asks nothing of now, with nothing to read,
+    # gets no call (it called the one tool left); one that asks of now keeps the choice,
+    # but a lookup its words cannot find anything with is not offered
     r2, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "ws", OWN)
     r2.turn("What is the capital of Japan?")
-    free = _rules(r2.fake.requests[0])
+    assert _rules(r2.fake.requests[0])["root"] == TEXT_ONLY
+    r6, _ = _rig(rig, [answer("ANSWER Rain.")], tmp_path / "ws", OWN)
+    r6.turn("Is it windy in Bergen at the moment?")
+    free = _rules(r6.fake.requests[0])
     assert free["root"] == CHOICE and "call-find-tool" not in free["call"]
     # an empty workspace has nothing to read, list or search
     r5, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "empty",
                  [*STANDARD_SPECS.values(), *OWN])
-    r5.turn("What is the capital of Japan?")
+    r5.turn("Is the printer on floor 2 fixed today?")
     assert not {"call-read-file", "call-list-dir", "call-search-files",
                 "call-find-definition"} & set(_rules(r5.fake.requests[0])["call"].split(" | "))
+    for question in ("What is the capital of Japan?", "Who wrote Hamlet?"):
+        r7, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "empty",
+                     [*STANDARD_SPECS.values(), *OWN])
+        r7.turn(question)
+        assert _rules(r7.fake.requests[0])["root"] == TEXT_ONLY, question
+    # a workspace with files keeps the choice: its files may hold the answer
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "atlas.md").write_text("Japan: Tokyo\n")
+    r8, _ = _rig(rig, [answer("ANSWER Tokyo.")], tmp_path / "full",
+                 [*STANDARD_SPECS.values(), *OWN])
+    r8.turn("What is the capital of Japan?")
+    assert _rules(r8.fake.requests[0])["root"] != TEXT_ONLY
     r4, _ = _rig(rig, [answer("ANSWER Fine.")], tmp_path / "ws", OWN)
     r4.turn("Which city is it sunny in?")  # "city": get_weather's description: a lookup
     assert "call-find-tool" in _rules(r4.fake.requests[0])["call"]

@@ -188,8 +188,8 @@ def test_a_question_naming_a_file_gets_a_call_first(rig: Make) -> None:
     first, second = (body["grammar"].split("\n", 1)[0] for body in r.fake.requests)
     assert first == 'root ::= "TOOL " call'  # no text: the model may not guess the file
     assert second == 'root ::= "ANSWER " text'
-    r2 = _constrained(rig([answer("ANSWER I am loopd.")]))
-    r2.turn("Who are you?")
+    r2 = _constrained(rig([answer("ANSWER Nothing new.")]))
+    r2.turn("What is the news today?")  # no file named: the choice
     assert r2.fake.requests[0]["grammar"].startswith('root ::= "TOOL " call | "ANSWER " text')
 
 
