@@ -128,11 +128,8 @@ class TerminalApprover:
         choices = {k: c for k, c in KEYS.items() if request.rule or c in (Choice.ONCE,
                                                                           Choice.DENY)}
         while True:
-            with _cbreak(self.fd):
-                if not _wait_readable(self.fd, cancel, deadline):
-                    self._gone(cancel)
-                    return None
-                key = os.read(self.fd, 1).decode(errors="replace").lower()
+            if (key := self._key(cancel, deadline)) is None:
+                return None
             if key == "v":
                 self._show(request, whole=True)
             elif key in choices:
@@ -150,6 +147,15 @@ class TerminalApprover:
             self._gone(cancel)
             return None
         return Decision(Choice.DENY, (reason or "").strip())
+
+    def _key(self, cancel: CancelToken, deadline: float) -> str | None:
+        """One key pressed, in lower case; None (and said so) when the turn was cancelled or
+        the deadline passed first."""
+        with _cbreak(self.fd):
+            if not _wait_readable(self.fd, cancel, deadline):
+                self._gone(cancel)
+                return None
+            return os.read(self.fd, 1).decode(errors="replace").lower()
 
     def elicit(
         self, request: ElicitationRequested, cancel: CancelToken, deadline: float
@@ -170,11 +176,8 @@ class TerminalApprover:
                  if request.timeout_s > 0 else "")
         say(f"  [dim]{limit}Ctrl-C cancels the turn[/] ", end="")
         while True:
-            with _cbreak(self.fd):
-                if not _wait_readable(self.fd, cancel, deadline):
-                    self._gone(cancel)
-                    return None
-                key = os.read(self.fd, 1).decode(errors="replace").lower()
+            if (key := self._key(cancel, deadline)) is None:
+                return None
             if key in ("a", "n", "c"):
                 break
             self.console.print("[dim]press a, n or c[/]")
