@@ -16,7 +16,9 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   most that many bytes), loopd reads what it holds
   (:mod:`actors.session.smallmodel.workspace_words`) at each step and holds the first call
   to it (:func:`_held`).
-- In a workspace too big to tell by its words, a question that names code (``class
+- In a workspace too big to tell by its words, a question that names a file gets a read
+  or an outline of that file first, its path as named (:func:`_named_read`): the model
+  called find_definition for a file's text; and a question that names code (``class
   Context``, ``parse_value()``) or asks about the project (what it does, its version) gets a
   call of the tools that read the workspace first (:func:`_code_question`): left the choice
   on a real repository, the embedded model answered 12 of 14 such questions from nothing.
@@ -129,9 +131,10 @@ def next_step(
     found_words = (workspace_words(config.workspace, hidden, config.inference.workspace_words)
                    if (first or steps < planned) and config.uses_workspace else None)
     held = _held(question, steps, planned, named, found_words, names, records)
-    if held is None and first and not named and not planned and found_words is None and (
+    if held is None and first and not planned and found_words is None and (
             config.uses_workspace):
-        held = _code_question(question, names, config, hidden)
+        held = (_named_read(question, names) if named
+                else _code_question(question, names, config, hidden))
     values, barred = held or ((), frozenset())
     nothing_there = not _READERS & names or (found_words is not None and not found_words.files)
     if first and nothing_there and held is None and not named and not planned and not (
@@ -217,6 +220,20 @@ def _code_question(question: str, names: set[str], config: Config,
         values += (("read_file", "path", files), ("outline_file", "path", files),
                    ("list_dir", "path", folders), ("search_files", "path", folders))
     return values, frozenset(names - readers - {"call_tool"})
+
+
+def _named_read(question: str, names: set[str]) -> tuple[Values, frozenset[str]] | None:
+    """The first call of a question that names a file, in a workspace too big to tell by
+    its words: a read or an outline of that file, as named (it may not be there; the tool
+    says so), and no other call. None: it asks for tools by their verbs or for a size.
+    Left the choice, the embedded model called find_definition for a file's text and
+    answered from nothing."""
+    paths = tuple(dict.fromkeys(p.removeprefix("./") for p in named_files(question)))
+    allowed = {"read_file", "outline_file"} & names
+    if not paths or not allowed or asked_steps(question) or asks_a_size(question):
+        return None
+    values: Values = (("read_file", "path", paths), ("outline_file", "path", paths))
+    return values, frozenset(names - allowed - {"call_tool"})
 
 
 def _held(

@@ -197,8 +197,15 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
     assert folder["list-dir-args-path"] == '"\\".\\"" | "\\"pkg\\""'
     assert first("What is the capital of France?")["root"] == CHOICE
     assert first("What is 3 plus 4?")["root"] == TEXT_ONLY
-    # a file the question names is read as named (it may not be there)
-    assert first("Show me docs/roadmap.md.")["read-file-args-path"].startswith('"\\"" [')
+    # a file the question names is read (or outlined) as named, and nothing else is called:
+    # it may not be there, and the tool says so (find_definition was called for one)
+    shown = first("Show me docs/roadmap.md.")
+    assert shown["root"] == CALL_ONLY
+    assert set(shown["call"].split(" | ")) == {"call-call-tool", "call-read-file",
+                                               "call-outline-file"}
+    assert shown["read-file-args-path"] == '"\\"docs/roadmap.md\\""'
+    assert first("How big is pkg/parser.py?")["root"] == CALL_ONLY  # a size: a listing may say
+    assert "call-list-dir" in first("How big is pkg/parser.py?")["call"]
 
 
 def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
