@@ -66,41 +66,14 @@ def run_shell(
             pass_fds=tuple(pass_fds),
         )
     assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    buf = bytearray()
-    dropped = 0
+    output = _Output(max_output)
     stopped = why = ""
     deadline = time.monotonic() + timeout_s
-    exited_at: float | None = None
     try:
         if started is not None and (why := started()):
             stopped = "refused"
-        while not stopped:
-            now = time.monotonic()
-            if cancel is not None and cancel.is_set():
-                stopped = "cancelled"
-                break
-            if now >= deadline:
-                stopped = "timeout"
-                break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-                kill_group(proc.pid, wait_s=0.2)  # background leftovers
-            if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT_S:
-                break
-            ready, _, _ = select.select([fd], [], [], min(0.05, deadline - now))
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                break
-            keep = max(0, max_output - len(buf))
-            buf += chunk[:keep]
-            dropped += max(0, len(chunk) - keep)
+        else:
+            stopped = _follow(proc, proc.stdout.fileno(), output, deadline, cancel)
     finally:
         kill_group(proc.pid, also=proc.pid)
         try:
@@ -111,8 +84,50 @@ def run_shell(
         proc.stdout.close()
     return CommandOutcome(
         exit_code=None if stopped else proc.returncode,
-        output=bytes(buf),
-        dropped=dropped,
+        output=bytes(output.kept),
+        dropped=output.dropped,
         stopped=stopped,
         why=why,
     )
+
+
+class _Output:
+    """What a command wrote: the first ``limit`` bytes kept, the rest only counted."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.kept, self.dropped = limit, bytearray(), 0
+
+    def take(self, chunk: bytes) -> None:
+        keep = max(0, self.limit - len(self.kept))
+        self.kept += chunk[:keep]
+        self.dropped += max(0, len(chunk) - keep)
+
+
+def _follow(proc: subprocess.Popen[bytes], fd: int, output: _Output, deadline: float,
+            cancel: threading.Event | None) -> str:
+    """Read the command's output until it ends ("") or is to be stopped ("timeout",
+    "cancelled"); once it exits, its background leftovers are killed and the pipe is read
+    for at most :data:`_DRAIN_AFTER_EXIT_S` more (an escaped process may hold it open)."""
+    os.set_blocking(fd, False)
+    exited_at: float | None = None
+    while True:
+        now = time.monotonic()
+        if cancel is not None and cancel.is_set():
+            return "cancelled"
+        if now >= deadline:
+            return "timeout"
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+            kill_group(proc.pid, wait_s=0.2)  # background leftovers
+        if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT_S:
+            return ""
+        ready, _, _ = select.select([fd], [], [], min(0.05, deadline - now))
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return ""
+        output.take(chunk)
