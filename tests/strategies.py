@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from actors.log.records import (
+    AgentLink,
     Approval,
     ApprovalDecision,
     ApprovalScope,
@@ -37,6 +38,7 @@ from actors.log.records import (
 from actors.tools.protocol.spec import ResultClass
 
 __all__ = [
+    "agent_links",
     "approvals",
     "assistants",
     "baselines",
@@ -150,11 +152,14 @@ compactions = st.builds(
     by=st.sampled_from(CompactionBy), time=times,
 )
 forks = st.builds(Forked, from_=texts, at=counts, time=times)
+agent_links = st.builds(AgentLink, parent=texts, child=texts, task=texts,
+                        context=st.sampled_from(["fresh", "fork"]), time=times)
 rewinds = st.builds(Rewind, to_turn=counts, time=times)
 # Every kind but Compaction and Rewind: records that never change what an earlier request
 # sent.
 epoch_records: st.SearchStrategy[Record] = st.one_of(
-    baselines, users, assistants, usages, cache_losses, tool_results, approvals, forks
+    baselines, users, assistants, usages, cache_losses, tool_results, approvals, forks,
+    agent_links,
 )
 records: st.SearchStrategy[Record] = epoch_records | compactions | rewinds
 

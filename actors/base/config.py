@@ -30,6 +30,7 @@ from actors.base.errors import ConfigError
 
 __all__ = [
     "AUTO_SWITCH",
+    "AgentsConfig",
     "Allowed",
     "Config",
     "DaemonConfig",
@@ -185,6 +186,23 @@ class LoopConfig:
     # (repeat) and 146 (a file shown whole): scripts/runaway_scores.py.
     runaway_repeat_tokens: int = field(default=256, metadata=limits(0))
     runaway_copy_tokens: int = field(default=400, metadata=limits(0))
+    # One budget for a turn and every agent it starts (docs/agents.md): tokens generated
+    # and wall time of the whole tree; 0: no cap.
+    turn_tokens: int = field(default=0, metadata=limits(0))
+    turn_seconds: float = field(default=0.0, metadata=limits(0, _WEEK))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentsConfig:
+    # The `agent` tool (docs/agents.md): a turn hands a task to a child session. Off by
+    # default: it changes the baseline's tools, and the embedded model's eval has not shown
+    # that it helps there.
+    enabled: bool = False
+    # children running at once; "auto" (0): as many as the model servers have slots
+    max_parallel: int = field(default=0, metadata=limits(0, 64, auto=(0, 0)))
+    max_depth: int = field(default=1, metadata=limits(1, 4))  # 1: a child has no agent tool
+    max_children: int = field(default=8, metadata=limits(1, 64))  # per turn
+    max_task_chars: int = field(default=4000, metadata=limits(1))  # a longer task is refused
 
 
 def data_home() -> Path:
@@ -424,6 +442,7 @@ class Config:
     inference: InferenceConfig = InferenceConfig()
     slots: SlotsConfig = SlotsConfig()
     loop: LoopConfig = LoopConfig()
+    agents: AgentsConfig = AgentsConfig()
     log: LogConfig = LogConfig()
     session: SessionConfig = SessionConfig()
     tools: ToolsConfig = ToolsConfig()

@@ -16,6 +16,9 @@ from actors.base.cancel import CancelToken
 
 __all__ = [
     "NO_APPROVER",
+    "AgentDone",
+    "AgentEvent",
+    "AgentStarted",
     "AnswerCut",
     "ApprovalDecided",
     "ApprovalRequested",
@@ -262,6 +265,37 @@ class TornTail:
     cut_bytes: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentStarted:
+    """The turn handed ``task`` to a child session ``agent`` (docs/agents.md); ``context``
+    fresh (the baseline and the task) or fork (the parent's conversation so far)."""
+
+    agent: str
+    task: str
+    context: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentDone:
+    """Child ``agent`` ended: ``ok`` with its answer, else ``reason`` says why; ``tokens``
+    it generated, ``seconds`` it ran."""
+
+    agent: str
+    ok: bool
+    tokens: int
+    seconds: float
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """An event of child session ``agent``, passed on by its parent's turn: ``--json`` and
+    the daemon show it as the event itself with an ``agent`` field."""
+
+    agent: str
+    event: Event
+
+
 ChatEvent: TypeAlias = (
     Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
     | AnswerCut
@@ -269,8 +303,9 @@ ChatEvent: TypeAlias = (
 TurnEvent: TypeAlias = (
     ToolCallStarted | ToolResultEvent | CacheLossEvent | ApprovalRequested | ApprovalDecided
     | ElicitationRequested | ElicitationAnswered | ToolProgress | Compacting | Compacted | Used
+    | AgentStarted | AgentDone
 )
-Event: TypeAlias = ChatEvent | TurnEvent | TornTail
+Event: TypeAlias = ChatEvent | TurnEvent | TornTail | AgentEvent
 Sink: TypeAlias = Callable[[Event], None]
 
 _NAMES = {
@@ -286,17 +321,23 @@ _NAMES = {
     ElicitationAnswered: "elicitation_answered",
     ToolProgress: "tool_progress",
     TornTail: "torn_tail",
+    AgentStarted: "agent_started",
+    AgentDone: "agent_done",
 }
 
 
 def event_name(event: Event) -> str:
     """The snake_case name of an event, as in ``--json`` output."""
+    if isinstance(event, AgentEvent):  # a child's event goes by its own name
+        return event_name(event.event)
     cls = type(event)
     return _NAMES.get(cls) or cls.__name__.lower()
 
 
 def to_json(event: Event) -> dict[str, Any]:
     """A JSON-ready map: ``{"event": name, ...fields}`` (``class_`` becomes ``class``)."""
+    if isinstance(event, AgentEvent):
+        return {**to_json(event.event), "agent": event.agent}
     out: dict[str, Any] = {"event": event_name(event)}
     for f in dataclasses.fields(event):
         out[f.name.rstrip("_")] = getattr(event, f.name)

@@ -218,6 +218,9 @@ def describe(record: rec.Record) -> str:
         case rec.Forked():
             return (f"forked from session {record.from_} after its turn {record.at}: the "
                     "records before this one are its, as they were")
+        case rec.AgentLink():
+            return (f"agent: session {record.parent} handed session {record.child} a task "
+                    f"({record.context}): {_short(record.task)}")
         case rec.Rewind():
             back = f"turn {record.to_turn}" if record.to_turn else "its start"
             why = f"; refused for a full context: {record.refused}" if record.refused else ""

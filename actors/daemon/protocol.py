@@ -519,7 +519,8 @@ def decode(frame: bytes, max_bytes: int) -> Message:
 
 # --- events: the turn's events by their --json names ---------------------------------------
 
-_EVENTS = {ev.event_name(object.__new__(cls)): shape_of(cls) for cls in typing.get_args(ev.Event)}
+_EVENTS = {ev.event_name(object.__new__(cls)): shape_of(cls) for cls in typing.get_args(ev.Event)
+           if cls is not ev.AgentEvent}  # a child's event: its own, with an ``agent`` field
 
 
 def encode_event(turn: int, event: ev.Event) -> EventMessage:
@@ -532,8 +533,15 @@ def decode_event(msg: EventMessage) -> ev.Event:
     shape = _EVENTS.get(msg.event)
     if shape is None:
         raise WireError(f"event: unknown event {msg.event!r:.40}", msg.id)
+    data = dict(msg.data)
+    own = msg.event in ("agent_started", "agent_done")  # ``agent`` is a field of theirs
+    agent = None if own else data.pop("agent", None)
     try:
-        event: ev.Event = shape.from_map(dict(msg.data))
+        event: ev.Event = shape.from_map(data)
     except TypeError as e:
         raise WireError(f"event {msg.event}: {e}", msg.id) from None
-    return event
+    if agent is None:
+        return event
+    if not isinstance(agent, str):
+        raise WireError(f"event {msg.event}: agent must be a string", msg.id)
+    return ev.AgentEvent(agent, event)  # a child's event (docs/agents.md)

@@ -170,6 +170,10 @@ class Inference:
         (:meth:`SlotKeeper.turn_ended`)."""
         self.keeper.turn_ended(session)
 
+    def slot_count(self) -> int:
+        """The slots of the model servers together (agents at once, by default)."""
+        return self.keeper.slot_count()
+
     def save_state(self, session: str) -> None:
         """Save ``session``'s KV state now if it changed (a fork copies it next:
         :meth:`SlotKeeper.save_now`)."""

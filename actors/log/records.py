@@ -34,6 +34,7 @@ from actors.wire.codec import CHECK, Codec, Natural, added
 __all__ = [
     "CODEC",
     "MAX_RECORD",
+    "AgentLink",
     "Approval",
     "ApprovalDecision",
     "ApprovalScope",
@@ -267,9 +268,23 @@ class Rewind:
     time: dt.datetime = dataclasses.field(default_factory=now)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentLink:
+    """Session ``parent``'s turn handed ``task`` to child session ``child`` (the ``agent``
+    tool, docs/agents.md): the same record is in both logs, the parent's before the call's
+    result, the child's before its first turn. ``context``: fresh or fork. Renders to
+    nothing."""
+
+    parent: str
+    child: str
+    task: str
+    context: str
+    time: dt.datetime = dataclasses.field(default_factory=now)
+
+
 Record: TypeAlias = (
     Baseline | User | Assistant | Usage | CacheLoss | ToolResult | Approval | Compaction
-    | Forked | Rewind | Cut
+    | Forked | Rewind | Cut | AgentLink
 )
 """Every kind of record the log holds; adding one here (and its dataclass above) is all the
 codec needs."""

@@ -7,7 +7,7 @@ own actors (the inference actor, the tool ports); their events go straight to
 ``on_event`` while this thread waits.
 
 The limits decided here, and where:
-  tool iterations   -> ``_count_iteration``   (loop.tool_iterations)
+  tool iterations   -> ``agents.Tree``, the turn's and its agents' (loop.tool_iterations, turn_*)
   calls per response -> ``_ask_model``, before the response is logged
                        (loop.max_calls_per_response)
   repeated call     -> ``_run_tool`` with ``limits.Repeats`` (loop.repeat_detection)
@@ -49,6 +49,7 @@ from actors.log.file import SessionLog
 from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, User
 from actors.service.types import TurnOutcome
 from actors.session import compactor, traced
+from actors.session.agents import Tree, TurnAgents
 from actors.session.limits import (
     REPEAT_NOTICE,
     TOO_MANY_CALLS,
@@ -81,6 +82,7 @@ class Runtime:
     rules: RuleStore = dataclasses.field(default_factory=RuleStore)
     hidden: tuple[str, ...] = ()  # loopd's own places, which the file tools refuse (toolbox's)
     traceparent: str = ""  # the caller's span (a daemon client's): the turn's is its child
+    tree: Tree | None = None  # an agent's turn: its parent's budget (actors.session.agents)
 
 
 def run_turn(
@@ -102,7 +104,8 @@ def run_turn(
     """
     log, cancel = session, cancel or CancelToken()
     try:
-        return _Turn(log, runtime, on_event, cancel, approver).run(content)
+        with TurnAgents(log, runtime, cancel, on_event, approver) as agents:
+            return _Turn(log, runtime, on_event, agents, approver).run(content)
     finally:
         runtime.inference.turn_ended(log.name)  # its KV state may be saved now
         if runtime.config.log.fsync == "turn":
@@ -113,9 +116,10 @@ def run_turn(
 class _Turn:
     def __init__(
         self, log: SessionLog, runtime: Runtime, on_event: Callable[[Event], None],
-        cancel: CancelToken, approver: Approver | None,
+        agents: TurnAgents, approver: Approver | None,
     ) -> None:
-        self.log, self.runtime, self.emit, self.cancel = log, runtime, on_event, cancel
+        self.log, self.runtime, self.emit, self.agents = log, runtime, on_event, agents
+        self.cancel = cancel = agents.cancel  # the tree's: the person's, a spent budget
         self.gate = Gate(
             tools=runtime.config.tools, store=runtime.rules, records=lambda: log.records,
             append=log.append, emit=on_event, approver=approver, cancel=cancel,
@@ -148,7 +152,9 @@ class _Turn:
                         content=completion.content or "", usage=asked.usage, cut=cut,
                         iterations=self.iterations, tool_calls=self.tool_calls,
                         restored=self.restored, compactions=self.compactor.made)
-                self._count_iteration()
+                self.agents.tree.iteration()
+                self.iterations += 1
+                self.agents.start(completion.tool_calls)  # its agent calls, all at once
                 for call in completion.tool_calls:
                     self._run_tool(call)
 
@@ -171,7 +177,9 @@ class _Turn:
         if completion.slot is not None and completion.slot.state is SlotState.RESTORED:
             self.restored = self.restored or completion.slot
         self.thinking_left -= completion.reasoning_tokens
-        return _Asked(completion, self._record(completion, self.renderer.shown_usage()))
+        usage = self._record(completion, self.renderer.shown_usage())
+        self.agents.tree.generated(usage)
+        return _Asked(completion, usage)
 
     def _request(self, grammar: str | None) -> ChatRequest:
         shown = self.renderer.messages_for(self.log.records)  # make_room rendered them
@@ -240,17 +248,8 @@ class _Turn:
             completion, content=None, tool_calls=(call,), finish_reason="tool_calls"
         )
 
-    def _count_iteration(self) -> None:
-        self.iterations += 1
-        if self.iterations > self.loop.tool_iterations:
-            raise TurnLimit(
-                "tool iterations",
-                f"the model asked for tools {self.loop.tool_iterations} times in this turn "
-                f"(loop.tool_iterations = {self.loop.tool_iterations})",
-            )
-
     def _run_tool(self, call: ToolCall) -> None:
-        if self.cancel.cancelled:
+        if self.cancel.cancelled and not self.agents.spent:  # spent: each call's result says so
             raise Cancelled()
         number = self.log.next_call()
         self.emit(ToolCallStarted(name=call.name, call=number, arguments=call.arguments))
@@ -262,7 +261,7 @@ class _Turn:
             )
         answered = (Answered(REPEAT_NOTICE.format(name=call.name), outcome="repeat")
                     if earlier == 1 else self._dispatch(call, number))
-        if self.cancel.cancelled:
+        if self.cancel.cancelled and not self.agents.spent:  # spent: its result is logged
             raise Cancelled()
         text, truncated = cap_result(answered.text, self.loop.tool_result_cap)
         self.log.append(
@@ -281,6 +280,8 @@ class _Turn:
 
     @traced.tool  # execute_tool
     def _dispatch(self, call: ToolCall, number: int) -> Answered:
+        if (answered := self.agents.answer(call)) is not None:  # an agent call: its child's
+            return answered
         target = dispatch(self.runtime.registry, call.name, call.arguments)
         if isinstance(target, Local):
             return Answered(target.text, outcome="local")

@@ -30,6 +30,7 @@ from actors.inference.slots.files import meta_dir
 from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.records import Baseline, now
 from actors.session.actor import SessionActor, open_session
+from actors.session.agents import agent_tool
 from actors.session.fork import ForkReport, fork_session
 from actors.session.smallmodel.workspace_map import workspace_map
 from actors.session.turn import Runtime
@@ -97,9 +98,12 @@ class World:
         if self.embedded and self.config.uses_workspace:
             found = workspace_map(self.config.workspace, self.hidden, embedded.workspace_map)
             system = f"{system}\n\n{found}" if found else system
+        tools = baseline_tools(self.runtime.registry, pinned)
+        if self.config.agents.enabled:  # the session's own, like find_tool (docs/agents.md)
+            tools = (*tools, agent_tool())
         return Baseline(
             system=system,
-            tools=baseline_tools(self.runtime.registry, pinned),
+            tools=tools,
             model=self.model,
             created=now(),
         )

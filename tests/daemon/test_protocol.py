@@ -88,6 +88,10 @@ def _event_samples() -> list[ev.Event]:
     values = {"str": "x", "int": 3, "bool": True, "float": 0.5, "str | None": None}
     out = []
     for cls in typing.get_args(ev.Event):
+        if cls is ev.AgentEvent:  # a child's event: the event itself and its agent
+            out += [ev.AgentEvent("s.a1", ev.Content("x")),
+                    ev.AgentEvent("s.a1", ev.ToolCallStarted("read_file", 2, "{}"))]
+            continue
         out.append(cls(**{f.name: values[str(f.type)] for f in dataclasses.fields(cls)}))
     return out
 

@@ -468,6 +468,11 @@ class SlotKeeper:
             server = self._servers[self._target(self._session(session))]
             return server.client, server.n_ctx
 
+    def slot_count(self) -> int:
+        """The slots of every server together (``agents.max_parallel = "auto"``)."""
+        with self._cond:
+            return sum(len(server.slots) for server in self._servers)
+
     # --- saving and restoring ----------------------------------------------------------
 
     def _session(self, name: str) -> _Session:

@@ -1,0 +1,390 @@
+"""The agent tool on a fake llama-server: children as sessions, at once, on one budget,
+the person in charge, bad input as failure results (docs/agents.md)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.base.cancel import CancelToken
+from actors.base.config import Config
+from actors.base.errors import Cancelled, TurnLimit
+from actors.base.events import (
+    AgentDone,
+    AgentEvent,
+    AgentStarted,
+    ApprovalRequested,
+    Choice,
+    Decision,
+    Event,
+    ToolCallStarted,
+    to_json,
+)
+from actors.inference.actor import Inference
+from actors.log.file import SessionLog, read_records
+from actors.log.records import AgentLink, Record, ToolResult, User
+from actors.log.sessiondir import list_sessions, session_path
+from actors.session.agents import AGENT, agent_tool
+from actors.session.limits import result_failed
+from actors.session.turn import Runtime, TurnOutcome, run_turn
+from actors.tools.protocol import wire
+from actors.tools.protocol.spec import ResultClass, ToolSpec
+from actors.tools.registry import META_TOOLS, Registry
+from tests.support.fake_llama import FakeLlama, Reply, answer, hang, http_error
+from tests.support.turn_rig import ECHO, ScriptedPort, baseline, make_config
+from tests.support.watch import HANG_S
+
+Script = Callable[[dict[str, Any]], Reply]
+
+
+def agent_call(task: str, context: str | None = None) -> tuple[str, str]:
+    args: dict[str, Any] = {"task": task}
+    if context is not None:
+        args["context"] = context
+    return AGENT, json.dumps(args)
+
+
+def last(body: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = body["messages"][-1]
+    return message
+
+
+def asked(body: dict[str, Any]) -> str:
+    """The task (or question) a request answers: its last user message."""
+    users = [m for m in body["messages"] if m.get("role") == "user"]
+    return str(users[-1]["content"]) if users else ""
+
+
+def meet(barrier: threading.Barrier, reply: Reply) -> Reply:
+    """``reply`` once every party of ``barrier`` has come: only requests that overlap at the
+    server get past it (a request alone waits out the guard and fails)."""
+
+    def serve(conn: Any) -> None:
+        barrier.wait(timeout=HANG_S)
+        reply.serve(conn)
+
+    return Reply("meet", serve)
+
+
+class AgentRig:
+    """A parent session ``s`` offering the agent tool, a fake server with two slots."""
+
+    def __init__(self, tmp_path: Path, script: Script, registry: Registry | None = None,
+                 agents: dict[str, Any] | None = None, **loop: Any) -> None:
+        self.fake = FakeLlama(script, props={"total_slots": 2}).start()
+        config = make_config(tmp_path, self.fake.url, **loop)
+        self.config: Config = config.replace("agents", enabled=True, **(agents or {}))
+        self.log, _ = SessionLog.open(session_path(self.config, "s"), fsync="never",
+                                      baseline=baseline((*META_TOOLS, agent_tool())), name="s")
+        self.inference = Inference.start(self.config.inference)
+        self.runtime = Runtime(config=self.config, inference=self.inference,
+                               registry=registry or Registry([ScriptedPort()]))
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def sink(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def turn(self, content: str = "Hi?", cancel: CancelToken | None = None,
+             approver: Any = None) -> TurnOutcome:
+        return run_turn(self.log, self.runtime, content, self.sink, cancel, approver)
+
+    def child(self, name: str) -> tuple[Record, ...]:
+        return read_records(session_path(self.config, name), name=name)
+
+    def results(self) -> list[ToolResult]:
+        return [r for r in self.log.records if isinstance(r, ToolResult)]
+
+    def close(self) -> None:
+        self.inference.stop()
+        self.log.close()
+        self.fake.close()
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[Callable[..., AgentRig]]:
+    made: list[AgentRig] = []
+
+    def make(script: Script, **kw: Any) -> AgentRig:
+        r = AgentRig(tmp_path / str(len(made)), script, **kw)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("agent-")], \
+        "no child runs on after its parent's turn"
+
+
+def parent_then(calls: list[tuple[str, str]], children: Callable[[dict[str, Any]], Reply],
+                final: str = "done") -> Script:
+    """The parent asks for ``calls``, then answers ``final``; a child's request (its task as
+    the last user message) is answered by ``children``."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if asked(body) != "Hi?":
+            return children(body)
+        if last(body).get("role") == "user":
+            return answer(tool_calls=calls)
+        return answer(final)
+
+    return script
+
+
+# --- children are sessions, at once -------------------------------------------------------
+
+
+def test_two_children_run_at_once_and_both_answers_reach_the_parent(
+        agents: Callable[..., AgentRig]) -> None:
+    both = threading.Barrier(2)
+    said = {"read a.txt": "a holds 1", "read b.txt": "b holds 2"}
+    r = agents(parent_then([agent_call("read a.txt"), agent_call("read b.txt")],
+                           lambda body: meet(both, answer(said[asked(body)]))))
+    outcome = r.turn()
+    assert outcome.content == "done"
+    final = r.fake.requests[-1]["messages"]
+    shown = [m["content"] for m in final if m.get("role") == "tool"]
+    assert shown == ["a holds 1", "b holds 2"]  # each in its call's place
+    assert list_sessions(r.config) == ["s", "s.a1", "s.a2"]
+    for name, task in (("s.a1", "read a.txt"), ("s.a2", "read b.txt")):
+        records = r.child(name)
+        link = AgentLink(parent="s", child=name, task=task, context="fresh")
+        assert [(x.parent, x.child, x.task) for x in records if isinstance(x, AgentLink)] == [
+            (link.parent, link.child, link.task)]
+        assert [x.content for x in records if isinstance(x, User)] == [task]
+    links = [x for x in r.log.records if isinstance(x, AgentLink)]
+    assert [x.child for x in links] == ["s.a1", "s.a2"]
+    started = [e for e in r.events if isinstance(e, AgentStarted)]
+    done = [e for e in r.events if isinstance(e, AgentDone)]
+    assert sorted(e.agent for e in started) == sorted(e.agent for e in done) == ["s.a1", "s.a2"]
+    assert all(e.ok for e in done)
+    tagged = [e for e in r.events if isinstance(e, AgentEvent)]
+    assert {e.agent for e in tagged} == {"s.a1", "s.a2"}
+    assert to_json(tagged[0])["agent"] in ("s.a1", "s.a2")
+
+
+def test_a_second_turn_names_its_children_after_the_first_ones(
+        agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("count")], lambda body: answer("3")))
+    r.turn()
+    r.turn("Hi?")
+    assert list_sessions(r.config) == ["s", "s.a1", "s.a2"]
+
+
+def test_a_forked_child_sees_the_parent_conversation(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("go on", "fork")], lambda body: answer("went on")))
+    assert r.turn().content == "done"
+    child = next(b for b in r.fake.requests if asked(b) == "go on")
+    users = [m["content"] for m in child["messages"] if m.get("role") == "user"]
+    assert users == ["Hi?", "go on"]  # the parent's question, then its task
+    assert r.results()[0].content == "went on"
+
+
+def test_max_parallel_one_runs_the_children_one_after_the_other(
+        agents: Callable[..., AgentRig]) -> None:
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def child(body: dict[str, Any]) -> Reply:
+        def serve(conn: Any) -> None:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                answer("ok").serve(conn)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return Reply("counted", serve)
+
+    r = agents(parent_then([agent_call("a"), agent_call("b"), agent_call("c")], child),
+               agents={"max_parallel": 1})
+    assert r.turn().content == "done"
+    assert [x.content for x in r.results()] == ["ok", "ok", "ok"]
+    assert most[0] == 1
+
+
+# --- one budget ------------------------------------------------------------------------------
+
+
+def looping(body: dict[str, Any]) -> Reply:
+    """A child that calls echo again and again, each time with new text."""
+    n = sum(1 for m in body["messages"] if m.get("role") == "tool")
+    return answer(tool_calls=[("call_tool", json.dumps(
+        {"name": "echo", "arguments": {"text": f"{asked(body)} {n}"}}))])
+
+
+def test_the_tree_iterations_stop_looping_children(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("loop a"), agent_call("loop b")], looping),
+               tool_iterations=6)
+    with pytest.raises(TurnLimit, match="tool iterations") as caught:
+        r.turn()
+    assert caught.value.exit_code == 3
+    results = r.results()
+    assert len(results) == 2 and all(result_failed(x.content) for x in results)
+    assert all("tool iterations" in x.content for x in results)
+    for name in ("s.a1", "s.a2"):
+        r.child(name)  # each log reads whole (a torn record would be refused)
+    calls = sum(1 for name in ("s.a1", "s.a2") for x in r.child(name)
+                if isinstance(x, ToolResult))
+    assert calls <= 6  # the parent's one iteration and the children's, together
+
+
+def test_the_tree_tokens_stop_the_children(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("loop a"), agent_call("loop b")], looping),
+               turn_tokens=40, tool_iterations=1000)
+    with pytest.raises(TurnLimit, match="turn tokens"):
+        r.turn()
+    assert all("turn tokens" in x.content for x in r.results())
+
+
+def test_the_tree_time_stops_hanging_children(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("wait a"), agent_call("wait b")], lambda body: hang()),
+               turn_seconds=0.5)
+    with pytest.raises(TurnLimit, match="turn time"):
+        r.turn()
+    results = r.results()
+    assert len(results) == 2 and all("turn time" in x.content for x in results)
+    done = [e for e in r.events if isinstance(e, AgentDone)]
+    assert len(done) == 2 and not any(e.ok for e in done)
+
+
+# --- the person in charge ----------------------------------------------------------------------
+
+
+def test_cancel_stops_every_child(agents: Callable[..., AgentRig]) -> None:
+    cancel = CancelToken()
+    hung = threading.Barrier(3)
+
+    def child(body: dict[str, Any]) -> Reply:
+        def serve(conn: Any) -> None:
+            hung.wait(timeout=HANG_S)
+            hang().serve(conn)
+
+        return Reply("hung", serve)
+
+    r = agents(parent_then([agent_call("a"), agent_call("b")], child))
+    waiter = threading.Thread(target=lambda: (hung.wait(timeout=HANG_S), cancel.cancel()))
+    waiter.start()
+    with pytest.raises(Cancelled):
+        r.turn(cancel=cancel)
+    waiter.join()
+    for name in ("s.a1", "s.a2"):
+        assert [type(x).__name__ for x in r.child(name)][-1] in ("AgentLink", "User")
+
+
+def test_an_approval_of_a_child_names_the_child_and_its_task(
+        agents: Callable[..., AgentRig]) -> None:
+    gated = ToolSpec(name="wipe", description="Wipe.", needs_approval=True,
+                     parameters={"type": "object", "properties": {}})
+    port = ScriptedPort(specs=(ECHO, gated))
+    seen: list[ApprovalRequested] = []
+
+    def approver(request: ApprovalRequested, cancel: CancelToken, deadline: float
+                 ) -> Decision:
+        seen.append(request)
+        return Decision(Choice.DENY, "not now")
+
+    def child(body: dict[str, Any]) -> Reply:
+        if last(body).get("role") == "tool":
+            return answer("could not")
+        return answer(tool_calls=[("call_tool", '{"name": "wipe", "arguments": {}}')])
+
+    r = agents(parent_then([agent_call("wipe the disk")], child), registry=Registry([port]))
+    assert r.turn(approver=approver).content == "done"
+    assert len(seen) == 1
+    assert seen[0].prompt.startswith("[agent s.a1, task: wipe the disk]")
+    asked_events = [e for e in r.events if isinstance(e, AgentEvent)
+                    and isinstance(e.event, ApprovalRequested)]
+    assert [e.agent for e in asked_events] == ["s.a1"]
+    assert port.calls == []  # denied: it did not run
+
+
+def test_a_child_that_read_untrusted_content_marks_its_result(
+        agents: Callable[..., AgentRig]) -> None:
+    port = ScriptedPort(answer=lambda tool, args: wire.Result(
+        id=0, content="from the web", class_=ResultClass.PUBLIC, untrusted=True))
+
+    def child(body: dict[str, Any]) -> Reply:
+        if last(body).get("role") == "tool":
+            return answer("the page says hi")
+        return answer(tool_calls=[("call_tool", '{"name": "echo", "arguments": {"text": "x"}}')])
+
+    r = agents(parent_then([agent_call("fetch it"), agent_call("say hi")],
+                           lambda body: child(body) if asked(body) == "fetch it"
+                           else answer("hi")), registry=Registry([port]))
+    r.turn()
+    assert [(x.content, x.untrusted) for x in r.results()] == [
+        ("the page says hi", True), ("hi", False)]
+
+
+# --- bad input: a failure result, never a dead turn -------------------------------------------
+
+
+@pytest.mark.parametrize(("arguments", "says"), [
+    ('{"task": ""}', 'needs "task"'),
+    ('{"task": "' + "x" * 50 + '"}', "agents.max_task_chars = 40"),
+    ('{"task": "go", "context": "all"}', "unknown context 'all'"),
+    ('{"context": "fresh"}', 'needs "task"'),
+    ('["go"]', "must be an object"),
+    ('{"task": ', "not JSON"),
+])  # fmt: skip
+def test_bad_agent_calls_are_failure_results(agents: Callable[..., AgentRig], arguments: str,
+                                             says: str) -> None:
+    r = agents(parent_then([(AGENT, arguments)], lambda body: answer("never")),
+               agents={"max_task_chars": 40})
+    assert r.turn().content == "done"
+    (result,) = r.results()
+    assert result_failed(result.content) and says in result.content
+    assert list_sessions(r.config) == ["s"]
+
+
+def test_children_past_the_cap_are_refused(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("a"), agent_call("b"), agent_call("c")],
+                           lambda body: answer("ok")), agents={"max_children": 2})
+    assert r.turn().content == "done"
+    assert [result_failed(x.content) for x in r.results()] == [False, False, True]
+    assert "agents.max_children = 2" in r.results()[2].content
+
+
+def test_a_child_has_no_agent_tool_and_its_agent_call_is_refused(
+        agents: Callable[..., AgentRig]) -> None:
+    def child(body: dict[str, Any]) -> Reply:
+        if last(body).get("role") == "tool":
+            return answer(str(last(body)["content"]))
+        return answer(tool_calls=[agent_call("deeper")])
+
+    r = agents(parent_then([agent_call("nest")], child))
+    r.turn()
+    first = next(b for b in r.fake.requests if asked(b) == "nest")
+    assert AGENT not in [t["function"]["name"] for t in first["tools"]]
+    assert "agents.max_depth = 1" in r.results()[0].content
+    assert list_sessions(r.config) == ["s", "s.a1"]
+
+
+def test_a_child_whose_server_fails_is_a_failure_result(
+        agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("a")], lambda body: http_error(500, "gone")))
+    assert r.turn().content == "done"
+    (result,) = r.results()
+    assert result_failed(result.content) and "model server failed" in result.content
+    done = [e for e in r.events if isinstance(e, AgentDone)]
+    assert [e.ok for e in done] == [False] and "model server" in done[0].reason
+
+
+def test_events_of_a_child_carry_its_name(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("echo it")], lambda body: answer("echoed")))
+    r.turn()
+    calls = [e for e in r.events if isinstance(e, ToolCallStarted)]
+    assert [e.name for e in calls] == [AGENT]  # the parent's own, untagged
+    lines = [to_json(e) for e in r.events if isinstance(e, AgentEvent)]
+    assert lines and all(line["agent"] == "s.a1" for line in lines)
+    assert {line["event"] for line in lines} >= {"content", "used"}
