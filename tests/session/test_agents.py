@@ -3,6 +3,7 @@ the person in charge, bad input as failure results (docs/agents.md)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -60,15 +61,36 @@ def asked(body: dict[str, Any]) -> str:
     return str(users[-1]["content"]) if users else ""
 
 
-def meet(barrier: threading.Barrier, reply: Reply) -> Reply:
-    """``reply`` once every party of ``barrier`` has come: only requests that overlap at the
-    server get past it (a request alone waits out the guard and fails)."""
+class Meeting:
+    """Requests that answer only once a request of every task is at the server at the same
+    time: only children that overlap get past it (one alone, or its retry, waits out the
+    guard and fails)."""
 
-    def serve(conn: Any) -> None:
-        barrier.wait(timeout=HANG_S)
-        reply.serve(conn)
+    def __init__(self, tasks: set[str]) -> None:
+        self.tasks, self.here = tasks, collections.Counter[str]()
+        self.cond = threading.Condition()
+        self.met = False  # once all were here together (one may answer and go before the rest wake)
 
-    return Reply("meet", serve)
+    def _all_here(self) -> bool:
+        self.met = self.met or all(self.here[t] for t in self.tasks)
+        return self.met
+
+    def reply(self, task: str, then: Reply) -> Reply:
+        def serve(conn: Any) -> None:
+            with self.cond:
+                self.here[task] += 1
+                self.cond.notify_all()
+                met = self.cond.wait_for(self._all_here, timeout=HANG_S)
+            try:
+                if met:
+                    then.serve(conn)
+                else:
+                    http_error(500, "the other child never came").serve(conn)
+            finally:
+                with self.cond:
+                    self.here[task] -= 1
+
+        return Reply("meet", serve)
 
 
 class AgentRig:
@@ -143,10 +165,10 @@ def parent_then(calls: list[tuple[str, str]], children: Callable[[dict[str, Any]
 
 def test_two_children_run_at_once_and_both_answers_reach_the_parent(
         agents: Callable[..., AgentRig]) -> None:
-    both = threading.Barrier(2)
     said = {"read a.txt": "a holds 1", "read b.txt": "b holds 2"}
+    both = Meeting(set(said))
     r = agents(parent_then([agent_call("read a.txt"), agent_call("read b.txt")],
-                           lambda body: meet(both, answer(said[asked(body)]))))
+                           lambda body: both.reply(asked(body), answer(said[asked(body)]))))
     outcome = r.turn()
     assert outcome.content == "done"
     final = r.fake.requests[-1]["messages"]
