@@ -44,6 +44,7 @@ from actors.cli.view import (
 from actors.log.file import read_log
 from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
 from actors.log.sessiondir import kept_workspace, list_sessions, session_path
+from actors.session.agents import parent_of, under_parents
 from actors.session.limits import shown_tokens
 from actors.session.messages import turn_of, view
 
@@ -255,16 +256,18 @@ def _sessions(args: argparse.Namespace, config: cfg.Config, err: Console) -> int
     names = list_sessions(config)
     # The context a slot holds is known offline for the embedded model only (its ctx_size).
     context = config.embedded.ctx_size if config.embedded_model else 0
-    for name in names:
-        path = session_path(config, name)  # after a compaction: its estimate (was 0)
-        used = shown_tokens(read_log(path, name=name)[0]) if path.is_file() else 0
+    logs = {n: read_log(session_path(config, n), name=n)[0] for n in names}
+    for name, depth in under_parents(logs):  # an agent's session under its parent
+        used = shown_tokens(logs[name])  # after a compaction: its estimate (was 0)
         workspace = kept_workspace(config, name)
+        parent = parent_of(name, logs[name])
         if args.json:
             print(json_line({"name": name, "tokens": used, "context": context,
-                             "workspace": str(workspace or "")}))
+                             "workspace": str(workspace or "")}
+                            | ({"parent": parent} if parent else {})))
             continue
         share = f" of {context:,} ({used / context:.0%})" if context else ""
-        print(visible(f"{name}  {used:,} tokens{share}"
+        print(visible("  " * depth + f"{name}  {used:,} tokens{share}"
                       + (f"  {workspace}" if workspace else "")))
     if not names:
         err.print(f"no sessions in {escape(str(config.log_dir))}")

@@ -351,6 +351,18 @@ class LiveView:
                 self.console.print(f"  [{'green' if decision == 'allow' else 'yellow'}]"
                                    f"{escape(_decided(decision, scope, by, rule, reason))}[/]",
                                    highlight=False)
+            case ev.AgentStarted(agent=agent, task=task, context=context):
+                self._switch("")
+                self.console.print(f"[bold magenta]⇉ agent {escape(agent)}[/] "
+                                   f"({escape(context)}): "
+                                   f"{escape(_short(task, 100))}", highlight=False)
+            case ev.AgentDone(agent=agent, ok=ok, tokens=tokens, seconds=seconds, reason=why):
+                self._switch("")
+                ended = "answered" if ok else f"failed: {_short(why, 160)}"
+                self.console.print(f"  [magenta]⇇ agent {escape(agent)}[/]: {escape(ended)} "
+                                   f"({tokens:,} tokens, {seconds:.1f} s)", highlight=False)
+            case ev.AgentEvent(agent=agent, event=inner):
+                self._agent(agent, inner)
             case ev.Queued(ahead=ahead, waiting_for=what, sessions=others):
                 self._switch("")
                 whom = f", in use by {'sessions' if ',' in others else 'session'} {others}"
@@ -360,6 +372,31 @@ class LiveView:
                 )
             case _:
                 pass
+
+    def _agent(self, agent: str, event: ev.Event) -> None:
+        """A child's event, indented under its name: its calls, results and notices; its
+        text streams only into its answer (the parent's call result)."""
+        line = ""
+        match event:
+            case ev.ToolCallStarted(name=name, arguments=args):
+                line = f"→ {name} {_short(args, 100)}"
+            case ev.ToolResultEvent(name=name, outcome=outcome, class_=cls):
+                line = f"← {name}: {outcome}, {cls}"
+            case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
+                line = f"prompt cache lost: {got} of {expected} tokens reused" + (
+                    f" ({cause})" if cause else "")
+            case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
+                                    rule=rule):
+                line = _decided(decision, scope, by, rule, reason)
+            case ev.Compacting(why=why, tokens_before=before, how=how):
+                line = compacting(why, before, how)
+            case ev.AnswerCut(note=note):
+                line = note
+            case ev.ApprovalRequested() | ev.ElicitationRequested():
+                self._switch("")  # the approver asks on this console
+        if line:
+            self._switch("")
+            self.console.print(f"    [dim]{escape(agent)}[/] {escape(line)}", highlight=False)
 
     def _bar(self, done: int, total: int, cache: int, time_ms: float) -> None:
         now = time.monotonic()

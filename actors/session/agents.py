@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,10 @@ from actors.wire.fieldchecks import parse_json
 if TYPE_CHECKING:
     from actors.session.turn import Runtime
 
-__all__ = ["AGENT", "AGENT_TOOL", "Tree", "TurnAgents", "agent_tool", "without_agent"]
+__all__ = [
+    "AGENT", "AGENT_TOOL", "Tree", "TurnAgents", "agent_tool", "parent_of", "under_parents",
+    "without_agent",
+]  # fmt: skip
 
 AGENT = "agent"
 CONTEXTS = ("fresh", "fork")
@@ -478,3 +481,40 @@ def _tokens(records: Sequence[Record], link: AgentLink) -> int:
 def _stop(proxy: Any) -> None:
     with contextlib.suppress(Exception):  # stopped already, or busy: it stops when done
         proxy.actor_ref.stop(timeout=_STOP_S)
+
+
+# --- the listing: a child under its parent -----------------------------------------------------
+
+
+def parent_of(name: str, records: Sequence[Record]) -> str:
+    """The session that made ``name`` an agent ("" when none): its own link record says."""
+    return next((r.parent for r in records if isinstance(r, AgentLink) and r.child == name), "")
+
+
+def under_parents(logs: Mapping[str, Sequence[Record]]) -> list[tuple[str, int]]:
+    """The sessions of ``logs`` (name -> records) in order, each child right under its
+    parent, with its depth (0: no parent among them), for ``loopd sessions``."""
+    children: dict[str, list[str]] = {}
+    roots = []
+    for name in sorted(logs):
+        parent = parent_of(name, logs[name])
+        if parent in logs and parent != name:
+            children.setdefault(parent, []).append(name)
+        else:
+            roots.append(name)
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+
+    def walk(name: str, depth: int) -> None:
+        if name in seen:  # a link loop (hand-made logs): each once
+            return
+        seen.add(name)
+        out.append((name, depth))
+        for child in children.get(name, []):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 0)
+    for name in sorted(logs):  # only in a loop: listed all the same
+        walk(name, 0)
+    return out

@@ -261,3 +261,27 @@ def test_time_left_is_said_once_the_rate_is_known() -> None:
     assert time_left(1000, 3000, 60.0) == "about 3 min left"
     assert time_left(4000, 10, 1.0) == "under a second left"
     assert time_left(1000, 0, 2.0) == ""  # done
+
+
+def test_a_child_agent_is_shown_indented_under_its_name() -> None:
+    shown = _shown(
+        ev.AgentStarted(agent="s.a1", task="read a.txt", context="fresh"),
+        ev.AgentEvent("s.a1", ev.Content("not streamed")),
+        ev.AgentEvent("s.a1", ev.ToolCallStarted("read_file", 1, '{"path": "a.txt"}')),
+        ev.AgentEvent("s.a1", ev.ToolResultEvent("read_file", 1, "public", False, "result")),
+        ev.AgentDone(agent="s.a1", ok=True, tokens=12, seconds=1.25),
+    )
+    assert shown.splitlines() == [
+        "⇉ agent s.a1 (fresh): read a.txt",
+        '    s.a1 → read_file {"path": "a.txt"}',
+        "    s.a1 ← read_file: result, public",
+        "  ⇇ agent s.a1: answered (12 tokens, 1.2 s)",
+    ]
+    assert "not streamed" not in shown
+    line = ev.to_json(ev.AgentEvent("s.a1", ev.Content("x")))
+    assert line == {"event": "content", "text": "x", "agent": "s.a1"}
+
+
+def test_an_agent_link_has_a_readable_line() -> None:
+    link = rec.AgentLink(parent="s", child="s.a1", task="read a.txt", context="fork", time=WHEN)
+    assert describe(link) == "agent: session s handed session s.a1 a task (fork): read a.txt"

@@ -26,6 +26,7 @@ from actors.base.events import (
     ToolCallStarted,
     to_json,
 )
+from actors.cli.main import main
 from actors.inference.actor import Inference
 from actors.log.file import SessionLog, read_records
 from actors.log.records import AgentLink, Record, ToolResult, User
@@ -190,6 +191,27 @@ def test_two_children_run_at_once_and_both_answers_reach_the_parent(
     tagged = [e for e in r.events if isinstance(e, AgentEvent)]
     assert {e.agent for e in tagged} == {"s.a1", "s.a2"}
     assert to_json(tagged[0])["agent"] in ("s.a1", "s.a2")
+
+
+def test_loopd_sessions_lists_children_under_their_parent_and_log_show_reads_them(
+        agents: Callable[..., AgentRig], tmp_path: Path, capsys: Any) -> None:
+    r = agents(parent_then([agent_call("a"), agent_call("b")], lambda body: answer("ok")))
+    r.turn()
+    (tmp_path / "other").mkdir()
+    SessionLog.open(session_path(r.config, "r"), fsync="never", baseline=baseline(),
+                    name="r")[0].close()
+    config = tmp_path / "loopd.toml"
+    config.write_text(f'[log]\ndir = "{r.config.log_dir}"\n')
+    capsys.readouterr()
+    assert main(["sessions", "--config", str(config)]) == 0
+    names = [line.split("  ")[0] if not line.startswith(" ") else "  " + line.split()[0]
+             for line in capsys.readouterr().out.splitlines()]
+    assert names == ["r", "s", "  s.a1", "  s.a2"]
+    assert main(["sessions", "--json", "--config", str(config)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row.get("parent", "") for row in rows] == ["", "", "s", "s"]
+    assert main(["log", "show", "s.a1", "--config", str(config)]) == 0
+    assert "agent: session s handed session s.a1 a task (fresh): a" in capsys.readouterr().out
 
 
 def test_a_second_turn_names_its_children_after_the_first_ones(
