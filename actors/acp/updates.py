@@ -17,6 +17,9 @@ repeated call, calls per response)     message in ``_meta.loopd.limit``)
 ``Used`` (a model request logged)      ``usage_update``: ``used`` its prompt and response
                                        tokens, ``size`` the slot's context;
                                        ``_meta.loopd`` the cached and processed tokens
+an agent's (``AgentEvent``) call,      the same, its id ``CHILD:N`` (the child session's
+result or allow                        name and its call); its text is its answer, the
+                                       parent's call result (docs/agents.md)
 ``Cancelled``                          stop reason ``cancelled``
 any other ``LoopdError``               a JSON-RPC error: loopd's one-line message
 =====================================  ==============================================
@@ -150,24 +153,29 @@ class TurnView:
         self.size = size  # tokens of context the session's slot holds (0: not known)
         self.open: list[str] = []
 
-    def event(self, event: ev.Event) -> list[Update]:
+    def event(self, event: ev.Event, prefix: str = "") -> list[Update]:
+        """``prefix``: a child agent's calls' ids start with its name (the parent's are bare)."""
         match event:
+            case ev.AgentEvent(agent=agent, event=inner) if isinstance(
+                    inner, ev.ToolCallStarted | ev.ToolResultEvent | ev.ApprovalDecided):
+                return self.event(inner, f"{agent}:")
             case ev.Content(text=text) if text:
                 return [update_agent_message_text(text)]
             case ev.Reasoning(text=text) if text:
                 return [update_agent_thought_text(text)]
             case ev.ToolCallStarted(name=name, call=call, arguments=arguments):
-                self.open.append(str(call))
-                return [tool_call(str(call), name, arguments, self.workspace)]
+                self.open.append(f"{prefix}{call}")
+                return [tool_call(f"{prefix}{call}", name, arguments, self.workspace)]
             case ev.ApprovalDecided(call=call, decision="allow"):
-                return [update_tool_call(str(call), status="in_progress")]
+                return [update_tool_call(f"{prefix}{call}", status="in_progress")]
             case ev.Used():
                 return [usage(event, self.size)]
             case ev.ToolResultEvent(call=call, outcome=outcome, content=text, class_=cls):
-                if str(call) in self.open:
-                    self.open.remove(str(call))
+                if f"{prefix}{call}" in self.open:
+                    self.open.remove(f"{prefix}{call}")
                 shown = text if cls != "secret" else f"(a secret result: {len(text)} characters)"
-                return [_finished(str(call), shown, outcome in ("failed", "denied", "invalid"))]
+                return [_finished(f"{prefix}{call}", shown,
+                                  outcome in ("failed", "denied", "invalid"))]
         return []
 
     def end(self, why: str) -> list[Update]:

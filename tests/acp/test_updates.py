@@ -110,6 +110,21 @@ def test_a_turn_s_events_and_the_calls_its_end_closes() -> None:
     assert view.end("again") == []
 
 
+def test_a_child_agent_s_calls_are_tool_calls_of_their_own() -> None:
+    view = up.TurnView(WS)
+    view.event(ev.ToolCallStarted(name="agent", call=3, arguments='{"task": "read a"}'))
+    assert view.event(ev.AgentEvent("s.a1", ev.Content("not the parent's answer"))) == []
+    (start,) = view.event(ev.AgentEvent("s.a1", ev.ToolCallStarted(
+        name="read_file", call=3, arguments='{"path": "a"}')))
+    assert isinstance(start, ToolCallStart) and start.tool_call_id == "s.a1:3"
+    (done,) = view.event(ev.AgentEvent("s.a1", ev.ToolResultEvent(
+        name="read_file", call=3, class_="public", truncated=False, outcome="result",
+        content="a")))
+    assert isinstance(done, ToolCallProgress) and done.tool_call_id == "s.a1:3"
+    (closed,) = view.end("cancelled")
+    assert closed.tool_call_id == "3"  # the parent's agent call, still open
+
+
 def test_a_call_waiting_for_approval_asks_with_loopd_s_decisions() -> None:
     request = ev.ApprovalRequested(call=3, tool="run_command",
                                    arguments='{"command": "rm -rf build"}',

@@ -28,8 +28,17 @@ from actors.base.events import (
 )
 from actors.cli.main import main
 from actors.inference.actor import Inference
+from actors.inference.slots.keeper import KeeperSettings, ServerSpec
 from actors.log.file import SessionLog, read_records
-from actors.log.records import AgentLink, Record, ToolResult, User
+from actors.log.records import (
+    AgentLink,
+    CacheLoss,
+    Record,
+    SlotState,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.log.sessiondir import list_sessions, session_path
 from actors.session.agents import AGENT, agent_tool
 from actors.session.limits import result_failed
@@ -98,13 +107,23 @@ class AgentRig:
     """A parent session ``s`` offering the agent tool, a fake server with two slots."""
 
     def __init__(self, tmp_path: Path, script: Script, registry: Registry | None = None,
-                 agents: dict[str, Any] | None = None, **loop: Any) -> None:
-        self.fake = FakeLlama(script, props={"total_slots": 2}).start()
+                 agents: dict[str, Any] | None = None, warm: bool = False, **loop: Any
+                 ) -> None:
+        """``warm``: the server saves and restores KV state (the keeper's warm start on)."""
+        save = tmp_path / "save"
+        save.mkdir(parents=True)
+        self.fake = FakeLlama(script, props={"total_slots": 2},
+                              save_dir=save if warm else None).start()
         config = make_config(tmp_path, self.fake.url, **loop)
-        self.config: Config = config.replace("agents", enabled=True, **(agents or {}))
+        config = config.replace("agents", enabled=True, **(agents or {}))
+        self.config: Config = config.replace("slots", save_dir=str(save) if warm else "")
         self.log, _ = SessionLog.open(session_path(self.config, "s"), fsync="never",
                                       baseline=baseline((*META_TOOLS, agent_tool())), name="s")
-        self.inference = Inference.start(self.config.inference)
+        keeper = KeeperSettings(log_dir=self.config.log_dir, meta_dir=tmp_path / "meta",
+                                warm_start=True, save_after_turn=False)
+        self.inference = Inference.start(
+            self.config.inference, servers=[ServerSpec(self.fake.url, save if warm else None)],
+            keeper=keeper)
         self.runtime = Runtime(config=self.config, inference=self.inference,
                                registry=registry or Registry([ScriptedPort()]))
         self.events: list[Event] = []
@@ -254,6 +273,55 @@ def test_max_parallel_one_runs_the_children_one_after_the_other(
     assert r.turn().content == "done"
     assert [x.content for x in r.results()] == ["ok", "ok", "ok"]
     assert most[0] == 1
+
+
+# --- warm: a child's first request processes only its task ----------------------------------
+
+
+def first_usage(records: tuple[Record, ...]) -> Usage:
+    return next(r for r in records if isinstance(r, Usage))
+
+
+def test_fresh_children_start_from_the_saved_baseline(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("read a.txt"), agent_call("read b.txt")],
+                           lambda body: answer("read")), warm=True)
+    r.turn()  # the first child of this baseline processes it once and saves it
+    prefills = len(r.fake.prefills)
+    r.turn()
+    assert len(r.fake.prefills) == prefills  # no baseline processed again
+    task = len("<|user|>read a.txt<|end|><|assistant|>") // 4 + 1  # the fake's tokens
+    for name in ("s.a3", "s.a4"):
+        usage = first_usage(r.child(name))
+        assert usage.timings["prompt_n"] <= task, (name, usage.timings)
+        assert usage.timings["cache_n"] > 0  # the baseline, restored or kept in its slot
+        assert not [x for x in r.child(name) if isinstance(x, CacheLoss)]
+    assert [x.content for x in r.results()] == ["read"] * 4
+
+
+def test_a_forked_child_starts_from_the_parent_state(agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("go on", "fork")], lambda body: answer("went on")),
+               warm=True)
+    r.turn()
+    usage = first_usage([x for x in r.child("s.a1")][_after_link(r.child("s.a1")):])
+    parent = first_usage(r.log.records)
+    assert usage.slot is not None and usage.slot.state is SlotState.RESTORED
+    # all the parent had processed is reused: only the pending call's result and the task not
+    assert usage.timings["cache_n"] >= parent.prompt_tokens + parent.completion_tokens
+    assert usage.timings["prompt_n"] < parent.prompt_tokens
+    assert not [x for x in r.child("s.a1") if isinstance(x, CacheLoss)]
+
+
+def test_a_child_with_no_state_to_start_from_says_why_and_still_runs(
+        agents: Callable[..., AgentRig]) -> None:
+    r = agents(parent_then([agent_call("go on", "fork")], lambda body: answer("went on")))
+    assert r.turn().content == "done"
+    losses = [x for x in r.child("s.a1") if isinstance(x, CacheLoss)]
+    assert len(losses) == 1 and losses[0].cause
+    assert r.results()[0].content == "went on"
+
+
+def _after_link(records: tuple[Record, ...]) -> int:
+    return max(i for i, x in enumerate(records) if isinstance(x, AgentLink)) + 1
 
 
 # --- one budget ------------------------------------------------------------------------------
