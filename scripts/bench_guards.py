@@ -38,7 +38,7 @@ from rich.console import Console
 from actors.approval.rulesfile import RuleStore, load_rules
 from actors.base.command_line import split_words
 from actors.base.rules import RuleBook, protected, verdict
-from actors.cli.view import SafeConsole, visible
+from actors.cli.terminal import SafeConsole, visible
 from actors.session.smallmodel.grammar import build_grammar, cached_grammar
 from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.protocol.workspace import Workspace

@@ -29,18 +29,8 @@ from actors.cli.chat import Chat, line_reader, run_chat
 from actors.cli.chat_commands import COMMANDS
 from actors.cli.conversation import open_conversation
 from actors.cli.fullness import size_note, ways_on
-from actors.cli.view import (
-    JsonView,
-    LiveView,
-    ReaderGone,
-    SafeConsole,
-    describe,
-    json_line,
-    quiet,
-    summary,
-    torn_tail_left,
-    visible,
-)
+from actors.cli.terminal import ReaderGone, SafeConsole, json_line, quiet, visible
+from actors.cli.view import JsonView, LiveView, describe, summary, torn_tail_left
 from actors.log.file import read_log
 from actors.log.records import Compaction, Forked, Rewind, User, kind_of, to_json
 from actors.log.sessiondir import kept_workspace, list_sessions, session_path
@@ -366,7 +356,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
 
 
 class _VisibleFormatter(logging.Formatter):
-    """A log line on the terminal with its control characters shown (view.visible)."""
+    """A log line on the terminal with its control characters shown (terminal.visible)."""
 
     def format(self, record: logging.LogRecord) -> str:
         return visible(super().format(record))

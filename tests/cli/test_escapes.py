@@ -19,7 +19,7 @@ from rich.text import Text
 
 from actors.base.events import ApprovalRequested
 from actors.cli.approvers import TerminalApprover
-from actors.cli.view import SafeConsole, json_line, visible
+from actors.cli.terminal import SafeConsole, json_line, visible
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.fake_llama import FakeLlama, Reply, answer, http_error
 from tests.tools.hostkit import short_dir
