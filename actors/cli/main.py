@@ -44,6 +44,10 @@ OK, CANCELLED = 0, 130
 _STOP_WAIT_S = 120  # `loopd stop`: turns wind down, KV state is saved, hosts stop
 
 
+_LOCAL = ("run in this process even when a daemon (loopd serve) answers (--url, --workspace "
+          "and --log-dir do this too)")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="TOML config file (default: $LOOPD_CONFIG or built-in)")
@@ -54,8 +58,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loopd", description="Conversations with a local model.")
     p.add_argument("--version", action="version", version=f"loopd {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    local = ("run in this process even when a daemon (loopd serve) answers (--url, "
-             "--workspace and --log-dir do this too)")
+    _conversation_commands(sub, common)
+    _daemon_commands(sub, common)
+    _session_commands(sub, common)
+    sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
+    sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
+    return p
+
+
+def _conversation_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``chat`` and ``run``: a turn, or turns, with the model."""
     approve = argparse.ArgumentParser(add_help=False)
     approve.add_argument(
         "--approve", action="append", default=[], metavar="TOOL[:PREFIX]",
@@ -65,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", parents=[common, approve],
                           help="talk with the model, turn by turn")
     chat.add_argument("--session", default="default", help="session name (default: default)")
-    chat.add_argument("--local", action="store_true", help=local)
+    chat.add_argument("--local", action="store_true", help=_LOCAL)
     chat.set_defaults(usage=chat)
     run = sub.add_parser("run", parents=[common, approve],
                          help="one turn: the answer on stdout")
@@ -74,8 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true",
                      help="print the events as JSON lines; approvals are answered with a JSON "
                      'line on stdin, e.g. {"decision": "once"}')
-    run.add_argument("--local", action="store_true", help=local)
+    run.add_argument("--local", action="store_true", help=_LOCAL)
     run.set_defaults(usage=run)
+
+
+def _daemon_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``serve``, ``acp``, ``status`` and ``stop``: the processes that serve sessions."""
     serve = sub.add_parser("serve", parents=[common], help="run the daemon: sessions stay warm")
     serve.add_argument("--detach", action="store_true", help="run it in the background")
     serve.set_defaults(usage=serve)
@@ -84,12 +100,16 @@ def _parser() -> argparse.ArgumentParser:
         help="an Agent Client Protocol agent on stdin/stdout, for editors (Zed, JetBrains, "
         "Neovim): see the README",
     )  # fmt: skip
-    acp.add_argument("--local", action="store_true", help=local)
+    acp.add_argument("--local", action="store_true", help=_LOCAL)
     acp.set_defaults(usage=acp)
     status = sub.add_parser("status", parents=[common], help="what the daemon is doing")
     status.set_defaults(usage=status)
     stop = sub.add_parser("stop", parents=[common], help="stop the daemon")
     stop.set_defaults(usage=stop)
+
+
+def _session_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``sessions`` (``rm``, ``fork``), ``rewind``, ``compact`` and ``log show``."""
     sessions = sub.add_parser("sessions", parents=[common], help="list the sessions")
     sessions.set_defaults(usage=sessions)
     sessions.add_argument("--json", action="store_true",
@@ -110,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument("--at", type=int, metavar="TURN",
                       help="fork after this turn of the source (turn N: its N-th message; "
                       "default: all of it; loopd log show numbers them)")
-    fork.add_argument("--local", action="store_true", help=local)
+    fork.add_argument("--local", action="store_true", help=_LOCAL)
     fork.set_defaults(usage=fork)
     rewind = sub.add_parser(
         "rewind", parents=[common],
@@ -119,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     rewind.add_argument("session")
     rewind.add_argument("--turns", type=int, default=1, help="how many (default: 1)")
-    rewind.add_argument("--local", action="store_true", help=local)
+    rewind.add_argument("--local", action="store_true", help=_LOCAL)
     rewind.set_defaults(usage=rewind)
     compact_ = sub.add_parser(
         "compact", parents=[common],
@@ -127,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
         "keeps every record; session.compaction says how)",
     )  # fmt: skip
     compact_.add_argument("session")
-    compact_.add_argument("--local", action="store_true", help=local)
+    compact_.add_argument("--local", action="store_true", help=_LOCAL)
     compact_.set_defaults(usage=compact_, approve=[])
     log = sub.add_parser("log", help="read a session's log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
@@ -135,9 +155,6 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("session")
     show.add_argument("--json", action="store_true", help="one JSON object per record")
     show.set_defaults(usage=show)
-    sub.add_parser("toolhost", help="run a tool host (see: loopd toolhost --help)", add_help=False)
-    sub.add_parser("keys", help="make a CURVE key pair (see: loopd keys --help)", add_help=False)
-    return p
 
 
 def _version() -> str:
