@@ -11,7 +11,10 @@ the bottom up (docs/architecture.md draws the same picture):
   tools never reaches a session, a log, inference, approval, the daemon or pykka;
 - ``log``: the records and their file; ``inference``: the model server's side;
   ``tools`` (port, registry, search, toolbox): the session process's side of the tool wire;
-  ``approval``: the gate and the rules file; ``session``: the actor, the turn, the world;
+  ``approval``: the gate and the rules file; ``session``: the actor, the turn, the world
+  (and the session service's result types, which the turn makes); ``session.smallmodel``:
+  what helps a small model, which the turn asks and which asks nothing of the session, the
+  model server, the gate or the tool host's code back;
 - ``daemon`` (``protocol``, ``address``, ``client``): what a client of ``loopd serve`` runs.
   It reaches the records (a client reads a log) but never the log file, a session, the
   turn, inference, the tool port or pykka: a ``loopd run`` that finds a daemon loads none
