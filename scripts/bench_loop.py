@@ -18,7 +18,9 @@ same machine state:
 
 Each is timed per turn and divided by its two model calls; p50s are reported, with ratios
 to both floors (goal: loopd's ``run_turn`` at most 1.15x the decoding floor) and loopd
-against the SDK (goal: under 0.3x).
+against the SDK (goal: under 0.3x). The CPU time of this process (every thread: the actors'
+too) per model call is reported beside, as a ratio to the decoding floor's: on a machine
+loaded by other programs the wall times carry their turns on the CPU, the CPU times do not.
 
 The main run pins this process to the first CPU and the server to the last (`_pinned`), as
 a real llama-server has hardware of its own: every variant then pays its own CPU time and
@@ -34,6 +36,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -116,10 +119,14 @@ def _actor_turn(session: Any, runtime: Runtime) -> None:
     session.turn(runtime, MESSAGE, _sink).get(timeout=60)
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall time, and CPU time of this whole process (every thread; the server is another)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return wall, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
 
 
 @contextlib.contextmanager
@@ -275,8 +282,9 @@ def _measure(url: str, logs: _Logs, *, rounds: int, sdk: bool) -> dict[str, floa
                         log.close()
                     session.actor_ref.stop(timeout=10)
                 if i >= WARMUP:
-                    for k, v in sample.items():
-                        times.setdefault(k, []).append(v / 2)  # two model calls per turn
+                    for k, (wall, cpu) in sample.items():
+                        times.setdefault(k, []).append(wall / 2)  # two model calls per turn
+                        times.setdefault(f"cpu {k}", []).append(cpu / 2)
     finally:
         bare.close()
         llama.close()
@@ -313,6 +321,7 @@ def _rows(p50: dict[str, float], loose: dict[str, float], *, pinned: bool) -> li
         {"name": "loopd overhead over the floor (fsync never)",
          "value": (p50["never"] - floor_ms) * 1000, "unit": "us/call"},
         *_sdk_rows(p50, floor_ms),
+        *_cpu_rows(p50),
         {"name": "unpinned: bare httpx stream, per model call p50", "value": loose["floor"],
          "unit": "ms", "note": "the scheduler places server and client as it likes"},
         {"name": "unpinned: decoding floor", "value": loose["decoding"], "unit": "ms",
@@ -322,6 +331,21 @@ def _rows(p50: dict[str, float], loose: dict[str, float], *, pinned: bool) -> li
         {"name": "unpinned: loopd run_turn (fsync never)", "value": loose["never"], "unit": "ms",
          "ratio": loose["never"] / loose["floor"], "note": "swings run to run, see the docstring"},
     ]  # fmt: skip
+
+
+def _cpu_rows(p50: dict[str, float]) -> list[dict[str, Any]]:
+    """CPU time per model call, this process's every thread: what a loaded machine's wall
+    times hide (another program's turn on the CPU counts in wall time, not here)."""
+    decoding = p50["cpu decoding"]
+    rows = [{"name": "CPU: decoding floor, per model call p50", "value": decoding * 1000,
+             "unit": "us", "note": "getrusage of this process (the server is another)"}]
+    for key, name in (("client", "LlamaClient.chat alone"), ("inference", "Inference.complete"),
+                      ("never", "loopd run_turn (fsync never)")):
+        cpu = p50[f"cpu {key}"]
+        rows.append({"name": f"CPU: {name}, per model call p50", "value": cpu * 1000,
+                     "unit": "us", "ratio": cpu / decoding,
+                     "note": "ratio to the decoding floor's CPU"})
+    return rows
 
 
 def _sdk_rows(p50: dict[str, float], floor_ms: float) -> list[dict[str, Any]]:
