@@ -51,16 +51,19 @@ from typing import Any
 from acp import PROTOCOL_VERSION, RequestError
 from acp.interfaces import Client
 from acp.schema import (
+    AcpMcpServer,
     AgentCapabilities,
     CloseSessionResponse,
     DeleteSessionResponse,
     DeniedOutcome,
     ForkSessionResponse,
+    HttpMcpServer,
     Implementation,
     InitializeResponse,
     ListSessionsResponse,
     LoadSessionResponse,
     McpCapabilities,
+    McpServerStdio,
     NewSessionResponse,
     PromptCapabilities,
     PromptResponse,
@@ -72,6 +75,7 @@ from acp.schema import (
     SessionInfo,
     SessionListCapabilities,
     SessionResumeCapabilities,
+    SseMcpServer,
 )
 
 from actors.acp import updates as up
@@ -81,7 +85,7 @@ from actors.base.errors import LoopdError, SessionError
 from actors.base.events import ApprovalRequested, Choice, Compacted, Compacting, Decision, Event
 from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
 from actors.service.choose import choose
-from actors.service.types import SessionService, TurnOutcome
+from actors.service.types import McpServer, Opened, SessionService, TurnOutcome
 from actors.session.workspace import other_workspace
 
 __all__ = ["LoopdAgent"]
@@ -190,7 +194,11 @@ class LoopdAgent:
 
     def saw(self, message: dict[str, Any]) -> None:
         """A message as it came (before the SDK's types): ``initialize``'s
-        ``clientCapabilities.session.compaction``, which the pinned SDK has no field for."""
+        ``clientCapabilities.session.compaction``, which the pinned SDK has no field for; an
+        MCP server of a transport ACP does not name (:func:`mark_transports`)."""
+        if message.get("method") in ("session/new", "session/load", "session/resume",
+                                     "session/fork"):
+            mark_transports(message)
         if message.get("method") != "initialize":
             return
         params = message.get("params")
@@ -208,7 +216,7 @@ class LoopdAgent:
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False,
                                                        embedded_context=False),
-                mcp_capabilities=McpCapabilities(http=False, sse=False, acp=False),
+                mcp_capabilities=McpCapabilities(http=True, sse=False, acp=False),
                 session_capabilities=SessionCapabilities(
                     list=SessionListCapabilities(), fork=SessionForkCapabilities(),
                     resume=SessionResumeCapabilities(), close=SessionCloseCapabilities(),
@@ -222,13 +230,14 @@ class LoopdAgent:
                           **_: Any) -> NewSessionResponse:
         async with self._handling():
             backend = await self._backend(cwd)
+            servers, refused = _servers(mcp_servers)
             for _attempt in range(5):
                 name = _new_name()
-                opened = await self._call(backend.open, name, True)
+                opened = await self._call(backend.open, name, True, servers)
                 if opened.created:
                     self.sessions[name] = _Session(name, size=opened.context)
-                    return NewSessionResponse(session_id=name,
-                                              field_meta=self._mcp_note(mcp_servers))
+                    return NewSessionResponse(session_id=name, field_meta=self._mcp_meta(
+                        name, mcp_servers, opened, refused))
             raise _invalid("could not find a free session name; try again")
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
@@ -237,16 +246,12 @@ class LoopdAgent:
             name = _name(session_id)
             backend = await self._backend(cwd)
             await self._known(name, backend)  # as resume: another workspace's is refused
-            if name not in self.sessions:
-                opened = await self._call(backend.open, name, False)
-                if opened.cut_bytes:
-                    self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes, "
-                             "a write a crash interrupted) was cut; every whole record is kept")
-                self.sessions[name] = _Session(name, size=opened.context)
+            opened, refused = await self._open(backend, name, mcp_servers)
             records = await self._call(backend.records, name)
             for update in up.history(records, backend.workspace):
                 await self._client().session_update(session_id=name, update=update)
-            return LoadSessionResponse(field_meta=self._mcp_note(mcp_servers))
+            return LoadSessionResponse(field_meta=self._mcp_meta(name, mcp_servers, opened,
+                                                                 refused))
 
     async def resume_session(self, cwd: str, session_id: str, mcp_servers: Any = None,
                              **_: Any) -> ResumeSessionResponse:
@@ -256,13 +261,9 @@ class LoopdAgent:
             name = _name(session_id)
             backend = await self._backend(cwd)
             await self._known(name, backend)
-            if name not in self.sessions:
-                opened = await self._call(backend.open, name, False)
-                if opened.cut_bytes:
-                    self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes) "
-                             "was cut; every whole record is kept")
-                self.sessions[name] = _Session(name, size=opened.context)
-            return ResumeSessionResponse(field_meta=self._mcp_note(mcp_servers))
+            opened, refused = await self._open(backend, name, mcp_servers)
+            return ResumeSessionResponse(field_meta=self._mcp_meta(name, mcp_servers, opened,
+                                                                   refused))
 
     async def close_session(self, session_id: str, **_: Any) -> CloseSessionResponse:
         """Its turn cancelled and waited for, then detached: its log and KV state stay, and
@@ -316,14 +317,13 @@ class LoopdAgent:
             else:
                 raise _invalid("could not find a free session name; try again")
             forked = await self._call(backend.fork, source, name, at)
-            opened = await self._call(backend.open, name, False)
-            self.sessions[name] = _Session(name, size=opened.context)
+            opened, refused = await self._open(backend, name, mcp_servers)
             self.say(f"session {name}: forked from {source} at turn {forked.at}"
                      + (f", from its KV state ({forked.state_tokens:,} tokens)"
                         if forked.state_tokens else " (it had no saved KV state)"))
             meta = up.loopd_meta(forkedFrom=source, atTurn=forked.at,
                                  stateTokens=forked.state_tokens)
-            note = self._mcp_note(mcp_servers)
+            note = self._mcp_meta(name, mcp_servers, opened, refused)
             if note is not None:
                 meta["loopd"].update(note["loopd"])
             return ForkSessionResponse(session_id=name, field_meta=meta)
@@ -466,16 +466,46 @@ class LoopdAgent:
 
     # --- plumbing ----------------------------------------------------------------------
 
-    def _mcp_note(self, servers: Any) -> dict[str, Any] | None:
-        """MCP servers an editor passes are not connected (loopd's come from its config):
-        said on stderr and in the answer's ``_meta``, not silently dropped."""
-        if not servers:
+    async def _open(self, backend: SessionService, name: str,
+                    mcp_servers: Any) -> tuple[Opened, list[str]]:
+        """Open ``name`` (load, resume) with the client's servers, which replace those it had
+        open here; (what opening said, the servers refused before any started)."""
+        servers, refused = _servers(mcp_servers)
+        opened: Opened = await self._call(backend.open, name, False, servers)
+        if opened.cut_bytes:
+            self.say(f"session {name}: a torn last record ({opened.cut_bytes} bytes, a write "
+                     "a crash interrupted) was cut; every whole record is kept")
+        if name not in self.sessions:
+            self.sessions[name] = _Session(name, size=opened.context)
+        return opened, refused
+
+    def _mcp_meta(self, name: str, given: Any, opened: Opened,
+                  refused: list[str]) -> dict[str, Any] | None:
+        """The client's MCP servers as the answer's ``_meta.loopd.mcpServers``: those started,
+        their tools, and a note per problem (each said on stderr, and as an agent message
+        right after the answer: :meth:`following`)."""
+        if not given:
             return None
-        names = [getattr(s, "name", "?") for s in servers]
-        why = ("loopd connects only the MCP servers of its config ([[tools.hosts]] kind = "
-               '"mcp"), started once for every session')
-        self.say(f"not connecting the editor's MCP servers {', '.join(names)}: {why}")
-        return up.loopd_meta(ignoredMcpServers=names, why=why)
+        notes = [*refused, *opened.notes]
+        for note in notes:
+            self.say(f"session {name}: {note}")
+        return up.loopd_meta(mcpServers={"session": name, "started": list(opened.servers),
+                                         "tools": list(opened.tools), "notes": notes})
+
+    def following(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """What to send right after ``message`` goes out: a session's MCP server notes, as
+        agent messages once the client knows the session (after session/new's answer)."""
+        result = message.get("result")
+        meta = result.get("_meta") if isinstance(result, dict) else None
+        loopd = meta.get("loopd") if isinstance(meta, dict) else None
+        servers = loopd.get("mcpServers") if isinstance(loopd, dict) else None
+        if not isinstance(servers, dict) or not servers.get("notes"):
+            return []
+        return [{"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": servers["session"], "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": f"loopd: {note}\n"}}}}
+            for note in servers["notes"]]
 
     async def _known(self, name: str, backend: SessionService) -> None:
         """``name`` exists (else -32002) and was made in this workspace (else -32602)."""
@@ -608,6 +638,50 @@ def _at_turn(meta: Any) -> int | None:
         raise _invalid(f"_meta.loopd.atTurn must be a turn number (0: only the session's "
                        f"start), not {at!r}; leave it out to fork the whole session")
     return at
+
+
+# the transports ACP names; one it does not is taken as SSE by main's raw read, marked
+_TRANSPORTS = ("stdio", "http", "sse", "acp")
+_SPEAKS = "loopd starts MCP servers over stdio (a command) or http (a url)"
+
+
+def _servers(given: Any) -> tuple[tuple[McpServer, ...], list[str]]:
+    """The client's ``mcpServers`` as the session service's records, and a note for each
+    one loopd cannot start (a transport it does not speak: SSE, MCP over ACP, or one ACP
+    does not name, which :meth:`LoopdAgent.saw` marks)."""
+    servers: list[McpServer] = []
+    refused: list[str] = []
+    for s in given or ():
+        if isinstance(s, McpServerStdio):
+            servers.append(McpServer(s.name, (s.command, *s.args),
+                                     env=tuple(f"{v.name}={v.value}" for v in s.env)))
+        elif isinstance(s, HttpMcpServer):
+            servers.append(McpServer(s.name, url=s.url,
+                                     headers=tuple(f"{h.name}: {h.value}" for h in s.headers)))
+        else:
+            marked = ((s.field_meta or {}).get("loopd") or {}).get("transport")
+            kind = (marked if isinstance(s, SseMcpServer) and marked
+                    else "sse" if isinstance(s, SseMcpServer)
+                    else "acp" if isinstance(s, AcpMcpServer) else type(s).__name__)
+            refused.append(f"MCP server {getattr(s, 'name', '?')} was not started: its "
+                           f"transport {kind!r} is not one loopd speaks ({_SPEAKS}); give it "
+                           "as one of those in the client's MCP server settings")
+    return tuple(servers), refused
+
+
+def mark_transports(message: dict[str, Any]) -> None:
+    """In a raw session/new|load|resume|fork, an MCP server of a transport ACP does not
+    name, made an SSE one marked with it (``_meta.loopd.transport``): the SDK's types would
+    refuse the whole request, where loopd refuses that server alone (a note)."""
+    params = message.get("params")
+    listed = params.get("mcpServers") if isinstance(params, dict) else None
+    if not isinstance(listed, list):
+        return
+    for i, server in enumerate(listed):
+        kind = server.get("type") if isinstance(server, dict) else None
+        if kind is not None and kind not in _TRANSPORTS:
+            listed[i] = {"type": "sse", "name": str(server.get("name", "?")), "url": "",
+                         "headers": [], "_meta": {"loopd": {"transport": str(kind)}}}
 
 
 def _remove(config: Config, name: str) -> None:

@@ -48,7 +48,7 @@ async def _serve(
 ) -> int:
     agent = LoopdAgent(config, local=local, workspace=workspace, say=_say)
     transport = StdioTransport(read_fd, write_fd, on_end=agent.wind_down,
-                               on_message=agent.saw)
+                               on_message=agent.saw, following=agent.following)
     agent.notify = transport.send  # what the pinned SDK cannot express (compaction updates)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -180,9 +180,12 @@ class StdioTransport:
         self, read_fd: int, write_fd: int, *, limit: int = MAX_MESSAGE_BYTES,
         on_end: Callable[[], Awaitable[None]] | None = None,
         on_message: Callable[[dict[str, Any]], None] = lambda _: None,
+        following: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda _: [],
     ) -> None:  # fmt: skip
         self.read_fd, self.write_fd, self.limit, self.on_end = read_fd, write_fd, limit, on_end
         self.on_message = on_message  # sees each message first (what the SDK's types drop)
+        # the messages to write right after one (notices of a session the answer names)
+        self.following = following
         self._loop = asyncio.get_running_loop()
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, "loopd-acp-stdout")
@@ -261,11 +264,16 @@ class StdioTransport:
     async def send(self, message: dict[str, Any]) -> None:
         if self._closed:
             raise ConnectionError("stdout is closed")
+        writes = [self._write(m) for m in (message, *self.following(message))]
+        await asyncio.gather(*writes)
+
+    def _write(self, message: dict[str, Any]) -> asyncio.Future[None]:
+        """``message`` queued for the one writer thread: written in the order queued."""
         data = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
         write = self._loop.run_in_executor(self._writer, write_all, self.write_fd, data)
         self._writes.add(write)
         write.add_done_callback(self._writes.discard)
-        await write
+        return write
 
     async def drain(self) -> None:
         """Wait (up to a limit) for every message sent so far to be written."""

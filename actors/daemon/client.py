@@ -46,7 +46,14 @@ from actors.daemon.address import endpoint as daemon_endpoint
 from actors.daemon.address import not_private, runtime_dir
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
-from actors.service.types import CompactReport, Forked, Opened, Rewound, TurnOutcome
+from actors.service.types import (
+    CompactReport,
+    Forked,
+    McpServer,
+    Opened,
+    Rewound,
+    TurnOutcome,
+)
 from actors.wire.loop import Heartbeat, Loop
 from actors.wire.peer_guard import new_routing_id
 
@@ -142,9 +149,11 @@ class Client:
         the wire, whatever its message (actors.service.remote)."""
         return p.result(kind, self._ask(request, p.REPLIES[kind]))
 
-    def open(self, session: str, create: bool = True) -> Opened:
-        """Attach ``session`` to this client (created when missing and ``create``)."""
-        return self.call(lambda rid: p.Open(rid, session, create), Opened)
+    def open(self, session: str, create: bool = True,
+             servers: tuple[McpServer, ...] = ()) -> Opened:
+        """Attach ``session`` to this client (created when missing and ``create``), with
+        ``servers``, its own MCP servers, started in the daemon."""
+        return self.call(lambda rid: p.Open(rid, session, create, servers), Opened)
 
     def close_session(self, session: str) -> None:
         self._ask(lambda rid: p.Close(rid, session), p.Ok)

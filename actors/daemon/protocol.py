@@ -48,7 +48,9 @@ kind            fields                                         answer
 ``ping``        (none)                                         ``pong``
 ``bye``         (none): the client leaves (its turns are       (none)
                 cancelled, its sessions detached)
-``open``        ``id``, ``session`` text, ``create`` bool      ``opened``
+``open``        ``id``, ``session`` text, ``create`` bool,     ``opened``
+                ``servers`` list of maps (the session's own
+                MCP servers, below)
 ``close``       ``id``, ``session``                            ``ok``
 ``turn``        ``id``, ``session``, ``text``, ``approve``     ``event``... then ``done``
                 list of text (allow rules for this turn
@@ -80,7 +82,10 @@ Messages, daemon to client
 - ``opened``: ``id``, ``session``, ``created`` bool, ``records`` int (in its log),
   ``cut_bytes`` int (a torn last record, left by a crash, that opening cut; 0: none. A
   ``turn`` that opens its session sends this as a ``torn_tail`` event instead),
-  ``context`` int (the tokens a slot of the session's model server holds; 0: not known).
+  ``context`` int (the tokens a slot of the session's model server holds; 0: not known),
+  ``servers`` list of text (the session's own MCP servers started), ``tools`` list of text
+  (their tools, by the names the model calls them), ``notes`` list of text (one line per
+  server that did not start, or tool offered under another name: the server and the fix).
 - ``ok``: ``id``.
 - ``event``: ``id`` (of the turn), ``event`` text, ``data`` map: one event of the turn as it
   happens, the same as ``loopd run --json`` prints (``event`` is its name, ``data`` its
@@ -164,7 +169,15 @@ changes only for what an older peer cannot read. Added to version 1:
   when chat came to say how full a session is;
 - ``done.compactions`` (default 0: none), with compaction;
 - ``turn.traceparent`` (default "": the turn's trace starts in the daemon), with traces
-  (docs/telemetry.md): the ``00-TRACEID-SPANID-FLAGS`` of the client's current span.
+  (docs/telemetry.md): the ``00-TRACEID-SPANID-FLAGS`` of the client's current span;
+- ``open.servers`` (default an empty list: none), ``opened.servers`` (default an empty
+  list), ``opened.tools`` (default an empty list) and ``opened.notes`` (default an empty
+  list), with a session's own MCP servers (an editor's, through ``loopd acp``,
+  docs/acp.md): each server a map ``name`` text, ``command`` list of text (stdio), ``env``
+  list of ``NAME=value`` text, ``url`` text (streamable HTTP), ``headers`` list of
+  ``Name: value`` text. They run in the daemon as tool hosts of that session alone,
+  replace those it had (an empty list stops them), and stop when it is closed or its
+  client goes.
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
@@ -242,6 +255,7 @@ class Open:
     id: Natural
     session: str
     create: bool = True
+    servers: tuple[svc.McpServer, ...] = added((), "a session's own MCP servers (loopd acp)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -252,6 +266,9 @@ class Opened:
     records: Natural
     cut_bytes: Natural = added(0, "a torn tail shown through the daemon (9b06d21)")
     context: Natural = added(0, "how full a session is, in chat")
+    servers: tuple[str, ...] = added((), "a session's own MCP servers (loopd acp)")
+    tools: tuple[str, ...] = added((), "a session's own MCP servers (loopd acp)")
+    notes: tuple[str, ...] = added((), "a session's own MCP servers (loopd acp)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

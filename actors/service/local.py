@@ -31,17 +31,27 @@ import pykka
 from actors.approval.rulesfile import RuleStore
 from actors.base import telemetry
 from actors.base.cancel import CancelToken, wait_out
-from actors.base.config import Config
+from actors.base.config import Config, HostConfig
 from actors.base.errors import DaemonError, LimitError, SessionError, SessionInUse, UsageError
 from actors.base.events import Approver, Sink, TornTail
 from actors.base.rules import Rule, RuleBook, parse_rules
 from actors.log.file import read_records
 from actors.log.records import Record, User
 from actors.log.sessiondir import kept_workspace, list_sessions, session_path
-from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState, TurnOutcome
+from actors.service.types import (
+    CompactReport,
+    Forked,
+    McpServer,
+    Opened,
+    Rewound,
+    SessionState,
+    TurnOutcome,
+)
 from actors.session.actor import SessionActor, open_session
 from actors.session.fork import RewindReport, fork_session
 from actors.session.world import World, start_world
+from actors.tools.registry import Registry
+from actors.tools.session_hosts import SessionHosts
 
 __all__ = ["LocalService", "SessionTable", "TurnRules", "Worlds", "remove_session"]
 
@@ -61,6 +71,8 @@ class _Entry:
     busy: bool = False
     release: bool = False  # detach when the running turn ends (its client is gone)
     used: int = 0  # when its client last opened it or ran a turn on it (a count)
+    hosts: SessionHosts | None = None  # its own tool hosts: the client's MCP servers
+    servers: tuple[McpServer, ...] = ()  # what ``hosts`` were started from
 
 
 class Worlds:
@@ -98,6 +110,9 @@ class SessionTable:
         self._lock = threading.RLock()
         self._open: dict[str, _Entry] = {}
         self._closing: dict[str, threading.Event] = {}  # set once the actor has stopped
+        # sessions closed to make room that had MCP servers of their own, and whose: a turn
+        # that opens one again starts them again
+        self._evicted: dict[str, tuple[bytes, tuple[McpServer, ...]]] = {}
 
     def _close(self, entries: list[tuple[str, _Entry]]) -> None:
         """Stop the actors of ``entries`` (already taken out of the table, under the lock);
@@ -110,6 +125,8 @@ class SessionTable:
             for _, entry in entries:
                 if entry.proxy is not None:
                     _stop(entry.proxy)
+                if entry.hosts is not None:  # after its turn: no call of it is left
+                    entry.hosts.close()
         finally:
             with self._lock:
                 for name, _ in entries:
@@ -178,7 +195,10 @@ class SessionTable:
                 f"(daemon.max_sessions_per_client = {self.per_client}); open {name} when one "
                 "ends, or raise the key")
         victim = min(idle)[1]
-        return [(victim, self._open.pop(victim))]
+        entry = self._open.pop(victim)
+        if entry.servers:
+            self._evicted[victim] = (client, entry.servers)
+        return [(victim, entry)]
 
     def begin_turn(self, client: bytes, name: str) -> Proxy:
         """The actor of ``name`` for a turn of ``client`` (who must have it attached)."""
@@ -230,6 +250,47 @@ class SessionTable:
         finally:
             if opened:
                 self.detach(client, name)
+
+    def own_hosts(self, client: bytes, name: str, servers: tuple[McpServer, ...],
+                  start: Callable[[], SessionHosts]) -> SessionHosts | None:
+        """``name``'s own tool hosts from now on (``client`` has it attached): kept when
+        ``servers`` are those it has, else its old ones stopped and ``start()``'s started
+        (none for no servers). Started outside the lock: it takes a server's start-up."""
+        with self._lock:
+            entry = self._open.get(name)
+            if entry is None or entry.client != client or entry.proxy is None:
+                raise UsageError(f"session {name} is not open for this client; open it first")
+            self._evicted.pop(name, None)
+            if entry.servers == servers:
+                return entry.hosts
+            if entry.busy:
+                raise UsageError(f"a turn is running on session {name}; its MCP servers "
+                                 "change when it has ended")
+            old, entry.hosts, entry.servers = entry.hosts, None, ()
+        if old is not None:
+            old.close()
+        hosts = start() if servers else None
+        with self._lock:
+            if self._open.get(name) is entry and entry.hosts is None:
+                entry.hosts, entry.servers = hosts, servers
+                return hosts
+        if hosts is not None:  # closed (or given others) while they started
+            hosts.close()
+        raise UsageError(f"session {name} was closed while its MCP servers started")
+
+    def evicted_servers(self, client: bytes, name: str) -> tuple[McpServer, ...]:
+        """The MCP servers ``name`` had when it was closed to make room for another of
+        ``client``'s sessions (():  none, or it was not)."""
+        with self._lock:
+            kept = self._evicted.get(name)
+            return kept[1] if kept is not None and kept[0] == client else ()
+
+    def registry(self, name: str) -> Registry | None:
+        """The tools of ``name``'s turns when it has hosts of its own (None: the world's)."""
+        with self._lock:
+            entry = self._open.get(name)
+            hosts = entry.hosts if entry is not None else None
+            return hosts.registry if hosts is not None else None
 
     def is_attached(self, client: bytes, name: str) -> bool:
         with self._lock:
@@ -284,6 +345,13 @@ def _stop(proxy: Proxy) -> None:
         pass
     except pykka.Timeout:  # told to stop: it does when its current work ends
         log.warning("a session actor was still busy after %g s; not waiting for it", _STOP_S)
+
+
+def _host_of(server: McpServer) -> tuple[HostConfig, dict[str, str]]:
+    """A client's MCP server as a ``[[tools.hosts]]`` entry, and its stdio server's variables."""
+    env = dict(v.partition("=")[::2] for v in server.env)
+    return HostConfig(name=server.name, kind="mcp", command=server.command, url=server.url,
+                      headers=server.headers), env
 
 
 def remove_session(config: Config, name: str) -> None:
@@ -355,10 +423,20 @@ class LocalService:
     def workspace(self) -> Path:
         return self.config.workspace
 
-    def open(self, name: str, create: bool = True) -> Opened:
+    def open(self, name: str, create: bool = True,
+             servers: tuple[McpServer, ...] = ()) -> Opened:
         created, records, cut = self.table.attach(self.client, name, create)
         context = self.table.worlds.get().runtime.inference.context(name)
-        return Opened(name, created, records, cut, context)
+        hosts = self._own_hosts(name, servers)
+        if hosts is None:
+            return Opened(name, created, records, cut, context)
+        return Opened(name, created, records, cut, context, hosts.started, hosts.tools,
+                      hosts.notes)
+
+    def _own_hosts(self, name: str, servers: tuple[McpServer, ...]) -> SessionHosts | None:
+        shared = self.table.worlds.get().runtime.registry
+        return self.table.own_hosts(self.client, name, servers, lambda: SessionHosts.start(
+            self.config, [_host_of(s) for s in servers], shared))
 
     def records(self, name: str) -> tuple[Record, ...]:
         path = session_path(self.config, name)  # read like `loopd log show` does: a
@@ -380,9 +458,13 @@ class LocalService:
             _, _, cut = self.table.attach(self.client, name, create=True)
             if cut:
                 sink(TornTail(session=name, cut_bytes=cut))
+            if servers := self.table.evicted_servers(self.client, name):
+                self._own_hosts(name, servers)  # closed to make room: its servers again
         proxy = self.table.begin_turn(self.client, name)
         try:
             runtime = self.table.worlds.get().runtime
+            if (own := self.table.registry(name)) is not None:  # its client's MCP servers
+                runtime = dataclasses.replace(runtime, registry=own)
             if approve:
                 runtime = dataclasses.replace(runtime, rules=TurnRules(runtime.rules, approve))
             if parent := telemetry.traceparent():  # the caller's span (a daemon client's)

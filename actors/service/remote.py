@@ -18,7 +18,15 @@ from actors.base.events import Approver, Compacted, Sink
 from actors.daemon import protocol as p
 from actors.daemon.client import Client
 from actors.log.records import Record
-from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState, TurnOutcome
+from actors.service.types import (
+    CompactReport,
+    Forked,
+    McpServer,
+    Opened,
+    Rewound,
+    SessionState,
+    TurnOutcome,
+)
 
 __all__ = ["RemoteService"]
 
@@ -37,8 +45,9 @@ class RemoteService:
     def workspace(self) -> Path:
         return self._workspace
 
-    def open(self, name: str, create: bool = True) -> Opened:
-        return self.client.open(name, create)
+    def open(self, name: str, create: bool = True,
+             servers: tuple[McpServer, ...] = ()) -> Opened:
+        return self.client.open(name, create, servers)  # they run in the daemon
 
     def records(self, name: str) -> tuple[Record, ...]:
         return tuple(self.client.read_log(name))

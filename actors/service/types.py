@@ -25,7 +25,7 @@ from actors.base.events import Approver, Sink
 from actors.log.records import Record, SlotUse, Usage
 
 __all__ = [
-    "CompactReport", "Forked", "Opened", "Rewound", "SessionService", "SessionState",
+    "CompactReport", "Forked", "McpServer", "Opened", "Rewound", "SessionService", "SessionState",
     "TurnOutcome",
 ]  # fmt: skip
 
@@ -46,14 +46,33 @@ class TurnOutcome:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class McpServer:
+    """An MCP server a client gives one session (an editor's ``mcpServers`` in ACP): over
+    stdio (``command``, ``env`` as ``NAME=value``) or streamable HTTP (``url``, ``headers``
+    as ``Name: value``). Its tools are that session's only, while the client has it open."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    url: str = ""
+    headers: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Opened:
-    """A session attached to this service's client: made now (``created``) or opened."""
+    """A session attached to this service's client: made now (``created``) or opened.
+    ``servers``, ``tools``: the client's MCP servers started for it and their tools (by the
+    names the model calls them); ``notes``: one line per server that did not start, or tool
+    renamed, naming it and the fix."""
 
     session: str
     created: bool
     records: int  # in its log when it was opened
     cut_bytes: int = 0  # a torn last record (a crash's) that opening cut; 0: none
     context: int = 0  # tokens a slot of its model server holds; 0: not known
+    servers: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,7 +141,10 @@ class SessionService(Protocol):
     @property
     def where(self) -> str: ...  # for the person: "this process", "the loopd daemon (pid N)"
 
-    def open(self, name: str, create: bool = True) -> Opened: ...
+    def open(self, name: str, create: bool = True,
+             servers: tuple[McpServer, ...] = ()) -> Opened: ...
+    # ``servers``: the session's own MCP servers from now on (they replace those it had
+    # here; () stops them), stopped when it is closed or its client goes
 
     def records(self, name: str) -> tuple[Record, ...]: ...  # every record, Baseline first
 

@@ -29,6 +29,7 @@ and its tools started. Nothing is left running after ``close``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -36,7 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -55,7 +56,7 @@ from actors.tools.port import (
     start_port,
     stop_ports,
 )
-from actors.tools.providers.mcp_settings import AUTH_ENV, AUTHORIZE_MARK, McpAuth
+from actors.tools.providers.mcp_settings import AUTH_ENV, AUTHORIZE_MARK, SERVER_ENV, McpAuth
 from actors.tools.providers.sandbox import Bounds, Sandbox
 from actors.tools.providers.web import ALLOW_PRIVATE_ENV
 from actors.tools.registry import Registry
@@ -203,6 +204,7 @@ class Toolbox:
         self.hidden: tuple[str, ...] = ()
         self._owns_run_dir = owns_run_dir
         self._closed = False
+        self._sweep = True  # close() kills any host of this process still running
         self.on_authorize: Callable[[str, str], None] = lambda _host, _url: None
 
     def _authorize(self, host: str, url: str) -> None:
@@ -213,11 +215,15 @@ class Toolbox:
     def start(
         cls, config: Config, *, run_dir: Path | None = None,
         on_authorize: Callable[[str, str], None] | None = None,
+        server_env: Mapping[str, Mapping[str, str]] | None = None, sweep: bool = True,
     ) -> Toolbox:
         """Start the local hosts, connect every port, and wait (bounded) for their tools.
 
         ``on_authorize(host, url)``: an MCP server wants the person to authorize loopd at
         ``url`` (called from a reader thread, whenever the host says so, start-up or later).
+        ``server_env``: host name -> variables its stdio MCP server gets. ``sweep``: whether
+        :meth:`close` also kills every tool host of this process still running (the world's
+        toolbox; not a session's own, beside which the world's hosts run on).
         """
         tools = config.tools
         workspace = check_workspace(config)
@@ -232,9 +238,10 @@ class Toolbox:
         os.chmod(directory, 0o700)
         box = cls([], directory, owned)
         box.on_authorize = on_authorize or (lambda _host, _url: None)
+        box._sweep = sweep
         try:
             box.warnings += _shell_warnings(config, workspace)
-            box._start_hosts(config, workspace)
+            box._start_hosts(config, workspace, server_env or {})
             box.registry = Registry(box.ports)
             box._wait(tools.start_timeout_s)
             box.warnings += [r.notice() for r in box.registry.renamed()]
@@ -265,7 +272,8 @@ class Toolbox:
         settings = PortSettings.from_config(name, endpoint, tools)
         self.ports.append(start_port(settings, launcher=launcher))
 
-    def _start_hosts(self, config: Config, workspace: Path) -> None:
+    def _start_hosts(self, config: Config, workspace: Path,
+                     server_env: Mapping[str, Mapping[str, str]]) -> None:
         tools = config.tools
         hide = self.hidden = (*private_places(config), str(self.run_dir))
         if tools.standard:
@@ -294,6 +302,8 @@ class Toolbox:
                 auth = mcp_auth(h, config)
                 if auth is not None:  # references only; in its environment, not its argv
                     extra[AUTH_ENV] = auth.to_json()
+                if server_env.get(h.name):
+                    extra[SERVER_ENV] = json.dumps(dict(server_env[h.name]))
             else:
                 argv = host_argv(h.name, endpoint, tools, workspace, standard=h.tools,
                                  hide=hide)
@@ -339,7 +349,8 @@ class Toolbox:
             return
         self._closed = True
         stop_ports(self.ports)
-        _sweep(os.getpid())
+        if self._sweep:
+            _sweep(os.getpid())
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 

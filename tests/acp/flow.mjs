@@ -315,7 +315,37 @@ const lifecycle = await withAgent(async (ctx, editor) => {
     ctx.request(acp.methods.agent.session.resume, { sessionId: doomed, cwd: setup.workspace, mcpServers: [] }),
     (e) => e.code === -32002,
   );
-  return { resumed: life, deleted: doomed, usage: [before, after], forkedAt1: early.sessionId };
+
+  // the editor's MCP servers: a stdio server (the official `mcp` SDK's, with the editor's
+  // env) started as the session's own tool host, whose tool the model calls; one that does
+  // not start is said in the session (after the answer), and the session works
+  const [command, ...args] = setup.probe;
+  const noteMark = editor.updates.length;
+  const withServers = await ctx.request(acp.methods.agent.session.new, {
+    cwd: setup.workspace,
+    mcpServers: [
+      { name: "probe", command, args, env: [{ name: "LOOPD_PROBE", value: "from the editor" }] },
+      { name: "gone", command: "/no/such/mcp-server", args: [], env: [] },
+    ],
+  });
+  const servers = withServers._meta.loopd.mcpServers;
+  assert.deepEqual(servers.started, ["probe"]);
+  assert.deepEqual(servers.tools, ["echo", "env_var"]);
+  assert.equal(servers.notes.length, 1);
+  assert.match(servers.notes[0], /^MCP server gone: its command '\/no\/such\/mcp-server' was not found/);
+  const mcp = withServers.sessionId;
+  const mcpDone = await ctx.request(acp.methods.agent.session.prompt, {
+    sessionId: mcp,
+    prompt: [{ type: "text", text: order("m1", ["env_var", { name: "LOOPD_PROBE" }]) }],
+  });
+  assert.equal(mcpDone.stopReason, "end_turn");
+  const mcpUpdates = editor.updates.slice(noteMark);
+  assert.equal(textOf(mcpUpdates.slice(0, 1)), `loopd: ${servers.notes[0]}\n`);
+  const mcpResult = mcpUpdates.filter((u) => u.sessionUpdate === "tool_call_update").at(-1);
+  assert.equal(mcpResult.status, "completed");
+  assert.equal(mcpResult.content[0].content.text, "from the editor");
+  await ctx.request(acp.methods.agent.session.close, { sessionId: mcp });
+  return { resumed: life, deleted: doomed, usage: [before, after], forkedAt1: early.sessionId, mcp };
 });
 
 // compaction (draft ACP): compaction_update for a client that advertised

@@ -32,7 +32,7 @@ def test_initialize_declares_what_is_routed_and_nothing_else(
     init = agent.request("initialize", {"protocolVersion": 1})["result"]
     capabilities = init["agentCapabilities"]
     assert capabilities["loadSession"] is True
-    assert capabilities["mcpCapabilities"] == {"http": False, "sse": False, "acp": False}
+    assert capabilities["mcpCapabilities"] == {"http": True, "sse": False, "acp": False}
     assert capabilities["promptCapabilities"] == {"image": False, "audio": False,
                                                   "embeddedContext": False}
     assert init["authMethods"] == []

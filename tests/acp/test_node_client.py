@@ -12,10 +12,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from actors.log.records import Usage, User
+from actors.log.records import ToolResult, Usage, User
 from tests.support.acp_editor import ROOT, AcpEnv, check_flow_log
 
 HERE = ROOT / "tests" / "acp"
@@ -44,7 +45,7 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
                           "compact_keep = 0.1\n")
     argv = env.argv("--local")
     setup = {"argv": argv, "cwd": str(ROOT), "workspace": str(env.workspace),
-             "stderr": str(env.stderr),
+             "stderr": str(env.stderr), "probe": [sys.executable, str(HERE / "mcp_probe.py")],
              "argvCompact": [*argv[:argv.index("--config") + 1], str(compacting), "--local"]}
     done = subprocess.run([node, "flow.mjs"], cwd=HERE, capture_output=True, text=True,
                           timeout=290, env={**env.environ(), "LOOPD_ACP": json.dumps(setup)},
@@ -71,3 +72,6 @@ def test_the_typescript_sdk_client_drives_a_whole_session(env: AcpEnv) -> None:
     users = [r.content for r in env.records(summary["forkedAt1"]) if isinstance(r, User)]
     assert users == ["r1 the first message of a session to close", "r3"]
     assert summary["compaction"]["_meta"]["loopd"]["why"] == "auto"
+    # the editor's stdio MCP server's tool, called in its session: in the log
+    (result,) = [r for r in env.records(summary["mcp"]) if isinstance(r, ToolResult)]
+    assert result.content == "from the editor"

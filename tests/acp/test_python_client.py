@@ -185,8 +185,15 @@ def test_stdout_carries_nothing_but_the_protocol(env: AcpEnv) -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     out = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [m["id"] for m in out] == [1, 2] and all("result" in m for m in out)
+    assert [m.get("id") for m in out] == [1, 2, None]
+    assert all("result" in m for m in out[:2])
     assert "starting tool hosts" in done.stderr  # the status lines are there, on stderr
-    # an editor's MCP servers are not started, and the answer and stderr say so
-    assert out[1]["result"]["_meta"]["loopd"]["ignoredMcpServers"] == ["notes"]
-    assert "not connecting the editor's MCP servers notes" in done.stderr
+    # an editor's MCP server that does not start (/bin/true ends at once) is said: in the
+    # answer, on stderr, and in the session right after the answer
+    session = out[1]["result"]["sessionId"]
+    (note,) = out[1]["result"]["_meta"]["loopd"]["mcpServers"]["notes"]
+    assert note.startswith("MCP server notes did not start: "), note
+    assert f"session {session}: {note}" in done.stderr
+    assert out[2]["params"] == {"sessionId": session, "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text",
+                                                            "text": f"loopd: {note}\n"}}}

@@ -18,6 +18,7 @@ from actors.daemon import protocol as p
 from actors.daemon.client import remote_error
 from actors.log.records import SlotState, SlotUse, Usage
 from actors.log.records import encode as encode_record
+from actors.service.types import McpServer
 
 LIMIT = 1 << 20
 USAGE = encode_record(Usage(
@@ -142,7 +143,9 @@ OLD_MESSAGES: list[Any] = [
 
 
 # Fields added to version 1 after those frames were written: today's encoding has them too.
-ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""}, "opened": {"context": 0},
+ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""},
+               "opened": {"context": 0, "servers": [], "tools": [], "notes": []},
+               "open": {"servers": []},
                "done": {"context": 0, "compactions": 0}, "turn": {"traceparent": ""}}
 
 
@@ -169,6 +172,10 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
         (p.Opened(2, "s", False, 7, 0, 8192), "context", 0),
         (p.Done(5, "answer", 0, 0, False, b"", None, 8192), "context", 0),
         (p.Done(5, "answer", 0, 0, False, b"", None, 8192, 2), "compactions", 0),
+        (p.Open(3, "s", True, (McpServer("probe", ("probe-server",), ("A=b",)),)), "servers",
+         ()),
+        (p.Opened(2, "s", True, 0, 0, 0, ("probe",), ("echo",), ("a note",)), "servers", ()),
+        (p.Opened(2, "s", True, 0, 0, 0, ("probe",), ("echo",), ("a note",)), "notes", ()),
     ],
 )
 def test_a_field_added_later_reads_as_its_default_when_an_older_peer_leaves_it_out(
@@ -184,7 +191,8 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
     assert {(kind, field) for kind, field, _, _ in added} == {
         ("opened", "cut_bytes"), ("turn", "approve"), ("status_reply", "workspace"),
         ("status_reply", "model"), ("opened", "context"), ("done", "context"),
-        ("done", "compactions"), ("turn", "traceparent"),
+        ("done", "compactions"), ("turn", "traceparent"), ("open", "servers"),
+        ("opened", "servers"), ("opened", "tools"), ("opened", "notes"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

@@ -5,7 +5,9 @@ A new operation is added here once, and runs on both."""
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +21,15 @@ from actors.base.errors import (
     UsageError,
 )
 from actors.base.events import NO_APPROVER, Event
-from actors.log.records import Baseline, Compaction, Rewind, User
-from actors.service.types import CompactReport, Forked, Opened, Rewound, SessionState
+from actors.log.records import Baseline, Compaction, Rewind, ToolResult, User
+from actors.service.types import (
+    CompactReport,
+    Forked,
+    McpServer,
+    Opened,
+    Rewound,
+    SessionState,
+)
 from tests.support.service_places import FULL, HANG, Place
 from tests.support.watch import HANG_S, wait_until
 
@@ -64,6 +73,34 @@ def test_a_session_is_attached_to_one_client_until_closed(place: Place) -> None:
     place.service.close(name)
     assert other.open(name).created is False
     other.close(name)
+
+
+PROBE = Path(__file__).parents[1] / "acp" / "mcp_probe.py"  # a real MCP server (the mcp SDK's)
+
+
+def _results(place: Place, name: str) -> list[str]:
+    return [r.content for r in place.service.records(name) if isinstance(r, ToolResult)]
+
+
+def test_a_sessions_own_mcp_servers_are_its_tools_alone(place: Place) -> None:
+    """``open``'s servers run as the session's own tool hosts (in the daemon, through it):
+    its turns call their tools, another session's do not; one that cannot start is a note;
+    opening again with the same servers keeps them, with none stops them."""
+    name, plain = place.name("mcp"), place.name("plain")
+    probe = McpServer("probe", (sys.executable, str(PROBE)), env=("LOOPD_PROBE=given",))
+    opened = place.service.open(name, True, (probe, McpServer("gone", ("/no/such/server",))))
+    assert (opened.servers, opened.tools) == (("probe",), ("echo", "env_var"))
+    (note,) = opened.notes
+    assert note.startswith("MCP server gone: its command '/no/such/server' was not found")
+    assert _turn(place, name, 't1 :: env_var {"name": "LOOPD_PROBE"}').content == "done t1."
+    assert _results(place, name) == ["given"]
+    _turn(place, plain, 'u1 :: echo {"text": "x"}')
+    assert _results(place, plain)[0].startswith("There is no tool named 'echo'")
+    assert place.service.open(name, False, (probe,)).tools == ("echo", "env_var")
+    assert place.service.open(name, False) == Opened(name, False, opened.records, 0, 8192)
+    _turn(place, name, 't2 :: echo {"text": "x"}')  # stopped: its tools are gone
+    assert _results(place, name)[1].startswith("There is no tool named 'echo'")
+    place.service.close(name)
 
 
 # --- turn, records -----------------------------------------------------------------------------

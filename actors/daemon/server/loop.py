@@ -400,8 +400,8 @@ class Server:
     def _answers(self, peer: bytes, msg: p.Message) -> list[p.Message]:
         service = self._service(peer)
         match msg:
-            case p.Open(id=rid, session=name, create=create):
-                return [p.reply(rid, service.open(name, create))]
+            case p.Open(id=rid, session=name, create=create, servers=servers):
+                return [p.reply(rid, service.open(name, create, servers))]
             case p.Close(id=rid, session=name):
                 service.close(name)
                 return [p.Ok(rid)]

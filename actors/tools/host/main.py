@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import logging
 import os
 import shlex
@@ -171,13 +172,15 @@ def _providers(args: argparse.Namespace) -> list[ToolProvider]:
             raise UsageError(
                 f"--mcp needs the MCP SDK ({e}); install it: pip install 'loopd[mcp]'"
             ) from None
-        from actors.tools.providers.mcp_settings import AUTH_ENV, McpAuth
+        from actors.tools.providers.mcp_settings import AUTH_ENV, SERVER_ENV, McpAuth
 
         command = shlex.split(args.mcp) if args.mcp else None
         auth = McpAuth.from_json(os.environ[AUTH_ENV]) if os.environ.get(AUTH_ENV) else None
+        variables = json.loads(os.environ[SERVER_ENV]) if os.environ.get(SERVER_ENV) else None
         providers.append(
             McpProvider(command=command, url=args.mcp_url, max_output_bytes=args.max_output_bytes,
-                        auth=auth, elicitation=args.elicitation, on_authorize=_say_authorize)
+                        auth=auth, elicitation=args.elicitation, on_authorize=_say_authorize,
+                        env=variables)
         )
     if not providers:
         raise UsageError("no tools: give --tools NAMES, --provider, --mcp or --mcp-url")

@@ -65,6 +65,7 @@ class McpProvider:
         auth: McpAuth | None = None,
         elicitation: ElicitationMode = "ask",
         on_authorize: Callable[[str], None] = lambda _url: None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("McpProvider needs exactly one of command (stdio) or url (HTTP)")
@@ -92,7 +93,8 @@ class McpProvider:
             connect_timeout_s += auth.authorize_timeout_s  # the person takes their time
         self._link = McpLink(self.label, command=words, url=url,
                              connect_timeout_s=connect_timeout_s, probe_timeout_s=probe_timeout_s,
-                             auth=auth, elicitation=elicitation, on_authorize=on_authorize)
+                             auth=auth, elicitation=elicitation, on_authorize=on_authorize,
+                             env=env)
         self._loop = LoopThread(f"mcp {self.label[:40]}")
         try:
             listing = self._loop.submit(self._link.first_listing())

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -218,8 +218,10 @@ class McpLink:
         connect_timeout_s: float, probe_timeout_s: float,
         auth: McpAuth | None = None, elicitation: ElicitationMode = "ask",
         on_authorize: Callable[[str], None] = lambda _url: None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.label = label
+        self._env = dict(env) if env else None  # over the SDK's default environment
         self.refusal: Refusal | None = None  # the last HTTP error status, for messages
         self._auth_spec = auth or McpAuth()
         self._headers = self._auth_spec.header_values(label) if url is not None else {}
@@ -263,7 +265,7 @@ class McpLink:
         if self._command is not None:
             # Tethered, so the server dies with this host even if the host is killed.
             argv = tethered(self._command)
-            params = StdioServerParameters(command=argv[0], args=argv[1:])
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=self._env)
             return _watched(stdio_client(params), ended)
         assert self._url is not None
         return _watched(_http(self._url, self._headers, self._auth, self._refused), ended)

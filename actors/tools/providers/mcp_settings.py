@@ -16,11 +16,15 @@ from typing import Any, Literal
 
 from actors.base.errors import McpError
 
-__all__ = ["AUTHORIZE_MARK", "AUTH_ENV", "ElicitationMode", "McpAuth", "resolve"]
+__all__ = ["AUTHORIZE_MARK", "AUTH_ENV", "SERVER_ENV", "ElicitationMode", "McpAuth", "resolve"]
 
 # The tool host's environment variable holding its McpAuth as JSON (an environment only its
 # user can read, where a command line anyone can).
 AUTH_ENV = "LOOPD_MCP_AUTH"
+# The tool host's environment variable holding, as a JSON map, the variables its stdio MCP
+# server gets besides the SDK's default environment (an editor's ``env`` of an ACP server;
+# values may be secrets, so not on the command line either).
+SERVER_ENV = "LOOPD_MCP_SERVER_ENV"
 ElicitationMode = Literal["ask", "defaults", "decline"]
 # The line a tool host writes to stderr when an MCP server needs the person to authorize
 # loopd (the URL follows); the session side watches for it (actors.tools.toolbox).

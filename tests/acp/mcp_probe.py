@@ -1,0 +1,29 @@
+"""A small MCP server (the official ``mcp`` SDK's ``MCPServer``, over stdio) that an editor
+gives a ``loopd acp`` session in the tests: ``echo`` answers with its text, ``env_var`` with
+a variable of its environment (what the editor's ``env`` gave it)."""
+
+from __future__ import annotations
+
+import os
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+
+server = MCPServer("loopd-acp-probe", version="1")
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+@server.tool(annotations=_READ_ONLY)
+def echo(text: str) -> str:
+    """Answer with the text."""
+    return text
+
+
+@server.tool(annotations=_READ_ONLY)
+def env_var(name: str) -> str:
+    """The value of an environment variable of this server ("" when it is not set)."""
+    return os.environ.get(name, "")
+
+
+if __name__ == "__main__":
+    server.run()
