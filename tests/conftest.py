@@ -158,6 +158,8 @@ LONG_FIRST = (
     "tests/daemon/test_daemon_faults.py::test_sigterm_and_sigkill_of_the_daemon_at_random",
     "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[mcp]",
     "tests/faults/test_daemon_load.py::test_32_clients_at_once_through_the_daemon",
+    # runs the whole MCP conformance suite for its scenario tests (they wait for it on a lock)
+    "tests/mcp_conformance/test_conformance.py::test_the_scenarios_here_are_the_suites",
     "tests/faults/test_tool_faults.py::test_a_command_printing_gigabytes",
     "tests/session/test_messages.py::test_extension_property",
     "tests/session/test_messages.py::test_ends_count_the_messages_of_each_prefix",

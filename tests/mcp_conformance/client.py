@@ -1,14 +1,15 @@
 """loopd's MCP client as the conformance suite runs it: ``python client.py SERVER_URL``.
 
-The suite (``conformance client --command "python client.py" --scenario NAME``) starts a
-server for the scenario and runs this with its URL, the scenario's name in
-``MCP_CONFORMANCE_SCENARIO`` and, for some auth scenarios, credentials in
-``MCP_CONFORMANCE_CONTEXT``. Everything MCP goes through loopd's own provider
+The suite (``conformance client --command "python client.py" --suite all``; in the tests
+forked from a warm process by warm.py) starts a server for each scenario and runs this with
+its URL, the scenario's name in ``MCP_CONFORMANCE_SCENARIO`` and, for some auth scenarios,
+credentials in ``MCP_CONFORMANCE_CONTEXT``. Everything MCP goes through loopd's own provider
 (:class:`~actors.tools.providers.mcp.McpProvider`, as a tool host runs it): connect, list the
 tools, call each one. What is scenario-specific is only what a config file would say (the
 ``[[tools.hosts]]`` auth keys, ``tools.elicitation``) and the person's browser, played here
 by a thread that opens the authorization URL and follows its redirect to loopd's loopback
 listener. Exit 0 when the tools were listed; the suite judges the rest from the server side.
+The last line on stderr is ``client: exit N`` (the suite saves no exit code of its own).
 """
 
 from __future__ import annotations
@@ -101,5 +102,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run(argv: list[str]) -> int:
+    """main, and its exit code said last (the suite saves none when it runs them all)."""
+    code = 1
+    try:
+        code = main(argv)
+    finally:
+        print(f"client: exit {code}", file=sys.stderr, flush=True)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))
