@@ -40,6 +40,7 @@ import dataclasses
 import datetime as dt
 import errno
 import itertools
+import json
 import math
 import secrets
 import time
@@ -81,6 +82,7 @@ from acp.schema import (
 from actors.acp import updates as up
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
+from actors.base.durable import replace_file
 from actors.base.errors import LoopdError, SessionError
 from actors.base.events import ApprovalRequested, Choice, Compacted, Compacting, Decision, Event
 from actors.log.sessiondir import check_name, kept_workspace, list_sessions, session_path
@@ -236,6 +238,7 @@ class LoopdAgent:
                 opened = await self._call(backend.open, name, True, servers)
                 if opened.created:
                     self.sessions[name] = _Session(name, size=opened.context)
+                    await asyncio.to_thread(_remember, self.config, name, opened)
                     return NewSessionResponse(session_id=name, field_meta=self._mcp_meta(
                         name, mcp_servers, opened, refused))
             raise _invalid("could not find a free session name; try again")
@@ -477,14 +480,15 @@ class LoopdAgent:
                      "a crash interrupted) was cut; every whole record is kept")
         if name not in self.sessions:
             self.sessions[name] = _Session(name, size=opened.context)
-        return opened, refused
+        changed = await asyncio.to_thread(_remember, self.config, name, opened)
+        return opened, [*refused, *([changed] if changed else [])]
 
     def _mcp_meta(self, name: str, given: Any, opened: Opened,
                   refused: list[str]) -> dict[str, Any] | None:
         """The client's MCP servers as the answer's ``_meta.loopd.mcpServers``: those started,
         their tools, and a note per problem (each said on stderr, and as an agent message
         right after the answer: :meth:`following`)."""
-        if not given:
+        if not given and not refused and not opened.notes:
             return None
         notes = [*refused, *opened.notes]
         for note in notes:
@@ -667,6 +671,35 @@ def _servers(given: Any) -> tuple[tuple[McpServer, ...], list[str]]:
                            f"transport {kind!r} is not one loopd speaks ({_SPEAKS}); give it "
                            "as one of those in the client's MCP server settings")
     return tuple(servers), refused
+
+
+SERVERS_FILE = "acp-mcp-servers.json"  # in a session's directory: its editor's servers
+
+
+def _remember(config: Config, name: str, opened: Opened) -> str:
+    """Keep which editor's servers and tools session ``name`` has now (beside its log), and
+    say which of those it had when last opened are gone ("": none). Nothing else changes
+    with them: a session's prompt prefix (its Baseline) never holds them."""
+    path = session_path(config, name).parent / SERVERS_FILE
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        before = None
+    except (OSError, ValueError):
+        before = {}
+    if before is None and not opened.tools:
+        return ""  # never had any: no file
+    with contextlib.suppress(OSError):  # a note lost, nothing else
+        replace_file(path, json.dumps({"servers": list(opened.servers),
+                                       "tools": list(opened.tools)}).encode())
+    had = before if isinstance(before, dict) else {}
+    gone = sorted({t for t in had.get("tools") or () if isinstance(t, str)} - set(opened.tools))
+    if not gone:
+        return ""
+    servers = ", ".join(str(s) for s in had.get("servers") or ()) or "?"
+    return (f"the tools {', '.join(gone)} (of the MCP servers {servers} it had when last "
+            "opened) are not offered to this session now: give those servers again to have "
+            "them back; its conversation and KV state are kept as they were")
 
 
 def mark_transports(message: dict[str, Any]) -> None:

@@ -74,7 +74,7 @@ class SessionHosts:
             except ConfigError as e:  # what the checks above do not foresee
                 return cls(shared, None, (), (), (*notes, f"MCP servers not started: {e}"))
             box = Toolbox.start(own, on_authorize=on_authorize, server_env=env, sweep=False)
-            notes += [f"MCP server {name} did not start: {why.splitlines()[0]}; {_FIX}"
+            notes += [f"MCP server {name} did not start: {_why(why)}; {_FIX}"
                       for name, why in box.problems.items()]
         mine = {port.name for port in box.ports} if box is not None else set()
         registry = Registry([*shared.ports, *(box.ports if box is not None else ())])
@@ -92,6 +92,14 @@ class SessionHosts:
         """Stop the hosts and their servers (whatever they started). Safe to call twice."""
         if self.box is not None:
             self.box.close()
+
+
+def _why(problem: str) -> str:
+    """A toolbox's problem as one line: what happened, and the last line of the host's log
+    (where a host says why: a refusal, a server that ended)."""
+    first, *tail = problem.splitlines()
+    first = first.removesuffix("; its log ends:")
+    return f"{first}: {tail[-1].strip()}" if tail else first
 
 
 def _problem(given: str, h: HostConfig, taken: set[str]) -> str:

@@ -24,17 +24,20 @@ from acp import spawn_agent_process, text_block
 from acp.schema import (
     AgentMessageChunk,
     EnvVariable,
+    HttpHeader,
+    HttpMcpServer,
     McpServerStdio,
     SseMcpServer,
     ToolCallProgress,
 )
 
 from actors.log.file import read_log
-from actors.log.records import ToolResult
+from actors.log.records import Baseline, ToolResult
 from tests.daemon.daemonkit import Daemon, daemon_config
 from tests.support.acp_editor import ROOT, AcpEnv, Editor, RawAgent, assert_gone, children_of
 from tests.support.fake_llama import FakeLlama
 from tests.tools.hostkit import short_dir
+from tests.tools.mcp_support import http_test_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -118,10 +121,16 @@ async def _flow(where: Where) -> dict[str, Any]:
         seen["env"] = await prompt(session, order("t2", "env_var", {"name": "LOOPD_PROBE"}))
         other = (await conn.new_session(cwd=str(where.workspace), mcp_servers=[])).session_id
         seen["other"] = await prompt(other, order("u1", "echo", {"text": "hello"}))
+        seen["other_session"] = other
         seen["running"] = hosts_of(pid)
         await conn.close_session(session_id=session)
         assert_gone(seen["running"])  # stopped with its session, the agent still running
         seen["session"] = session
+        # resumed without them: said, and the session goes on warm (nothing else changed)
+        resumed = await conn.resume_session(session_id=session, cwd=str(where.workspace),
+                                            mcp_servers=[])
+        seen["resumed"] = (resumed.field_meta or {})["loopd"]["mcpServers"]
+        seen["after"] = await prompt(session, order("t3", "echo", {"text": "gone"}))
     return seen
 
 
@@ -143,9 +152,22 @@ def _check(where: Where, seen: dict[str, Any]) -> None:
     assert reason == "end_turn" and results(updates) == ["from-the-editor"], updates
     reason, updates = seen["other"]  # another session of the same client: not offered
     assert reason == "end_turn" and "There is no tool named 'echo'" in results(updates)[0]
+    resumed = seen["resumed"]
+    assert (resumed["started"], resumed["tools"]) == ([], [])
+    assert resumed["notes"] == [
+        "the tools echo, env_var (of the MCP servers probe it had when last opened) are not "
+        "offered to this session now: give those servers again to have them back; its "
+        "conversation and KV state are kept as they were"]
+    reason, updates = seen["after"]
+    assert reason == "end_turn" and "There is no tool named 'echo'" in results(updates)[0]
     records, _ = read_log(where.sessions / session / "log.bin", name=session)
     logged = [r.content for r in records if isinstance(r, ToolResult)]
-    assert logged == ["hello", "from-the-editor"]
+    assert logged[:2] == ["hello", "from-the-editor"] and len(logged) == 3
+    # its prompt prefix is every session's: the servers' tools are not in its Baseline
+    plain, _ = read_log(where.sessions / seen["other_session"] / "log.bin",
+                        name=seen["other_session"])
+    assert isinstance(records[0], Baseline) and isinstance(plain[0], Baseline)
+    assert (records[0].system, records[0].tools) == (plain[0].system, plain[0].tools)
 
 
 def test_a_sessions_mcp_servers_are_its_own_tool_hosts(env: AcpEnv) -> None:
@@ -231,3 +253,36 @@ def test_a_session_closed_to_make_room_gets_its_servers_again_when_used(
             agent.proc.wait()
     logged = [r.content for r in env.records(first) if isinstance(r, ToolResult)]
     assert logged == ["back"]
+
+
+async def _http_flow(env: AcpEnv, url: str) -> dict[str, Any]:
+    editor = Editor()
+    spawn = {"cwd": ROOT, "env": {**os.environ, "PYTHONPATH": str(ROOT)},
+             "transport_kwargs": {"stderr": env.stderr.open("ab"), "shutdown_timeout": 60}}
+    bearer = [HttpHeader(name="Authorization", value="Bearer s3cret"),
+              HttpHeader(name="X-Team", value="blue")]
+    async with spawn_agent_process(editor, *env.argv("--local"), **spawn) as (conn, _proc):
+        await conn.initialize(protocol_version=1)
+        made = await conn.new_session(cwd=str(env.workspace), mcp_servers=[
+            HttpMcpServer(type="http", name="remote", url=url, headers=bearer),
+            HttpMcpServer(type="http", name="refused", url=url, headers=[]),
+        ])
+        done = await conn.prompt(session_id=made.session_id, prompt=[
+            text_block(order("h1", "echo", {"text": "over http"}))])
+        assert done.stop_reason == "end_turn"
+        return {"session": made.session_id, "meta": (made.field_meta or {})["loopd"]}
+
+
+def test_an_http_server_with_the_editors_headers(env: AcpEnv) -> None:
+    """``mcpCapabilities.http``: a streamable-HTTP server (the official SDK's, refusing
+    requests without its bearer token) gets the editor's headers; one without them is
+    refused by the server, a note, and the session works."""
+    with http_test_server("--token", "s3cret") as url:
+        seen = asyncio.run(_http_flow(env, url))
+    servers = seen["meta"]["mcpServers"]
+    assert servers["started"] == ["remote"] and "echo" in servers["tools"]
+    (note,) = servers["notes"]
+    assert note.startswith("MCP server refused did not start: its tool host exited"), note
+    assert "answered HTTP 401 Unauthorized" in note  # why, from the host's log
+    logged = [r.content for r in env.records(seen["session"]) if isinstance(r, ToolResult)]
+    assert logged == ["over http"]
