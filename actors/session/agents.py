@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,8 +59,8 @@ if TYPE_CHECKING:
     from actors.session.turn import Runtime
 
 __all__ = [
-    "AGENT", "AGENT_TOOL", "Tree", "TurnAgents", "agent_tool", "parent_of", "under_parents",
-    "without_agent",
+    "AGENT", "AGENT_TOOL", "Tree", "TurnAgents", "agent_arguments", "agent_tool", "parent_of",
+    "under_parents", "without_agent",
 ]  # fmt: skip
 
 AGENT = "agent"
@@ -99,6 +100,23 @@ def agent_tool() -> dict[str, Any]:
 def without_agent(tools: Sequence[Any]) -> tuple[Any, ...]:
     """``tools`` less the ``agent`` tool: a child at the depth cap gets none."""
     return tuple(t for t in tools if t.get("function", {}).get("name") != AGENT)
+
+
+def agent_arguments(call: ToolCall) -> str | None:
+    """The arguments of an agent call (made directly, or through ``call_tool`` as a small
+    model may); None: not an agent call."""
+    if call.name == AGENT:
+        return call.arguments
+    if call.name != "call_tool":
+        return None
+    try:
+        wrapped = parse_json(call.arguments)
+    except ValueError:
+        return None
+    if not isinstance(wrapped, dict) or wrapped.get("name") != AGENT:
+        return None
+    inner = wrapped.get("arguments", {k: v for k, v in wrapped.items() if k != "name"})
+    return inner if isinstance(inner, str) else json.dumps(inner)
 
 
 def _offers_agent(tools: Sequence[Any]) -> bool:
@@ -258,9 +276,10 @@ class TurnAgents:
         if not self._ours:
             return
         for call in calls:
-            if call.name != AGENT or call.id in self._children:
+            arguments = agent_arguments(call)
+            if arguments is None or call.id in self._children:
                 continue
-            problem, task, context = self._checked(call.arguments)
+            problem, task, context = self._checked(arguments)
             if problem:
                 self._children[call.id] = _Child(call.id, "", task, context, CancelToken(),
                                                  answer=_failure(problem))
@@ -270,9 +289,9 @@ class TurnAgents:
     def answer(self, call: ToolCall) -> Answered | None:
         """The result of agent call ``call`` once its child has ended; None: not an agent
         call (the tree's budget spent: no call runs, its result names the limit)."""
-        if self.tree.spent and (call.name != AGENT or call.id not in self._children):
+        if self.tree.spent and call.id not in self._children:
             return _failure(f"not run: {self.tree.error()}")
-        if call.name != AGENT or not self._ours:
+        if agent_arguments(call) is None or not self._ours:
             return None
         child = self._children.get(call.id)
         if child is None:  # not seen by start (a bare-JSON call): started now

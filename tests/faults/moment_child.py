@@ -7,7 +7,8 @@ The run (:func:`script`), in a fresh ROOT, with the fake llama-server (the agent
 slot saves to ROOT/save) and one local tool host: session ``a``'s turns with tool calls
 (the slot keeper saving the KV state after each), a compaction by hand, a fork of ``a``
 into ``b``, a rewind of ``b`` and a turn on it, a turn of ``a`` past the context (an auto
-compaction), three clients' turns at once on sessions ``c0``-``c2``, and a ``loopd serve``
+compaction), three clients' turns at once on sessions ``c0``-``c2``, a turn of ``e`` that
+hands two tasks to agents (``e.a1`` fresh, ``e.a2`` forked), and a ``loopd serve``
 of its own (in this process) with three clients of it at once on ``d0``-``d2``.
 
 A *step* is one call of ``os.write``, ``fsync``, ``fdatasync``, ``ftruncate``, ``rename``,
@@ -22,6 +23,7 @@ write). Without a moment (K = -1) the run prints ``trace OP PATH ...`` for each 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -32,7 +34,7 @@ from typing import Any
 
 __all__ = ["PHASES", "config", "message", "script"]
 
-PHASES = ("turns", "compact", "fork", "rewind", "auto-compact", "clients", "daemon")
+PHASES = ("turns", "compact", "fork", "rewind", "auto-compact", "clients", "agents", "daemon")
 N_CTX = 2048  # the fake's context: turn 3 of a (its file read kept) goes past compact_at
 _OPS = ("write", "fsync", "fdatasync", "ftruncate", "rename", "replace", "unlink", "mkdir")
 
@@ -121,6 +123,14 @@ def message(n: int, tag: str = "turn") -> str:
     return f"{tag} {n:06d} :: {steps[(n - 1) % len(steps)]}"
 
 
+def agents_message() -> str:
+    """Session e's turn: two agent calls, a fresh child and a forked one (their tasks hold no
+    ``::``: the parent's orders are split on it, so a child answers without tools)."""
+    first = {"task": "kid1 reads"}
+    second = {"task": "kid2 lists", "context": "fork"}
+    return f"agents 000001 :: agent {json.dumps(first)} :: agent {json.dumps(second)}"
+
+
 def config(root: Path, url: str) -> Any:
     from actors.base.config import parse
 
@@ -128,6 +138,7 @@ def config(root: Path, url: str) -> Any:
         "daemon": {"runtime_dir": str(root / "run"), "heartbeat_s": 1.0},
         "inference": {"url": url, "retries": 2, "backoff_s": 0.01, "timeout_s": 30},
         "log": {"dir": str(root / "sessions"), "fsync": "always"},
+        "agents": {"enabled": True},
         "slots": {"save_dir": str(root / "save")},
         "session": {"compaction": "elide"},
         "tools": {
@@ -181,6 +192,8 @@ def script(root: Path, url: str, phase: Callable[[str], None]) -> None:
             t.join()
         if failures:
             raise failures[0]
+        phase("agents")
+        world.session("e").turn(world.runtime, agents_message(), _ignore).get(timeout=120)
     phase("daemon")
     daemon(config(root, url))
 

@@ -1,8 +1,9 @@
 """SIGKILL at seeded moments of loopd's durable work: nothing lost, nothing half, nothing left.
 
 A child (:mod:`tests.faults.moment_child`) runs turns with tool calls and the slot keeper's
-KV saves, a compaction by hand, a fork, a rewind, an auto compaction and three clients at
-once through the in-process session service, and is stopped at its K-th step of I/O (a
+KV saves, a compaction by hand, a fork, a rewind, an auto compaction, three clients at
+once through the in-process session service, a turn handing two tasks to agents (child
+sessions), and is stopped at its K-th step of I/O (a
 write, an fsync, a rename, ...; before it, after it, or halfway through a write) and
 SIGKILLed there. A clean run of the same child, first, gives the number of steps and every
 session's records. After each kill:
@@ -15,9 +16,10 @@ session's records. After each kill:
 - every KV state's metadata still reads (a save is a cache: whole or ignored);
 - the next turn on session ``a``, in a new world, is right.
 
-``LOOPD_KILL_MOMENTS`` (default 7, one a phase: the share ``make test`` runs) sets how
+``LOOPD_KILL_MOMENTS`` (default 8, one a phase: the share ``make test`` runs) sets how
 many moments, ``LOOPD_KILL_SEED`` the seed; each moment prints its K and WHEN, and
-``LOOPD_KILL_REPLAY=K:WHEN`` runs that one moment again (the step count can shift by a few
+``LOOPD_KILL_REPLAY=K:WHEN`` runs that one moment again (``LOOPD_KILL_PHASE=agents``: every
+moment in that phase) (the step count can shift by a few
 between runs: threads interleave their writes).
 """
 
@@ -45,9 +47,10 @@ from tests.support.leftovers import hosts_of, leftovers_killed
 from tests.support.scripted_llama import agent
 from tests.support.watch import HANG_S
 
-MOMENTS = int(os.environ.get("LOOPD_KILL_MOMENTS", "7"))
+MOMENTS = int(os.environ.get("LOOPD_KILL_MOMENTS", "8"))
 SEED = int(os.environ.get("LOOPD_KILL_SEED", "20261206"))
 REPLAY = os.environ.get("LOOPD_KILL_REPLAY", "")
+ONLY = os.environ.get("LOOPD_KILL_PHASE", "")  # every moment in this one phase (e.g. agents)
 WHENS = ("before", "after", "half")
 CHILD = "tests.faults.moment_child"
 
@@ -82,7 +85,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clean]:
     ends = [s for _, s in starts[1:]] + [int(line.split()[1])]
     phases = {name: range(start, end) for (name, start), end in zip(starts, ends, strict=True)}
     logs = {name: shapes(read_records(path)) for name, path in sessions(root).items()}
-    assert sorted(logs) == ["a", "b", "c0", "c1", "c2", "d0", "d1", "d2"]
+    assert sorted(logs) == ["a", "b", "c0", "c1", "c2", "d0", "d1", "d2", "e", "e.a1", "e.a2"]
     print(f"\nclean run: {line.split()[1]} steps; "
           + ", ".join(f"{k} {len(v)}" for k, v in phases.items()))
     trace = [t.split()[1:] for t in said if t.startswith("trace ")]
@@ -99,7 +102,7 @@ def moment(i: int, phases: dict[str, range]) -> tuple[int, str]:
         k, when = REPLAY.split(":")
         return int(k), when
     rng = random.Random(f"{SEED}:{i}")
-    steps = phases[PHASES[i % len(PHASES)]]
+    steps = phases[ONLY or PHASES[i % len(PHASES)]]
     return rng.choice(steps), rng.choice(WHENS)
 
 

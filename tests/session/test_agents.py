@@ -233,6 +233,14 @@ def test_loopd_sessions_lists_children_under_their_parent_and_log_show_reads_the
     assert "agent: session s handed session s.a1 a task (fresh): a" in capsys.readouterr().out
 
 
+def test_an_agent_call_made_through_call_tool_starts_a_child_too(
+        agents: Callable[..., AgentRig]) -> None:
+    wrapped = ("call_tool", json.dumps({"name": AGENT, "arguments": {"task": "count"}}))
+    r = agents(parent_then([wrapped], lambda body: answer("3")))
+    assert r.turn().content == "done"
+    assert [x.content for x in r.results()] == ["3"]
+
+
 def test_a_second_turn_names_its_children_after_the_first_ones(
         agents: Callable[..., AgentRig]) -> None:
     r = agents(parent_then([agent_call("count")], lambda body: answer("3")))
@@ -367,6 +375,15 @@ def test_the_tree_time_stops_hanging_children(agents: Callable[..., AgentRig]) -
     assert len(results) == 2 and all("turn time" in x.content for x in results)
     done = [e for e in r.events if isinstance(e, AgentDone)]
     assert len(done) == 2 and not any(e.ok for e in done)
+
+
+def test_a_child_s_own_limits_hold_and_end_only_that_child(
+        agents: Callable[..., AgentRig]) -> None:
+    same = ("call_tool", '{"name": "echo", "arguments": {"text": "again"}}')
+    r = agents(parent_then([agent_call("repeat")], lambda body: answer(tool_calls=[same])))
+    assert r.turn().content == "done"  # not the tree's budget: the parent goes on
+    (result,) = r.results()
+    assert result_failed(result.content) and "repeated call" in result.content
 
 
 # --- the person in charge ----------------------------------------------------------------------

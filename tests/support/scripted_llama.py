@@ -72,8 +72,8 @@ def agent(answer_chars: int = 0, chunk: int = 4) -> Callable[[dict[str, Any]], R
         done = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "tool")
         if done < len(steps):
             name, args = steps[done]
-            if name == "find_tool":
-                call = (call_id(tag, done), "find_tool", json.dumps(args))
+            if name in ("find_tool", "agent"):  # the session's own tools, called directly
+                call = (call_id(tag, done), name, json.dumps(args))
             else:
                 wrapped = {"name": name, "arguments": args}
                 call = (call_id(tag, done), "call_tool", json.dumps(wrapped))
