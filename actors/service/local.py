@@ -280,7 +280,7 @@ class SessionTable:
 
     def evicted_servers(self, client: bytes, name: str) -> tuple[McpServer, ...]:
         """The MCP servers ``name`` had when it was closed to make room for another of
-        ``client``'s sessions (():  none, or it was not)."""
+        ``client``'s sessions ((): none, or it was not)."""
         with self._lock:
             kept = self._evicted.get(name)
             return kept[1] if kept is not None and kept[0] == client else ()
@@ -312,6 +312,8 @@ class SessionTable:
         """``client`` is gone: close its sessions now, or when their turn ends."""
         idle: list[tuple[str, _Entry]] = []
         with self._lock:
+            for name in [n for n, (c, _) in self._evicted.items() if c == client]:
+                del self._evicted[name]
             for name, entry in list(self._open.items()):
                 if entry.client != client:
                     continue
@@ -335,6 +337,7 @@ class SessionTable:
         with self._lock:
             entries = [(n, e) for n, e in self._open.items() if e.proxy is not None]
             self._open.clear()
+            self._evicted.clear()
         self._close(entries)
 
 
