@@ -65,11 +65,13 @@ def starting_process() -> Iterator[None]:
         yield
         return
     home = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, free)
+    with contextlib.suppress(OSError):  # a CPU set that shrank since: the process stays here
+        os.sched_setaffinity(0, free)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, home)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, home)
 
 
 class ToolProvider(Protocol):
