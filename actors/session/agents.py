@@ -212,7 +212,6 @@ class Tree:
 class _Child:
     """One agent call: its child and, once ended, its answer."""
 
-    call: str  # the tool call's id
     name: str
     task: str
     context: str
@@ -237,7 +236,8 @@ class TurnAgents:
                  emit: Callable[[Event], None], approver: Approver | None) -> None:
         self.log, self.runtime, self.emit, self.approver = log, runtime, emit, approver
         self._person, self._own = cancel, runtime.tree is None
-        self._children: dict[str, _Child] = {}
+        # by the call object (the response's, logged): two calls may share an id
+        self._children: dict[int, _Child] = {}
         self._lock = threading.Lock()
         self.started = 0
         self.cancel = cancel
@@ -277,26 +277,26 @@ class TurnAgents:
             return
         for call in calls:
             arguments = agent_arguments(call)
-            if arguments is None or call.id in self._children:
+            if arguments is None or id(call) in self._children:
                 continue
             problem, task, context = self._checked(arguments)
             if problem:
-                self._children[call.id] = _Child(call.id, "", task, context, CancelToken(),
-                                                 answer=_failure(problem))
+                self._children[id(call)] = _Child("", task, context, CancelToken(),
+                                                  answer=_failure(problem))
                 continue
-            self._begin(call.id, task, context)
+            self._begin(id(call), task, context)
 
     def answer(self, call: ToolCall) -> Answered | None:
         """The result of agent call ``call`` once its child has ended; None: not an agent
         call (the tree's budget spent: no call runs, its result names the limit)."""
-        if self.tree.spent and call.id not in self._children:
+        if self.tree.spent and id(call) not in self._children:
             return _failure(f"not run: {self.tree.error()}")
         if agent_arguments(call) is None or not self._ours:
             return None
-        child = self._children.get(call.id)
+        child = self._children.get(id(call))
         if child is None:  # not seen by start (a bare-JSON call): started now
             self.start([call])
-            child = self._children[call.id]
+            child = self._children[id(call)]
         if child.answer is None:
             child.done.wait()
         assert child.answer is not None
@@ -339,18 +339,18 @@ class TurnAgents:
                     f"may (agents.max_children = {agents.max_children})"), task, context
         return "", task, context
 
-    def _begin(self, call: str, task: str, context: str) -> None:
+    def _begin(self, call: int, task: str, context: str) -> None:
         parent = self.log.name
         name = self.tree.name_for(parent, self.depth + 1)
         try:
             check_name(name)
         except LoopdError:
-            self._children[call] = _Child(call, name, task, context, CancelToken(), answer=(
+            self._children[call] = _Child(name, task, context, CancelToken(), answer=(
                 _failure(f"the child's name {name} would be too long; start agents from a "
                          "session with a shorter name")))
             return
         self.started += 1
-        child = _Child(call, name, task, context, CancelToken())
+        child = _Child(name, task, context, CancelToken())
         self._children[call] = child
         link = AgentLink(parent=parent, child=name, task=task, context=context)
         self.log.append(link)  # the parent's, before the call's result

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ def agents(tmp_path: Path) -> Iterator[Callable[..., AgentRig]]:
         "no child runs on after its parent's turn"
 
 
-def parent_then(calls: list[tuple[str, str]], children: Callable[[dict[str, Any]], Reply],
+def parent_then(calls: Sequence[Sequence[str]], children: Callable[[dict[str, Any]], Reply],
                 final: str = "done") -> Script:
     """The parent asks for ``calls``, then answers ``final``; a child's request (its task as
     the last user message) is answered by ``children``."""
@@ -256,6 +256,14 @@ def test_a_forked_child_sees_the_parent_conversation(agents: Callable[..., Agent
     users = [m["content"] for m in child["messages"] if m.get("role") == "user"]
     assert users == ["Hi?", "go on"]  # the parent's question, then its task
     assert r.results()[0].content == "went on"
+
+
+def test_two_agent_calls_with_one_id_are_two_children(agents: Callable[..., AgentRig]) -> None:
+    said = {"a": "1", "b": "2"}
+    r = agents(parent_then([("same", AGENT, '{"task": "a"}'), ("same", AGENT, '{"task": "b"}')],
+                           lambda body: answer(said[asked(body)])))
+    r.turn()
+    assert [x.content for x in r.results()] == ["1", "2"]
 
 
 def test_max_parallel_one_runs_the_children_one_after_the_other(
