@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import Cancelled, LoopdError, TurnLimit
@@ -219,6 +220,7 @@ class _Child:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     answer: Answered | None = None
     thread: threading.Thread | None = None
+    span: str = ""  # the parent's turn span, as a traceparent ("": tracing off)
 
 
 def _failure(why: str) -> Answered:
@@ -353,6 +355,7 @@ class TurnAgents:
         child = _Child(name, task, context, CancelToken())
         self._children[call] = child
         link = AgentLink(parent=parent, child=name, task=task, context=context)
+        child.span = telemetry.traceparent()  # the parent's turn: the child's turn's parent
         self.log.append(link)  # the parent's, before the call's result
         self.emit(AgentStarted(agent=name, task=task, context=context))
         child.thread = threading.Thread(target=self._run, args=(child, link),
@@ -394,7 +397,8 @@ class TurnAgents:
                 proxy = open_session(self.runtime.config, child.name, baseline=baseline)
                 try:
                     proxy.append(link).get(timeout=_STOP_S)
-                    runtime = dataclasses.replace(self.runtime, tree=self.tree)
+                    runtime = dataclasses.replace(self.runtime, tree=self.tree,
+                                                  traceparent=child.span)
                     try:
                         outcome = proxy.turn(runtime, child.task, self._child_sink(child.name),
                                              token, self._child_approver(child)).get()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from actors.base import telemetry
 from actors.base.cancel import CancelToken
 from actors.base.config import Config
 from actors.base.errors import Cancelled, TurnLimit
@@ -47,6 +48,7 @@ from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import META_TOOLS, Registry
 from tests.support.fake_llama import FakeLlama, Reply, answer, hang, http_error
+from tests.support.otlp import receiving
 from tests.support.turn_rig import ECHO, ScriptedPort, baseline, make_config
 from tests.support.watch import HANG_S
 
@@ -515,6 +517,20 @@ def test_a_child_whose_server_fails_is_a_failure_result(
     assert result_failed(result.content) and "model server failed" in result.content
     done = [e for e in r.events if isinstance(e, AgentDone)]
     assert [e.ok for e in done] == [False] and "model server" in done[0].reason
+
+
+def test_a_child_s_turn_is_a_span_under_its_parent_s_turn(
+        agents: Callable[..., AgentRig], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace")
+    with receiving(monkeypatch) as otlp:
+        r = agents(parent_then([agent_call("a")], lambda body: answer("1")))
+        r.turn()
+        assert telemetry.flush()
+        spans = otlp.wait(lambda got: [s.name for s in got].count("invoke_agent loopd") == 2)
+    turns = {s.attributes["gen_ai.conversation.id"]: s for s in spans
+             if s.name == "invoke_agent loopd"}
+    assert turns["s.a1"].parent_id == turns["s"].span_id
+    assert turns["s.a1"].trace_id == turns["s"].trace_id
 
 
 def test_events_of_a_child_carry_its_name(agents: Callable[..., AgentRig]) -> None:
