@@ -330,7 +330,7 @@ const lifecycle = await withAgent(async (ctx, editor) => {
   });
   const servers = withServers._meta.loopd.mcpServers;
   assert.deepEqual(servers.started, ["probe"]);
-  assert.deepEqual(servers.tools, ["echo", "env_var"]);
+  assert.deepEqual(servers.tools, ["echo", "env_var", "note"]);
   assert.equal(servers.notes.length, 1);
   assert.match(servers.notes[0], /^MCP server gone: its command '\/no\/such\/mcp-server' was not found/);
   const mcp = withServers.sessionId;

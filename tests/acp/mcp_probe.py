@@ -1,6 +1,7 @@
 """A small MCP server (the official ``mcp`` SDK's ``MCPServer``, over stdio) that an editor
 gives a ``loopd acp`` session in the tests: ``echo`` answers with its text, ``env_var`` with
-a variable of its environment (what the editor's ``env`` gave it)."""
+a variable of its environment (what the editor's ``env`` gave it); ``note`` says nothing of
+itself, so loopd asks before it runs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def echo(text: str) -> str:
 def env_var(name: str) -> str:
     """The value of an environment variable of this server ("" when it is not set)."""
     return os.environ.get(name, "")
+
+
+@server.tool()
+def note(text: str) -> str:
+    """Keep a note."""
+    return f"noted: {text}"
 
 
 if __name__ == "__main__":

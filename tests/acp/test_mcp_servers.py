@@ -119,6 +119,10 @@ async def _flow(where: Where) -> dict[str, Any]:
 
         seen["echo"] = await prompt(session, order("t1", "echo", {"text": "hello"}))
         seen["env"] = await prompt(session, order("t2", "env_var", {"name": "LOOPD_PROBE"}))
+        editor.answers = ["reject_once", "allow_once"]  # loopd's approval, as for its own
+        seen["denied"] = await prompt(session, order("t2b", "note", {"text": "a"}))
+        seen["allowed"] = await prompt(session, order("t2c", "note", {"text": "b"}))
+        seen["asked"] = [call.title for call, _ in editor.asked]
         other = (await conn.new_session(cwd=str(where.workspace), mcp_servers=[])).session_id
         seen["other"] = await prompt(other, order("u1", "echo", {"text": "hello"}))
         seen["other_session"] = other
@@ -136,7 +140,7 @@ async def _flow(where: Where) -> dict[str, Any]:
 
 def _check(where: Where, seen: dict[str, Any]) -> None:
     meta = seen["meta"]
-    assert meta["started"] == ["probe"] and meta["tools"] == ["echo", "env_var"], meta
+    assert meta["started"] == ["probe"] and meta["tools"] == ["echo", "env_var", "note"], meta
     notes = meta["notes"]
     assert len(notes) == 2, notes
     assert notes[0].startswith("MCP server old was not started: its transport 'sse'")
@@ -150,19 +154,25 @@ def _check(where: Where, seen: dict[str, Any]) -> None:
     assert reason == "end_turn" and results(updates) == ["hello"], updates
     reason, updates = seen["env"]  # the server got the editor's env
     assert reason == "end_turn" and results(updates) == ["from-the-editor"], updates
+    assert seen["asked"] == ["note a", "note b"], seen["asked"]  # not read-only: asked
+    reason, updates = seen["denied"]
+    assert reason == "end_turn" and "noted" not in results(updates)[0], updates
+    reason, updates = seen["allowed"]
+    assert reason == "end_turn" and results(updates) == ["noted: b"], updates
     reason, updates = seen["other"]  # another session of the same client: not offered
     assert reason == "end_turn" and "There is no tool named 'echo'" in results(updates)[0]
     resumed = seen["resumed"]
     assert (resumed["started"], resumed["tools"]) == ([], [])
     assert resumed["notes"] == [
-        "the tools echo, env_var (of the MCP servers probe it had when last opened) are not "
+        "the tools echo, env_var, note (of the MCP servers probe it had when last opened) are not "
         "offered to this session now: give those servers again to have them back; its "
         "conversation and KV state are kept as they were"]
     reason, updates = seen["after"]
     assert reason == "end_turn" and "There is no tool named 'echo'" in results(updates)[0]
     records, _ = read_log(where.sessions / session / "log.bin", name=session)
     logged = [r.content for r in records if isinstance(r, ToolResult)]
-    assert logged[:2] == ["hello", "from-the-editor"] and len(logged) == 3
+    assert logged[:2] == ["hello", "from-the-editor"] and logged[3] == "noted: b"
+    assert len(logged) == 5
     # its prompt prefix is every session's: the servers' tools are not in its Baseline
     plain, _ = read_log(where.sessions / seen["other_session"] / "log.bin",
                         name=seen["other_session"])

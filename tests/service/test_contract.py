@@ -89,14 +89,14 @@ def test_a_sessions_own_mcp_servers_are_its_tools_alone(place: Place) -> None:
     name, plain = place.name("mcp"), place.name("plain")
     probe = McpServer("probe", (sys.executable, str(PROBE)), env=("LOOPD_PROBE=given",))
     opened = place.service.open(name, True, (probe, McpServer("gone", ("/no/such/server",))))
-    assert (opened.servers, opened.tools) == (("probe",), ("echo", "env_var"))
+    assert (opened.servers, opened.tools) == (("probe",), ("echo", "env_var", "note"))
     (note,) = opened.notes
     assert note.startswith("MCP server gone: its command '/no/such/server' was not found")
     assert _turn(place, name, 't1 :: env_var {"name": "LOOPD_PROBE"}').content == "done t1."
     assert _results(place, name) == ["given"]
     _turn(place, plain, 'u1 :: echo {"text": "x"}')
     assert _results(place, plain)[0].startswith("There is no tool named 'echo'")
-    assert place.service.open(name, False, (probe,)).tools == ("echo", "env_var")
+    assert place.service.open(name, False, (probe,)).tools == ("echo", "env_var", "note")
     assert place.service.open(name, False) == Opened(name, False, opened.records, 0, 8192)
     _turn(place, name, 't2 :: echo {"text": "x"}')  # stopped: its tools are gone
     assert _results(place, name)[1].startswith("There is no tool named 'echo'")

@@ -105,6 +105,7 @@ class AcpEnv:
         self.config.write_text(
             f'[log]\ndir = "{self.sessions}"\nfsync = "always"\n'
             f'[tools]\nstandard = false\nrules_file = "{self.rules}"\napproval_timeout_s = 60\n'
+            "start_timeout_s = 120\n"  # a hang guard: hosts (the editor's too) on a busy machine
             '[[tools.hosts]]\nname = "files"\n'
             'tools = ["read_file", "write_file", "list_dir", "run_command"]\n'
             # no bubblewrap needed: the commands of these tests touch only the workspace
