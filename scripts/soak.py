@@ -12,14 +12,16 @@ open descriptors and threads, its tool hosts' RSS, the operations done and the e
 
 ``LOOPD_SOAK_SECONDS`` (default 3600), ``LOOPD_SOAK_CLIENTS`` (default 4). The verdict
 compares the last third of the samples with the first sample after the warm-up (a fifth
-of the run): RSS within 10% (and 8 MiB), descriptors and threads within 4. A plot
-(``bench/soak.png``) only when matplotlib is installed.
+of the run): RSS within 10% (and 8 MiB), descriptors and threads within 4. The plot
+(RSS, threads, descriptors, operations a second) is an SVG written here,
+``LOOPD_SOAK_PLOT`` (default ``bench/soak.svg``).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import sys
 import tempfile
@@ -41,6 +43,7 @@ SECONDS = int(os.environ.get("LOOPD_SOAK_SECONDS", "3600"))
 CLIENTS = int(os.environ.get("LOOPD_SOAK_CLIENTS", "4"))
 SAMPLE = max(1.0, min(60.0, SECONDS / 40))
 MIB = 1024 * 1024
+PLOT = Path(os.environ.get("LOOPD_SOAK_PLOT", "bench/soak.svg"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,27 +139,56 @@ def verdict(samples: list[Sample]) -> list[str]:
     return grew
 
 
-def plot(samples: list[Sample], where: Path) -> str:
-    try:
-        import matplotlib
+_W, _H, _LEFT, _TOP, _GAP = 640, 120, 70, 24, 34  # one panel's plot area and margins
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed"
-    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
+
+def _panel(top: int, title: str, minutes: list[float], lines: list[tuple[str, list[float]]],
+           span: float) -> list[str]:
+    """One panel: ``lines`` (colour, values) against ``minutes``, its axis from 0."""
+    high = max((v for _, values in lines for v in values), default=0.0) or 1.0
+    out = [f'<text x="{_LEFT}" y="{top - 6}" font-size="13">{title}</text>',
+           f'<rect x="{_LEFT}" y="{top}" width="{_W}" height="{_H}" fill="none" '
+           'stroke="#bbb"/>',
+           f'<text x="{_LEFT - 6}" y="{top + 10}" font-size="11" text-anchor="end">'
+           f'{high:,.4g}</text>',
+           f'<text x="{_LEFT - 6}" y="{top + _H}" font-size="11" text-anchor="end">0</text>']
+    for colour, values in lines:
+        points = " ".join(f"{_LEFT + m / span * _W:.1f},{top + _H - v / high * _H:.1f}"
+                          for m, v in zip(minutes, values, strict=True))
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                   f'points="{points}"/>')
+    return out
+
+
+def svg(samples: list[Sample]) -> str:
+    """RSS (the daemon's, its tool hosts'), threads, open descriptors and operations a
+    second over the run's minutes: an SVG of polylines, no plotting library needed."""
     minutes = [s.at / 60 for s in samples]
-    axes[0].plot(minutes, [s.rss / MIB for s in samples], label="daemon")
-    axes[0].plot(minutes, [s.hosts_rss / MIB for s in samples], label="tool hosts")
-    axes[0].set_ylabel("RSS MiB")
-    axes[0].legend()
-    axes[1].plot(minutes, [s.fds for s in samples])
-    axes[1].set_ylabel("open fds")
-    axes[2].plot(minutes, [s.threads for s in samples])
-    axes[2].set_ylabel("threads")
-    axes[2].set_xlabel("minutes")
+    span = max(minutes[-1] if minutes else 0.0, 1e-9)
+    rates = [0.0] + [max(0.0, (b.ops - a.ops) / max(b.at - a.at, 1e-9))
+                     for a, b in itertools.pairwise(samples)]
+    panels = [
+        ("daemon RSS MiB (blue), its tool hosts' RSS MiB (grey)",
+         [("#1f5fbf", [s.rss / MIB for s in samples]),
+          ("#999", [s.hosts_rss / MIB for s in samples])]),
+        ("daemon threads", [("#b3541e", [float(s.threads) for s in samples])]),
+        ("daemon open descriptors", [("#2e8b57", [float(s.fds) for s in samples])]),
+        ("operations a second (all clients)", [("#6a3d9a", rates)]),
+    ]
+    height = _TOP + len(panels) * (_H + _GAP) + 10
+    body: list[str] = []
+    for i, (title, lines) in enumerate(panels):
+        body += _panel(_TOP + i * (_H + _GAP), title, minutes, lines, span)
+    body.append(f'<text x="{_LEFT + _W}" y="{height - 6}" font-size="11" text-anchor="end">'
+                f'{span:.1f} minutes, {CLIENTS} clients, a sample every {SAMPLE:.0f} s</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LEFT + _W + 20}" '
+            f'height="{height}" font-family="sans-serif">\n'
+            '<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n")
+
+
+def plot(samples: list[Sample], where: Path) -> str:
     where.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(where)
+    where.write_text(svg(samples))
     return f"plot: {where}"
 
 
@@ -196,7 +228,7 @@ def main() -> int:
     print(f"done: {counts}; errors: {len(load.errors)}")
     for line in load.errors[:5]:
         print(f"  {line}")
-    print(plot(samples, Path("bench/soak.png")))
+    print(plot(samples, PLOT))
     grew = verdict(samples)
     print("flat after the warm-up" if not grew else "GREW: " + "; ".join(grew))
     return 0 if not grew and not load.errors else 1

@@ -469,10 +469,11 @@ def _replay(
 @contextlib.contextmanager
 def _long_lived() -> Iterator[None]:
     """Build objects that live long (a log's records) without the cyclic collector walking
-    them as they come: it is paused meanwhile, and what was built goes straight to its
-    oldest generation, as if it had survived the two younger ones (which would have walked
-    each record twice more: 6% of reopening 100,000 records). Only when nothing else holds
-    objects frozen (``gc.freeze``): unfreezing would let go of them too.
+    them as they come: it is paused meanwhile, and runs again after (off stays off for a
+    caller who turned it off). Nothing is frozen (``gc.freeze``): in a process with other
+    threads (the daemon) that would move every thread's young objects, garbage cycles
+    included, to the oldest generation uncounted, where a full collection seldom comes:
+    the daemon grew ~12 KiB an operation for ever (docs/proof.md#the-soak).
     """
     if not gc.isenabled():
         yield
@@ -481,9 +482,6 @@ def _long_lived() -> Iterator[None]:
     try:
         yield
     finally:
-        if not gc.get_freeze_count():
-            gc.freeze()
-            gc.unfreeze()
         gc.enable()
 
 

@@ -527,6 +527,8 @@ class LocalService:
         elif holder is not None:
             raise SessionInUse(name)
         remove_session(self.config, name)
+        if (world := self.table.worlds.started()) is not None:
+            world.forget_state(name)  # the slot keeper's entry for it
 
     def close(self, name: str) -> None:
         self.table.detach(self.client, name)

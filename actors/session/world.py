@@ -75,6 +75,7 @@ class World:
     stop_timeout_s: float = 10.0  # how long close_sessions waits for each session actor
     hidden: tuple[str, ...] = ()  # loopd's own places, which the file tools refuse
     save_state: Callable[[str], None] = lambda _: None  # the slot keeper's save_now
+    forget_state: Callable[[str], None] = lambda _: None  # the slot keeper's forget
 
     def fork(self, src: str, new: str, at: int | None = None) -> ForkReport:
         """Fork session ``src`` into ``new`` (actors.session.fork), its KV state saved first
@@ -180,7 +181,7 @@ def start_world(
                           rules=rules, hidden=toolbox.hidden)
         world = World(runtime=runtime, model=model, embedded=embedded,
                       urls=tuple(s.url for s in specs), save_state=inference.save_state,
-                      hidden=toolbox.hidden)
+                      forget_state=inference.keeper.forget, hidden=toolbox.hidden)
         stack.callback(world.close_sessions, status)
         stack.callback(deadline.arm)  # the first step of the stop
         yield world

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import weakref
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,6 +338,25 @@ def test_opening_leaves_the_cyclic_collector_as_it_found_it(log_path: Path) -> N
     with pytest.raises(LogCorrupt):
         SessionLog.open(log_path)
     assert gc.isenabled() and kept
+
+
+def test_opening_moves_no_other_objects_to_the_oldest_generation(log_path: Path) -> None:
+    """Young objects of the process (another thread's garbage, in a daemon) stay where the
+    collector's young collections find them when a log is opened: moved to the oldest
+    generation uncounted, no full collection came for them and the daemon grew for ever."""
+    write_log(log_path, every_kind())
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    gc.collect()
+    cycle = Cycle()
+    dead = weakref.ref(cycle)
+    del cycle  # garbage now, for the collector's next young collection
+    SessionLog.open(log_path)[0].close()
+    oldest = {id(obj) for obj in gc.get_objects(generation=2)}
+    assert dead() is None or id(dead()) not in oldest
 
 
 def test_first_record_must_be_a_baseline(log_path: Path) -> None:

@@ -105,6 +105,7 @@ RESTORED_NOTHING = "the server restored no tokens"
 
 _SAVE_WAIT_S = 60.0  # save_now: how long a save in flight is waited for (a hang guard)
 _PREFIXES = 64  # rendered baselines remembered per server
+_ENTRIES = 1024  # sessions remembered past their use (their server, what to tell them)
 _PROBE = "loopd-probe"  # an action no server knows: 400 with a save path, 501 without
 
 
@@ -240,7 +241,9 @@ class SlotKeeper:
         self._settings = settings
         self._say = say
         self._cond = threading.Condition()
+        # by name, least recently leased first; and by key (a save names its key)
         self._sessions: dict[str, _Session] = {}
+        self._keys: dict[str, _Session] = {}
         self._waiting: collections.OrderedDict[int, Ticket] = collections.OrderedDict()
         self._numbers = itertools.count(1)
         self._clock = itertools.count(1)
@@ -332,6 +335,7 @@ class SlotKeeper:
         slot = server.slots[pick.slot]
         save_first = pick.kind == "evict" and slot.dirty and server.store is not None
         slot.leased, slot.lessee, slot.used = True, ticket.session, next(self._clock)
+        self._sessions[session.name] = self._sessions.pop(session.name)  # most recent last
         if pick.kind != "kept":
             slot.holder, slot.dirty = None, False
         session.home = target
@@ -481,12 +485,43 @@ class SlotKeeper:
             if session is None:
                 log_dir = self._settings.log_dir
                 key = slot_key(log_file(log_dir, name)) if log_dir is not None else name
-                session = self._sessions[name] = _Session(name, key)
+                if len(self._sessions) >= _ENTRIES:
+                    self._prune()
+                session = self._sessions[name] = self._keys[key] = _Session(name, key)
             return session
 
     def _by_key(self, key: str) -> _Session | None:
         with self._cond:
-            return next((s for s in self._sessions.values() if s.key == key), None)
+            return self._keys.get(key)
+
+    def _prune(self) -> None:
+        """Under the lock: forget the least recently leased quarter of the sessions no slot
+        holds, leases or saves and no request waits for (a session forgotten and used again
+        starts from its file, on the server with most room, like a new one)."""
+        slots = [slot for server in self._servers for slot in server.slots]
+        holders = {slot.holder for slot in slots}
+        busy = {slot.lessee for slot in slots} | {t.session for t in self._waiting.values()}
+        idle = [n for n, s in self._sessions.items() if s.key not in holders and n not in busy]
+        for name in idle[: max(1, len(self._sessions) // 4)]:
+            self._keys.pop(self._sessions.pop(name).key, None)
+
+    def forget(self, session: str) -> None:
+        """``session`` was removed: its entry goes, and a slot holding its state (not
+        leased) holds nobody's, so that no save brings its file back."""
+        with self._cond:
+            gone = self._sessions.pop(session, None)
+            if gone is None:
+                return
+            self._keys.pop(gone.key, None)
+            for server in self._servers:
+                for slot in server.slots:
+                    if slot.holder == gone.key and not slot.leased and not slot.saving:
+                        slot.holder, slot.dirty, slot.base = None, False, None
+
+    def entries(self) -> int:
+        """How many sessions the keeper remembers (bounded: docs/slots.md)."""
+        with self._cond:
+            return len(self._sessions)
 
     @traced.kv_save
     def _save(self, target: int, index: int, key: str) -> bool:

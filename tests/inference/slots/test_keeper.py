@@ -23,6 +23,7 @@ from actors.base.cancel import CancelToken
 from actors.base.errors import Cancelled, LoopdError
 from actors.base.events import Queued
 from actors.inference.slots import files as slotfiles
+from actors.inference.slots import keeper as keeper_module
 from actors.inference.slots.keeper import (
     NO_SAVE_PATH,
     SERVER_CHANGED,
@@ -119,6 +120,33 @@ def test_eviction_saves_the_idle_session_then_restores_it_when_it_comes_back(mak
     assert rig.losses("a") == []  # the restore took: nothing was processed twice
     usage = [r for r in rig.records("a") if type(r).__name__ == "Usage"][-1]
     assert usage.timings["cache_n"] >= use.restored - 2
+
+
+def test_a_removed_session_is_forgotten_and_its_state_not_saved_again(make: Any) -> None:
+    rig = make(slots=1)
+    rig.turn("a")
+    keeper = rig.inference.keeper
+    assert keeper.entries() == 1
+    keeper.forget("a")  # removed (LocalService.remove): its files are gone
+    assert keeper.entries() == 0
+    rig.turn("a")  # a new session of that name: the old one's state is not "kept" for it
+    assert rig.last("a").state is not SlotState.KEPT
+    rig.turn("b")
+    keeper.forget("b")
+    rig.turn("c")  # the only slot changes hands: nothing of b's is saved back
+    assert ("save", "b") not in [(c[0], c[2].split("-")[0]) for c in rig.calls()]
+
+
+def test_the_sessions_remembered_are_bounded_and_a_forgotten_one_is_restored(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keeper_module, "_ENTRIES", 4)
+    rig = make(slots=1)
+    for n in range(10):
+        rig.turn(f"s{n}")
+        assert rig.inference.keeper.entries() <= 4
+    rig.turn("s0")  # long forgotten: its saved state comes back all the same
+    assert restored(rig.last("s0")) and rig.losses("s0") == []
 
 
 def test_more_sessions_than_slots_at_once_never_share_a_slot_nor_deadlock(make: Any) -> None:
