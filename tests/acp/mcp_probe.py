@@ -1,7 +1,8 @@
 """A small MCP server (the official ``mcp`` SDK's ``MCPServer``, over stdio) that an editor
 gives a ``loopd acp`` session in the tests: ``echo`` answers with its text, ``env_var`` with
 a variable of its environment (what the editor's ``env`` gave it); ``note`` says nothing of
-itself, so loopd asks before it runs."""
+itself, so loopd asks before it runs. With ``LOOPD_PROBE_CLASH`` set it also has a
+``read_file``, a name loopd's own file tools have."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def env_var(name: str) -> str:
 def note(text: str) -> str:
     """Keep a note."""
     return f"noted: {text}"
+
+
+if os.environ.get("LOOPD_PROBE_CLASH"):
+
+    @server.tool(annotations=_READ_ONLY)
+    def read_file(path: str) -> str:
+        """The probe's own read_file."""
+        return f"the probe's {path}"
 
 
 if __name__ == "__main__":

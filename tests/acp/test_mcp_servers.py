@@ -208,21 +208,29 @@ def test_an_unknown_transport_or_a_name_clash_is_a_note_and_the_session_works(
     rid = agent.send("session/new", {"cwd": str(env.workspace), "mcpServers": [
         {"type": "websocket", "name": "ws", "url": "ws://127.0.0.1:9"},
         given,  # "files" is the name of loopd's own tool host here
-        {**given, "name": "my tools"},  # its tools are offered, under the host my-tools
+        # its tools are offered, under the host my-tools; its read_file as my-tools__read_file
+        {**given, "name": "my tools", "env": [{"name": "LOOPD_PROBE_CLASH", "value": "1"}]},
     ]})
     made, _ = agent.answer(rid)
     session = made["result"]["sessionId"]
     servers = made["result"]["_meta"]["loopd"]["mcpServers"]
     assert servers["started"] == ["my-tools"]
+    assert "my-tools__read_file" in servers["tools"] and "read_file" not in servers["tools"]
     notes = servers["notes"]
     assert notes[0].startswith("MCP server ws was not started: its transport 'websocket'")
     assert "MCP server files: a tool host of this session already has the name files" in notes[1]
+    assert notes[2].startswith("tool read_file of MCP server my-tools is offered as "
+                               "my-tools__read_file: loopd's tool host files has a tool named "
+                               "read_file and keeps that name")
     following = [agent.read() for _ in notes]  # each a message in the session, after it
-    assert [m["params"]["sessionId"] for m in following] == [session] * 2
+    assert [m["params"]["sessionId"] for m in following] == [session] * 3
     assert [m["params"]["update"]["content"]["text"] for m in following] == [
         f"loopd: {n}\n" for n in notes]
-    rid = agent.send("session/prompt", {"sessionId": session, "prompt": [
-        {"type": "text", "text": order("t1", "echo", {"text": "still here"})}]})
+    rid = agent.send("session/prompt", {"sessionId": session, "prompt": [{
+        "type": "text", "text": " :: ".join([
+            order("t1", "echo", {"text": "still here"}),
+            'read_file {"path": "notes.txt"}',  # loopd's own
+            'my-tools__read_file {"path": "notes.txt"}'])}]})
     while "method" in (message := agent.read()):
         if message["method"] == "session/request_permission":
             agent.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {
@@ -230,7 +238,7 @@ def test_an_unknown_transport_or_a_name_clash_is_a_note_and_the_session_works(
     assert message["id"] == rid and message["result"]["stopReason"] == "end_turn", message
     assert agent.close() == 0
     logged = [r.content for r in env.records(session) if isinstance(r, ToolResult)]
-    assert logged == ["still here"]
+    assert logged == ["still here", "Buy seeds.\n", "the probe's notes.txt"]
 
 
 def test_a_session_closed_to_make_room_gets_its_servers_again_when_used(
