@@ -149,9 +149,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # The longest tests start first, so that the run does not end on one of them while the other
 # workers sit idle (`make test` hands tests out one at a time: --maxschedchunk 1). The real
-# model's tests take minutes; the rest of this list, longest first, took 11-75 s each under
-# load (--durations, 2026-12-04). A test not listed keeps its place; a renamed one only loses
-# its head start.
+# model's tests, longest first: CPU-s of each alone (its llama-server on one thread, so about
+# its wall time on a quiet machine), measured with -n 2 under load (2026-12-06). A model test
+# not listed starts after these.
+MODEL_LONG_FIRST = (
+    "tests/session/test_compaction_embedded.py::test_ten_pasted_pages",  # 60 CPU-s
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[slots]",  # 29
+    "tests/session/test_fork_embedded.py::",  # 21
+    "tests/session/test_compaction_embedded.py::",  # 19
+    "tests/inference/embedded/test_embedded_turn.py::",  # 18
+    "tests/test_eval.py::test_smoke_two_tasks_on_the_embedded_model",  # 16
+    "tests/inference/slots/test_slots_embedded.py::",  # 10-11 each
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[fork]",  # 10
+)
+# The rest of this list, longest first, took 11-75 s each under load (--durations,
+# 2026-12-04). A test not listed keeps its place; a renamed one only loses its head start.
 LONG_FIRST = (
     "tests/faults/test_crash.py::test_sigkill_at_random_moments_loses_nothing",
     "tests/session/turn/test_extension_property.py::test_every_request_extends_the_last",
@@ -177,13 +189,21 @@ LONG_FIRST = (
 )
 
 
+def _ranked(items: list[pytest.Item], order: tuple[str, ...]) -> list[pytest.Item]:
+    """``items`` by the first entry of ``order`` each starts with (unlisted last), stably."""
+    def rank(item: pytest.Item) -> int:
+        return next((n for n, p in enumerate(order) if item.nodeid.startswith(p)), len(order))
+    return sorted(items, key=rank)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The real model's tests and the listed long ones first, one of the model's after every
     two long ones (three workers: rarely two model servers at once); the rest in order."""
-    model = [i for i in items if i.get_closest_marker("embedded") is not None]
-    rank = {i: next((n for n, p in enumerate(LONG_FIRST) if i.nodeid.startswith(p)), -1)
-            for i in items if i not in model}
-    long = sorted((i for i, n in rank.items() if n >= 0), key=rank.__getitem__)
+    model = _ranked([i for i in items if i.get_closest_marker("embedded") is not None],
+                    MODEL_LONG_FIRST)
+    models = set(model)
+    long = _ranked([i for i in items if i not in models and any(
+        i.nodeid.startswith(p) for p in LONG_FIRST)], LONG_FIRST)
     head: list[pytest.Item] = []
     while model or long:
         head += model[:1] + long[:2]
