@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import IO
 
 import httpx
+import psutil
 
 from actors.base.config import Config, EmbeddedConfig
 from actors.base.errors import EmbeddedError
@@ -48,6 +49,7 @@ __all__ = [
     "server_binary",
     "server_command",
     "server_identity",
+    "server_threads",
     "slot_dir",
 ]
 
@@ -145,8 +147,37 @@ def _wheel_record(binary: Path) -> str:
     return "\n".join(sorted(lines)) if owned else ""
 
 
+def server_threads(
+    configured: int, *, cores: int | None = None, physical: int | None = None,
+    load: float | None = None,
+) -> int:
+    """llama-server's ``-t``: ``embedded.threads`` when set; for 0, the cores free when it
+    starts (this process's cores less the 1-minute load average, rounded, at least 1, at
+    most the physical cores), and 0 (llama-server's own default: every core) when all are
+    free.
+
+    llama.cpp's threads wait for each other at every step of the graph by spinning (its
+    ``--poll 0`` does not stop that), so a thread that waits for a core held by another
+    process stalls all of them: beside a busy neighbour on 2 cores the default generated
+    0.3 tokens/s where one thread generated 5-6 (docs/embedded.md). On free cores every
+    core is faster, so the count follows what is free, measured once at start.
+    """
+    if configured > 0:
+        return configured
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cores = cores or os.cpu_count() or 1
+    if physical is None:
+        physical = psutil.cpu_count(logical=False) or cores
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    free = max(1, min(cores, int(cores - load + 0.5)))
+    return 0 if free >= cores else min(free, physical)
+
+
 def server_command(
-    binary: Path, model: Path, port: int, embedded: EmbeddedConfig, *, repack: bool = True
+    binary: Path, model: Path, port: int, embedded: EmbeddedConfig, *, repack: bool = True,
+    threads: int | None = None,
 ) -> list[str]:
     """The llama-server command line: tools need ``--jinja``.
 
@@ -154,7 +185,9 @@ def server_command(
     explicit ``-np`` llama-server gives each slot ``-c / np``), and a save path so the slot
     keeper can save and restore sessions' KV state. ``repack=False`` adds ``--no-repack``,
     which keeps llama.cpp from using its AMX kernels (see :meth:`EmbeddedServer.start`).
+    ``threads``: ``-t`` (0: none, llama-server's default), ``embedded.threads`` when None.
     """
+    threads = embedded.threads if threads is None else threads
     cmd = [
         str(binary),
         "-m", str(model),
@@ -168,8 +201,8 @@ def server_command(
         "--log-colors", "off",
         "--temp", f"{embedded.temperature:g}",
     ]  # fmt: skip
-    if embedded.threads > 0:
-        cmd += ["-t", str(embedded.threads)]
+    if threads > 0:
+        cmd += ["-t", str(threads)]
     if not repack:
         cmd.append("--no-repack")
     return cmd
@@ -233,9 +266,11 @@ class EmbeddedServer:
         marker = _RepackMarker(data_dir / NO_REPACK_MARKER, binary)
         repack = not marker.is_set()
         port_tries = 3 if config.embedded.port == 0 else 1
+        threads = server_threads(config.embedded.threads)
         while True:
             port = config.embedded.port or free_port()
-            cmd = server_command(binary, model, port, config.embedded, repack=repack)
+            cmd = server_command(binary, model, port, config.embedded, repack=repack,
+                                 threads=threads)
             server = cls._spawn(cmd, port, data_dir / LOG_FILE)
             try:
                 server._wait_healthy(deadline, config.embedded.startup_timeout_s, on_progress)

@@ -93,6 +93,39 @@ def test_the_command_line() -> None:
     assert "--no-repack" in threaded
 
 
+def test_threads_follow_the_free_cores_unless_set() -> None:
+    threads = embedded.server_threads
+    assert threads(3, cores=2, physical=2, load=40.0) == 3  # set: as set
+    # 0: every core (llama-server's default, no -t) when they are free ...
+    assert threads(0, cores=2, physical=2, load=0.2) == 0
+    assert threads(0, cores=8, physical=4, load=0.0) == 0
+    # ... else the free ones, at least one: a thread that waits for a busy core stalls all
+    assert threads(0, cores=2, physical=2, load=0.7) == 1
+    assert threads(0, cores=2, physical=2, load=24.0) == 1
+    assert threads(0, cores=8, physical=8, load=3.2) == 5
+    assert threads(0, cores=8, physical=4, load=2.0) == 4  # never past the physical cores
+    assert threads(0) >= 0  # this machine's
+
+
+def test_the_server_gets_the_threads_chosen_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+
+    def spawn(cmd: list[str], port: int, log_path: Path) -> EmbeddedServer:
+        commands.append(cmd)
+        raise EmbeddedError("stop here")
+
+    monkeypatch.setattr(EmbeddedServer, "_spawn", staticmethod(spawn))
+    monkeypatch.setattr(embedded.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    config = Config().replace("embedded", data_dir=str(tmp_path))
+    for keys in ({}, {"threads": 2}):
+        with pytest.raises(EmbeddedError, match="stop here"):
+            EmbeddedServer.start(config.replace("embedded", **keys),
+                                 binary=tmp_path / "s", model=tmp_path / "m")
+    assert [dict(itertools.pairwise(c))["-t"] for c in commands] == ["1", "2"]
+
+
 # --- the server lifecycle (a fake llama-server process) ------------------------------------
 
 
