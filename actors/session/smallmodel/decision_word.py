@@ -188,8 +188,12 @@ class WordFilter:
         self._start: str | None = "" if self._word else None  # None: no word (any more)
         self._call = False  # the word was TOOL: the rest is a call
         self._held: str | None = "" if self._bare else None  # None: shown as it comes
+        self._open = not (self._word or self._bare)  # no word, nothing held: pass text on
 
     def __call__(self, event: Event) -> None:
+        if self._open and type(event) is Content:  # every chunk once decided: as it came
+            self._sink(event)
+            return
         if isinstance(event, Retrying):
             self._reset()
         if not isinstance(event, Content):
@@ -212,10 +216,12 @@ class WordFilter:
                 self._held = held
                 return
             self._held, text = None, held
-        self._sink(Content(text))
+        self._open = True  # decided, nothing held: the next chunks pass as they come
+        self._sink(event if text is event.text else Content(text))
 
     def flush(self) -> None:
         """The stream ended and was not taken as a call: what was held back is shown now."""
         held, self._held = self._held, None
+        self._open = self._start is None and not self._call
         if held:
             self._sink(Content(held))

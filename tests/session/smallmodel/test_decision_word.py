@@ -117,6 +117,21 @@ def test_a_retry_looks_for_the_word_again_and_other_events_pass_at_once() -> Non
     assert out == [progress]
 
 
+def test_once_decided_each_chunk_is_passed_on_as_it_came() -> None:
+    """After the word (or with none to look for) a chunk is not rebuilt: the same event."""
+    for word, first in ((True, "ANSWER "), (False, "The")):
+        out: list[Event] = []
+        sink = WordFilter(out.append, word=word)
+        chunks = [Content(first), Content(" The"), Content(" capital"), Content(" is Paris.")]
+        for chunk in chunks:
+            sink(chunk)
+        assert out[-2] is chunks[2] and out[-1] is chunks[3]
+        sink(Retrying(attempt=2, delay=0.0, reason="x"))  # looks for the word again
+        sink(Content("ANSWER Rome."))
+        assert "".join(e.text for e in out if isinstance(e, Content)).endswith(
+            " is Paris." + ("Rome." if word else "ANSWER Rome."))
+
+
 def test_text_without_a_word_is_passed_on_whole() -> None:
     text, _ = _streamed(["AN", "D then"])
     assert text == "AND then"
