@@ -137,7 +137,8 @@ class Tree:
         self.limit: tuple[str, str] | None = None  # (limit, detail) once spent
         self._lock = threading.Lock()
         self.asking = threading.Lock()  # one approval question to the person at a time
-        self.emitting = threading.Lock()  # children's events reach the sink one at a time
+        self.emitting = threading.RLock()  # children's events reach the sink one at a time (a
+        # grandchild's pass through its parent's sink, under the same lock)
         parallel = config.agents.max_parallel or max(slots, 1)
         self.running = threading.BoundedSemaphore(parallel)
         self._names: set[str] = set()
@@ -299,8 +300,14 @@ class TurnAgents:
         if child is None:  # not seen by start (a bare-JSON call): started now
             self.start([call])
             child = self._children[id(call)]
-        if child.answer is None:
+        if child.answer is None and self.depth == 0:
             child.done.wait()
+        elif child.answer is None:  # a child waiting for its own: its place goes to them
+            self.tree.running.release()
+            try:
+                child.done.wait()
+            finally:
+                self.tree.running.acquire()
         assert child.answer is not None
         return child.answer
 

@@ -509,6 +509,24 @@ def test_a_child_has_no_agent_tool_and_its_agent_call_is_refused(
     assert list_sessions(r.config) == ["s", "s.a1"]
 
 
+def test_a_child_may_start_agents_under_max_depth_two_on_one_place(
+        agents: Callable[..., AgentRig]) -> None:
+    def child(body: dict[str, Any]) -> Reply:
+        if asked(body) == "deeper":
+            return answer("deep")
+        if last(body).get("role") == "tool":
+            return answer(f"got {last(body)['content']}")
+        return answer(tool_calls=[agent_call("deeper")])
+
+    r = agents(parent_then([agent_call("nest")], child),
+               agents={"max_depth": 2, "max_parallel": 1}, turn_seconds=60)
+    assert r.turn().content == "done"  # the child gave its place to its own child
+    assert [x.content for x in r.results()] == ["got deep"]
+    assert list_sessions(r.config) == ["s", "s.a1", "s.a1.a1"]
+    deepest = next(b for b in r.fake.requests if asked(b) == "deeper")
+    assert AGENT not in [t["function"]["name"] for t in deepest["tools"]]
+
+
 def test_a_child_whose_server_fails_is_a_failure_result(
         agents: Callable[..., AgentRig]) -> None:
     r = agents(parent_then([agent_call("a")], lambda body: http_error(500, "gone")))
