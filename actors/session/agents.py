@@ -136,7 +136,7 @@ class Tree:
         self.children = 0  # started in the whole tree
         self.limit: tuple[str, str] | None = None  # (limit, detail) once spent
         self._lock = threading.Lock()
-        self.asking = threading.Lock()  # one approval question to the person at a time
+        self.asking = threading.RLock()  # one approval question to the person at a time
         self.emitting = threading.RLock()  # children's events reach the sink one at a time (a
         # grandchild's pass through its parent's sink, under the same lock)
         parallel = config.agents.max_parallel or max(slots, 1)

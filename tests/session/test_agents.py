@@ -441,6 +441,13 @@ def test_an_approval_of_a_child_names_the_child_and_its_task(
     assert r.turn(approver=approver).content == "done"
     assert len(seen) == 1
     assert seen[0].prompt.startswith("[agent s.a1, task: wipe the disk]")
+    nested = agents(parent_then([agent_call("nest")], lambda body: child(body) if asked(body)
+                                == "wipe the disk" else answer("ok") if last(body).get("role")
+                                == "tool" else answer(tool_calls=[agent_call("wipe the disk")])),
+                    registry=Registry([port]), agents={"max_depth": 2})
+    assert nested.turn(approver=approver).content == "done"  # asked through two wrappers
+    assert seen[1].prompt == ("[agent s.a1, task: nest] [agent s.a1.a1, task: wipe the disk] "
+                              "Allow wipe?")  # its lineage, the parent's child first
     asked_events = [e for e in r.events if isinstance(e, AgentEvent)
                     and isinstance(e.event, ApprovalRequested)]
     assert [e.agent for e in asked_events] == ["s.a1"]
