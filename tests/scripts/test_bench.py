@@ -54,7 +54,7 @@ def test_every_bench_is_found() -> None:
 @pytest.mark.timeout(1800)  # the real-model benches took > 600 s on a loaded 2-core machine
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=[pytest.mark.embedded] if n in ("slots", "fork") else [])
+    [pytest.param(n, marks=[pytest.mark.embedded] if n in ("slots", "fork", "agents") else [])
      for n in BENCHES],
 )
 def test_each_bench_runs_whole_at_tiny_sizes(tmp_path: Path, name: str) -> None:
