@@ -47,6 +47,7 @@ from actors.session.turn import Runtime, TurnOutcome, run_turn
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass, ToolSpec
 from actors.tools.registry import META_TOOLS, Registry
+from tests.cli.clikit import cli_env
 from tests.support.fake_llama import FakeLlama, Reply, answer, hang, http_error
 from tests.support.otlp import receiving
 from tests.support.turn_rig import ECHO, ScriptedPort, baseline, make_config
@@ -566,3 +567,30 @@ def test_events_of_a_child_carry_its_name(agents: Callable[..., AgentRig]) -> No
     lines = [to_json(e) for e in r.events if isinstance(e, AgentEvent)]
     assert lines and all(line["agent"] == "s.a1" for line in lines)
     assert {line["event"] for line in lines} >= {"content", "used"}
+
+
+# --- the command: loopd run, live and --json --------------------------------------------------
+
+
+@pytest.mark.parametrize("json_view", [False, True])
+def test_loopd_run_shows_children_live_and_as_json(tmp_path: Path, capsys: Any,
+                                                   json_view: bool) -> None:
+    env = cli_env(tmp_path, standard=False)
+    with open(env["config"], "a") as f:  # [inference] is the file's last section
+        f.write("[agents]\nenabled = true\n")
+    script = parent_then([agent_call("count the notes")], lambda body: answer("one note"))
+    with FakeLlama(script) as fake:
+        args = ["run", "Hi?", "--config", env["config"], "--url", fake.url, "--local"]
+        assert main([*args, "--json"] if json_view else args) == 0
+    out, err = capsys.readouterr()
+    if json_view:
+        lines = [json.loads(line) for line in out.splitlines()]
+        started = [e["agent"] for e in lines if e["event"] == "agent_started"]
+        assert len(started) == 1 and started[0].endswith(".a1")  # PARENT.a1
+        child = [e for e in lines if e.get("agent", "").endswith(".a1")
+                 and e["event"] == "content"]
+        assert "".join(e["text"] for e in child) == "one note"
+        assert lines[-1]["event"] == "answer" and lines[-1]["content"] == "done"
+    else:
+        assert out.strip() == "done"  # a child's text is not the answer
+        assert "⇉ agent" in err and "count the notes" in err and "⇇ agent" in err
