@@ -92,8 +92,10 @@ Messages, daemon to client
   fields): ``queued``, ``waiting``, ``progress``, ``reasoning``, ``content``,
   ``thinking_capped``, ``retrying``, ``tool_call_started``, ``tool_result``, ``cache_loss``,
   ``torn_tail``, ``approval_requested``, ``approval_decided``, ``compacting``,
-  ``compacted`` and ``answer_cut`` (see ``actors/base/events.py`` for each one's fields; a
-  new event is a new protocol version, but for those listed under "Fields added later").
+  ``compacted``, ``answer_cut``, ``agent_started`` and ``agent_done`` (see
+  ``actors/base/events.py`` for each one's fields; a new event is a new protocol version,
+  but for those listed under "Fields added later"). An event of a child agent's turn is
+  the event itself with one more field, ``agent`` (the child's session; docs/agents.md).
 - ``done``: ``id``, ``content`` text (the answer), ``iterations`` int, ``tool_calls`` int,
   ``cut`` bool (the answer stopped at ``loop.max_tokens``), ``usage`` bin (the turn's last
   ``Usage`` record in the log's own encoding, docs/log.md#encoding: a msgpack map with
@@ -188,6 +190,9 @@ events ``compacting`` and ``compacted`` are new in version 1 too: a client from
 before ends a turn that compacts with a WireError (an unknown event). So does the event
 ``answer_cut``, new in version 1 with the runaway-text limit, for a turn whose answer loopd
 cut (``done.usage`` says why in its ``cut``).
+The events ``agent_started`` and ``agent_done``, and the ``agent`` field of a child's
+events, are new in version 1 with the agent tool: a client from before ends a turn that
+starts agents with a WireError (an unknown event); a turn without agents sends none.
 
 ``approve`` and ``approval`` took their present fields when approvals first travelled to
 clients (3286a6d); before, the daemon never sent ``approval``. The ``approve`` choice
