@@ -22,6 +22,10 @@ against the SDK (goal: under 0.3x). The CPU time of this process (every thread: 
 too) per model call is reported beside, as a ratio to the decoding floor's: on a machine
 loaded by other programs the wall times carry their turns on the CPU, the CPU times do not.
 
+After its start-up (the warm-up turn) the bench freezes its heap (``gc.freeze``), as a loopd
+process does once started (:mod:`actors.base.startup`): every variant then pays the
+collector for what it leaves, not for walking the bench's own start-up heap.
+
 The main run pins this process to the first CPU and the server to the last (`_pinned`), as
 a real llama-server has hardware of its own: every variant then pays its own CPU time and
 nothing else. A second, shorter run without pinning is reported too; there the ratios swing
@@ -34,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import importlib.util
 import os
 import resource
@@ -233,6 +238,9 @@ def _measure(url: str, logs: _Logs, *, rounds: int, sdk: bool) -> dict[str, floa
         bodies = [encode_body(r) for r in requests]
         warm.close()
         size = _sse_kb(url, bodies)
+        # Start-up is done: freeze its heap, as a loopd process does (startup.settled); what
+        # the collector then walks is what the calls leave, for every variant alike.
+        gc.freeze()
 
         def floor() -> None:
             for body in bodies:

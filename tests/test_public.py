@@ -95,6 +95,20 @@ def test_loopd_as_a_library_keeps_httpx_whole() -> None:
     assert "httpx._main" not in loaded and "actors.base.startup" not in loaded
 
 
+def test_only_a_loopd_program_freezes_its_start_up_heap_and_only_once() -> None:
+    """``startup.settled`` freezes the heap (gc.freeze) in a process marked a loopd program
+    (its entry point), once: a library user's process, or a test calling ``main``, keeps its
+    collector as it was, and what a program makes after start-up stays collectable."""
+    code = ("import gc\nfrom actors.base import startup\n"
+            "startup.settled(); library = gc.get_freeze_count()\n"
+            "startup.program(); startup.settled(); frozen = gc.get_freeze_count()\n"
+            "later = [[] for _ in range(1000)]; startup.settled()\n"
+            "print(library, frozen > 1000, gc.get_freeze_count() == frozen)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.split() == ["0", "True", "True"]
+
+
 def test_tracing_off_loads_nothing_of_opentelemetry() -> None:
     """Off (no OTLP endpoint, no [telemetry] enabled), a session process, its CLI and a tool
     host import no OpenTelemetry module, even after a span was asked for."""

@@ -25,6 +25,7 @@ from acp.utils import normalize_result
 
 from actors.acp.agent import LoopdAgent
 from actors.acp.stdio import StdioTransport, claim_stdio
+from actors.base import startup
 from actors.base.config import Config
 
 __all__ = ["route_delete", "serve"]
@@ -58,6 +59,7 @@ async def _serve(
         conn = AgentSideConnection(cast(Agent, agent), transport, listening=False,
                                    use_unstable_protocol=True)
         agent.can_delete = route_delete(conn, agent)
+        startup.settled()
         try:
             await conn.listen()
         finally:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from actors.base import config as cfg
+from actors.base import startup
 from actors.base.errors import DaemonError, LoopdError, SessionFull, UsageError
 from actors.base.events import Approver
 from actors.cli import branch, compact
@@ -205,6 +206,8 @@ def _load(args: argparse.Namespace) -> cfg.Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program's own command line: a loopd process (not a test's call)
+        startup.program()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["toolhost"]:
         from actors.tools.host import main as toolhost
@@ -327,6 +330,7 @@ def _run(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
         else TerminalApprover(err) if sys.stdin.isatty() else NoTerminal()
     )
     with open_conversation(args, config, status, sink, approver) as conversation:
+        startup.settled()
         started = time.monotonic()
         try:
             outcome = conversation.turn(args.message, sink)
@@ -363,6 +367,7 @@ def _chat(args: argparse.Namespace, config: cfg.Config, err: Console) -> int:
     approver: Approver = TerminalApprover(out) if sys.stdin.isatty() else NoTerminal()
     with open_conversation(args, config, lambda s: err.print(f"[dim]{escape(s)}[/]"), notices,
                            approver) as conversation:
+        startup.settled()
         # Ctrl-C at the prompt clears the line; SIGTERM (Terminated) ends the chat
         run_chat(Chat(conversation, out, COMMANDS), line_reader(),
                  lambda e: not isinstance(e, Terminated))

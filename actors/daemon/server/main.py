@@ -31,6 +31,7 @@ from typing import Any
 
 import zmq
 
+from actors.base import startup
 from actors.base.config import Config
 from actors.base.durable import lock
 from actors.base.errors import DaemonError, UsageError
@@ -159,6 +160,7 @@ def serve(config: Config, say: Callable[[str], None]) -> int:
                     if stop.is_set():
                         server[0].request_stop()
                     say(f"loopd daemon pid {os.getpid()} serving on {where}")
+                    startup.settled()
                     with SignalWake(server[0].loop):  # a SIGTERM taken by another thread
                         server[0].serve()
                 finally:

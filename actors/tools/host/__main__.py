@@ -2,6 +2,8 @@
 
 import sys
 
+from actors.base import startup
 from actors.tools.host.main import main
 
+startup.program()
 sys.exit(main(sys.argv[1:]))

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import zmq
 
-from actors.base import telemetry
+from actors.base import startup, telemetry
 from actors.base.config import ShellConfig
 from actors.base.errors import KeyFileError, McpError, UsageError
 from actors.base.processes.trees import is_alive
@@ -275,6 +275,7 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: host.request_stop())
+    startup.settled()
     try:
         host.serve(sock, parent_alive=_parent_watch(args.parent_pid) if args.parent_pid else None)
     finally:
