@@ -212,7 +212,7 @@ class Client:
         thread that iterates. Without one, such calls are denied (nobody to ask).
         ``approve``: allow rules for this turn only (``loopd run --approve``)."""
         rid, answers = self._request(
-            lambda r: p.Turn(r, session, text, approve, telemetry.traceparent()))
+            lambda r: p.Turn(r, session, text, approve, telemetry.traceparent(), batch=True))
         return RemoteTurn(self, rid, answers, on_approval)
 
     def _request(self, make: Callable[[int], Any]) -> tuple[int, queue.SimpleQueue[Any]]:

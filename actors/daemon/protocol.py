@@ -25,6 +25,12 @@ peer sends ends the daemon. Integers are msgpack integers (never booleans), ``id
 request id the client chooses: a non-negative 63-bit integer, unique among the client's
 requests in flight. Every answer carries its request's ``id``.
 
+One exception, daemon to client, asked for by the client: a ``turn`` with ``batch`` true
+gets its messages (``event``, ``approval``, then ``done`` or ``error``) in ZeroMQ
+multipart messages, each part one message as above, in order (at most 64 parts and 512 KiB
+a multipart message; a larger part goes alone): the messages the turn made while the
+daemon was busy sending leave together. A client reads every part of what it receives.
+
 Heartbeats
 ----------
 The client sends ``ping`` at least every ``daemon.heartbeat_s`` (1 s) and the daemon
@@ -56,7 +62,9 @@ kind            fields                                         answer
                 list of text (allow rules for this turn
                 only, like ``tools.allow`` entries),
                 ``traceparent`` text (the client's W3C
-                trace context: the turn's spans join it)
+                trace context: the turn's spans join it),
+                ``batch`` bool (its answers may come
+                several to a multipart message: above)
 ``cancel``      ``id`` (of the turn)                           the turn ends: ``error``
                                                                ``Cancelled``
 ``approve``     ``id`` (of the turn), ``call`` int,            (the turn goes on)
@@ -172,6 +180,8 @@ changes only for what an older peer cannot read. Added to version 1:
 - ``done.compactions`` (default 0: none), with compaction;
 - ``turn.traceparent`` (default "": the turn's trace starts in the daemon), with traces
   (docs/telemetry.md): the ``00-TRACEID-SPANID-FLAGS`` of the client's current span;
+- ``turn.batch`` (default false: one message a ZeroMQ message), when a turn's events came
+  to leave together (each had crossed the socket and two threads on either side alone);
 - ``open.servers`` (default an empty list: none), ``opened.servers`` (default an empty
   list), ``opened.tools`` (default an empty list) and ``opened.notes`` (default an empty
   list), with a session's own MCP servers (an editor's, through ``loopd acp``,
@@ -294,6 +304,7 @@ class Turn:
     text: str
     approve: tuple[str, ...] = added((), "loopd run --approve through the daemon (e06167b)")
     traceparent: str = added("", "traces")  # the client's span: the turn's trace joins it
+    batch: bool = added(False, "a turn's messages in multipart messages")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -146,7 +146,8 @@ OLD_MESSAGES: list[Any] = [
 ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""},
                "opened": {"context": 0, "servers": [], "tools": [], "notes": []},
                "open": {"servers": []},
-               "done": {"context": 0, "compactions": 0}, "turn": {"traceparent": ""}}
+               "done": {"context": 0, "compactions": 0},
+               "turn": {"traceparent": "", "batch": False}}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -167,6 +168,7 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
     [
         (p.Opened(2, "s", False, 7, 5), "cut_bytes", 0),
         (p.Turn(5, "s", "hi", ("x",)), "approve", ()),
+        (p.Turn(5, "s", "hi", (), "", True), "batch", False),
         (p.StatusReply(8, 1, "ipc:///x", 1.0, 0, (), "/ws"), "workspace", ""),
         (p.StatusReply(8, 1, "ipc:///x", 1.0, 0, (), "/ws", "m at u"), "model", ""),
         (p.Opened(2, "s", False, 7, 0, 8192), "context", 0),
@@ -192,7 +194,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
         ("opened", "cut_bytes"), ("turn", "approve"), ("status_reply", "workspace"),
         ("status_reply", "model"), ("opened", "context"), ("done", "context"),
         ("done", "compactions"), ("turn", "traceparent"), ("open", "servers"),
-        ("opened", "servers"), ("opened", "tools"), ("opened", "notes"),
+        ("opened", "servers"), ("opened", "tools"), ("opened", "notes"), ("turn", "batch"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

@@ -9,7 +9,11 @@ The loop's thread owns the socket (ZeroMQ sockets are not thread-safe) and never
 a session: it answers ``ping`` and ``status`` at once and hands every other request to a
 thread of its own (opening a session reads its log; a turn waits on its session actor).
 Those threads post their answers, and a turn's events as they happen, to the loop
-(:class:`actors.wire.loop.Loop`), which sends them in order.
+(:class:`actors.wire.loop.Loop`), which sends them in order. A turn's messages (its events,
+approvals and its end) go through its own :class:`_Outbox`: what the turn made while the
+loop was busy leaves together, to a client that asked for it (``turn.batch``) as one
+multipart message (one event crossed the socket and two threads on each side, ~120 us of
+CPU an event in all; most of a turn's events are made faster than that).
 
 Request work is bounded: a client has at most ``daemon.max_requests_per_client`` requests
 in progress (turns included) and all clients together ``daemon.max_requests``, each in a
@@ -71,6 +75,32 @@ _WIND_DOWN_S = 30.0  # at stop: how long turns in flight get to end after their 
 SEND_QUEUE = 64  # messages ZeroMQ queues for one client; more wait in its counted queue
 PAGE_BYTES = 512 * 1024  # a read_log page, at most (a record larger goes alone)
 _FLUSH_S = 0.02  # how often answers waiting for a slow client are offered to ZeroMQ again
+BATCH_PARTS = 64  # a turn's messages sent as one multipart message, at most
+
+
+class _Outbox:
+    """One turn's messages on their way to the loop, in the order the turn made them: the
+    first one waiting posts the loop's send, which takes every one made until it runs."""
+
+    __slots__ = ("_frames", "_lock", "_post")
+
+    def __init__(self, post: Callable[[_Outbox], None]) -> None:
+        self._frames: list[bytes] = []
+        self._lock = threading.Lock()
+        self._post = post
+
+    def put(self, msg: p.Message) -> None:
+        frame = p.encode(msg)  # in the turn's thread: the loop's only sends
+        with self._lock:
+            self._frames.append(frame)
+            first = len(self._frames) == 1
+        if first:
+            self._post(self)
+
+    def take(self) -> list[bytes]:
+        with self._lock:
+            frames, self._frames = self._frames, []
+        return frames
 
 
 @dataclasses.dataclass(slots=True)
@@ -437,6 +467,7 @@ class Server:
 
     def _start_turn(self, peer: bytes, client: _Client, msg: p.Turn) -> None:
         token = CancelToken()
+        outbox = _Outbox(lambda box: self._loop.post(self._send_turn, peer, box, msg.batch))
         with self._lock:
             if msg.id in client.turns:
                 client.jobs -= 1
@@ -444,21 +475,20 @@ class Server:
                 self._post(peer, _error(msg.id, WireError(f"turn id {msg.id} is already running")))
                 return
             client.turns[msg.id] = token
-            approver = client.approvers[msg.id] = RemoteApprover(
-                msg.id, lambda m: self._post(peer, m)
-            )
-        started = self._run_request(peer, client, msg.id, f"daemon-turn-{msg.session}",
-                                    lambda: self._turn(peer, client, msg, token, approver))
+            approver = client.approvers[msg.id] = RemoteApprover(msg.id, outbox.put)
+        started = self._run_request(
+            peer, client, msg.id, f"daemon-turn-{msg.session}",
+            lambda: self._turn(peer, client, msg, token, approver, outbox))
         if not started:
             self._end_turn(client, msg.id)
 
     def _turn(
         self, peer: bytes, client: _Client, msg: p.Turn, token: CancelToken,
-        approver: RemoteApprover,
+        approver: RemoteApprover, outbox: _Outbox,
     ) -> None:  # fmt: skip
         name, rid = msg.session, msg.id
-        sink: Callable[[Event], None] = lambda event: self._post(  # noqa: E731
-            peer, p.encode_event(rid, event)
+        sink: Callable[[Event], None] = lambda event: outbox.put(  # noqa: E731
+            p.encode_event(rid, event)
         )
         try:
             with telemetry.joined(msg.traceparent):  # the turn's spans join the client's
@@ -476,7 +506,43 @@ class Server:
             answer = _error(rid, e)
         finally:
             self._end_turn(client, rid)
-        self._post(peer, answer)
+        outbox.put(answer)  # after the turn's last event, as it was made
+
+    def _send_turn(self, peer: bytes, outbox: _Outbox, batch: bool) -> None:
+        """Send what ``outbox`` holds now, in order: in multipart messages of at most
+        :data:`BATCH_PARTS` parts and :data:`PAGE_BYTES` (a larger part goes alone) to a
+        client that asked for them, else one message each."""
+        frames = outbox.take()
+        if not batch:
+            for frame in frames:
+                self._send(peer, frame)
+            return
+        start = 0
+        while start < len(frames):
+            end, size = start, 0
+            while end < len(frames) and end - start < BATCH_PARTS and (
+                    end == start or size + len(frames[end]) <= PAGE_BYTES):
+                size += len(frames[end])
+                end += 1
+            self._send_parts(peer, frames[start:end])
+            start = end
+
+    def _send_parts(self, peer: bytes, frames: list[bytes]) -> None:
+        """``frames`` as one multipart message; one by one after what waits already."""
+        client = self._clients.get(peer)
+        if len(frames) == 1 or (client is not None and client.queued):
+            for frame in frames:
+                self._send(peer, frame)
+            return
+        try:
+            self.sock.send_multipart([peer, *frames], zmq.NOBLOCK)
+        except zmq.Again:  # ZeroMQ's queue for it is full: each waits in its own queue
+            for frame in frames:
+                if client is None or self._clients.get(peer) is not client:  # given up
+                    break
+                self._queue(peer, client, frame)
+        except zmq.ZMQError:  # EHOSTUNREACH (ROUTER_MANDATORY): disconnected
+            self._gone(peer, "disconnected")
 
     def _end_turn(self, client: _Client, rid: int) -> None:
         with self._lock:
