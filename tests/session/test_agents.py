@@ -377,9 +377,11 @@ def test_the_tree_tokens_stop_the_children(agents: Callable[..., AgentRig]) -> N
     assert all("turn tokens" in x.content for x in r.results())
 
 
-def test_the_tree_time_stops_hanging_children(agents: Callable[..., AgentRig]) -> None:
+@pytest.mark.parametrize("parallel", [0, 1])  # 1: the second waits for a place meanwhile
+def test_the_tree_time_stops_hanging_children(agents: Callable[..., AgentRig],
+                                              parallel: int) -> None:
     r = agents(parent_then([agent_call("wait a"), agent_call("wait b")], lambda body: hang()),
-               turn_seconds=0.5)
+               turn_seconds=0.5, agents={"max_parallel": parallel})
     with pytest.raises(TurnLimit, match="turn time"):
         r.turn()
     results = r.results()
