@@ -29,7 +29,9 @@ __all__ = [
     "LiveView",
     "compacted",
     "compacting",
+    "decided",
     "describe",
+    "notice",
     "summary",
     "time_left",
     "torn_tail",
@@ -83,6 +85,31 @@ def compacted(event: ev.Compacted) -> str:
     turns = f"{event.turns_kept} turn{'s' if event.turns_kept != 1 else ''}"
     return (f"compacted: {event.tokens_before:,} -> about {event.tokens_after:,} tokens, "
             f"{turns} kept verbatim, {event.ms / 1000:.1f} s")
+
+
+def notice(event: ev.Event) -> str:
+    """The words of a notice (a turn's own, shown in yellow, or a child agent's, indented
+    under its name); "" when ``event`` is not one."""
+    match event:
+        case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
+            why = f" ({cause})" if cause else ""
+            return f"prompt cache lost: {got} of {expected} tokens reused{why}"
+        case ev.Compacting(why=why, tokens_before=before, how=how):
+            return compacting(why, before, how)
+        case ev.Compacted():
+            return compacted(event)
+        case ev.TornTail(session=session, cut_bytes=cut):
+            return torn_tail(session, cut)
+        case ev.ThinkingCapped(cap=cap):
+            return f"thinking capped at {cap} tokens"
+        case ev.AnswerCut(note=note):
+            return note
+    return ""
+
+
+def decided(event: ev.ApprovalDecided) -> str:
+    """What was decided for a call that needed approval, in words."""
+    return _decided(event.decision, event.scope, event.by, event.rule, event.reason)
 
 
 def time_left(done: int, left: int, seconds: float) -> str:
@@ -219,17 +246,15 @@ class LiveView:
             self._show(event)
 
     def _show(self, event: ev.Event) -> None:
+        """One event of the turn: streamed text, a tool call, a notice, an agent, a wait."""
+        if self._stream(event):
+            return
+        words = notice(event)
+        if words:
+            self._switch("")
+            self.console.print(f"[yellow]{escape(words)}[/]", highlight=False)
+            return
         match event:
-            case ev.Progress(processed=done, total=total, cache=cache, time_ms=ms):
-                self._bar(done, total, cache, ms)
-            case ev.Reasoning(text=text):
-                self._switch("reasoning")
-                self.console.print(text, style="dim", end="", markup=False, highlight=False)
-            case ev.Content(text=text) if self.stream:
-                self._switch("content")
-                self.answer.print(text, end="", markup=False, highlight=False)
-            case ev.Content():
-                pass
             case ev.ToolCallStarted(name=name, arguments=args):
                 self._switch("")
                 shown = args if len(args) <= 120 else args[:117] + "..."
@@ -239,6 +264,23 @@ class LiveView:
                 note = " (truncated)" if cut else ""
                 self.console.print(f"  [cyan]← {escape(name)}[/]: {escape(outcome)}, "
                                    f"{escape(cls)}{note}")
+            case ev.AgentStarted() | ev.AgentDone() | ev.AgentEvent():
+                self._agents(event)
+            case _:
+                self._asked(event)
+
+    def _stream(self, event: ev.Event) -> bool:
+        """The prompt's progress bar and the streamed text; False: not such an event."""
+        match event:
+            case ev.Progress(processed=done, total=total, cache=cache, time_ms=ms):
+                self._bar(done, total, cache, ms)
+            case ev.Reasoning(text=text):
+                self._switch("reasoning")
+                self.console.print(text, style="dim", end="", markup=False, highlight=False)
+            case ev.Content(text=text):
+                if self.stream:
+                    self._switch("content")
+                    self.answer.print(text, end="", markup=False, highlight=False)
             case ev.Retrying(attempt=n, delay=delay, reason=reason):
                 streamed = self._mode in ("reasoning", "content")
                 self._switch("")
@@ -247,29 +289,13 @@ class LiveView:
                     f"[yellow]retrying ({n}) in {delay:.1f} s: {escape(reason)}{dropped}[/]",
                     highlight=False,
                 )
-            case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
-                self._switch("")
-                why = f" ({escape(cause)})" if cause else ""
-                self.console.print(
-                    f"[yellow]prompt cache lost: {got} of {expected} tokens reused{why}[/]",
-                    highlight=False,
-                )
-            case ev.Compacting(why=why, tokens_before=before, how=how):
-                self._switch("")
-                self.console.print(f"[yellow]{escape(compacting(why, before, how))}[/]",
-                                   highlight=False)
-            case ev.Compacted():
-                self._switch("")
-                self.console.print(f"[yellow]{escape(compacted(event))}[/]", highlight=False)
-            case ev.TornTail(session=session, cut_bytes=cut):
-                self._switch("")
-                self.console.print(f"[yellow]{escape(torn_tail(session, cut))}[/]")
-            case ev.ThinkingCapped(cap=cap):
-                self._switch("")
-                self.console.print(f"[yellow]thinking capped at {cap} tokens[/]")
-            case ev.AnswerCut(note=note):
-                self._switch("")
-                self.console.print(f"[yellow]{escape(note)}[/]", highlight=False)
+            case _:
+                return False
+        return True
+
+    def _asked(self, event: ev.Event) -> None:
+        """Approvals, questions, a tool's progress and a wait for a slot."""
+        match event:
             case ev.ApprovalRequested() | ev.ElicitationRequested():
                 self._switch("")  # the approver (actors.cli.approvers) asks on this console
             case ev.ToolProgress(tool=tool, done=done, total=total, message=message):
@@ -284,12 +310,23 @@ class LiveView:
                 self.console.print(f"  [{'green' if action == 'accept' else 'yellow'}]"
                                    f"{said.get(action, escape(action))} ({escape(by)})[/]",
                                    highlight=False)
-            case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
-                                    rule=rule):
+            case ev.ApprovalDecided(decision=decision):
                 self._switch("")
                 self.console.print(f"  [{'green' if decision == 'allow' else 'yellow'}]"
-                                   f"{escape(_decided(decision, scope, by, rule, reason))}[/]",
-                                   highlight=False)
+                                   f"{escape(decided(event))}[/]", highlight=False)
+            case ev.Queued(ahead=ahead, waiting_for=what, sessions=others):
+                self._switch("")
+                whom = f", in use by {'sessions' if ',' in others else 'session'} {others}"
+                self.console.print(
+                    f"[dim]queued: waiting for {escape(what)}"
+                    f"{escape(whom) if others else ''} ({ahead} in line)[/]", highlight=False,
+                )
+
+    def _agents(self, event: ev.Event) -> None:
+        """A child agent's start and end, and its events indented under its name: its calls,
+        results and notices; its text streams only into its answer (the parent's call
+        result)."""
+        match event:
             case ev.AgentStarted(agent=agent, task=task, context=context):
                 self._switch("")
                 self.console.print(f"[bold magenta]⇉ agent {escape(agent)}[/] "
@@ -301,41 +338,22 @@ class LiveView:
                 self.console.print(f"  [magenta]⇇ agent {escape(agent)}[/]: {escape(ended)} "
                                    f"({tokens:,} tokens, {seconds:.1f} s)", highlight=False)
             case ev.AgentEvent(agent=agent, event=inner):
-                self._agent(agent, inner)
-            case ev.Queued(ahead=ahead, waiting_for=what, sessions=others):
-                self._switch("")
-                whom = f", in use by {'sessions' if ',' in others else 'session'} {others}"
-                self.console.print(
-                    f"[dim]queued: waiting for {escape(what)}"
-                    f"{escape(whom) if others else ''} ({ahead} in line)[/]", highlight=False,
-                )
-            case _:
-                pass
-
-    def _agent(self, agent: str, event: ev.Event) -> None:
-        """A child's event, indented under its name: its calls, results and notices; its
-        text streams only into its answer (the parent's call result)."""
-        line = ""
-        match event:
-            case ev.ToolCallStarted(name=name, arguments=args):
-                line = f"→ {name} {_short(args, 100)}"
-            case ev.ToolResultEvent(name=name, outcome=outcome, class_=cls):
-                line = f"← {name}: {outcome}, {cls}"
-            case ev.CacheLossEvent(expected=expected, got=got, cause=cause):
-                line = f"prompt cache lost: {got} of {expected} tokens reused" + (
-                    f" ({cause})" if cause else "")
-            case ev.ApprovalDecided(decision=decision, scope=scope, by=by, reason=reason,
-                                    rule=rule):
-                line = _decided(decision, scope, by, rule, reason)
-            case ev.Compacting(why=why, tokens_before=before, how=how):
-                line = compacting(why, before, how)
-            case ev.AnswerCut(note=note):
-                line = note
-            case ev.ApprovalRequested() | ev.ElicitationRequested():
-                self._switch("")  # the approver asks on this console
-        if line:
-            self._switch("")
-            self.console.print(f"    [dim]{escape(agent)}[/] {escape(line)}", highlight=False)
+                line = ""
+                match inner:
+                    case ev.ToolCallStarted(name=name, arguments=args):
+                        line = f"→ {name} {_short(args, 100)}"
+                    case ev.ToolResultEvent(name=name, outcome=outcome, class_=cls):
+                        line = f"← {name}: {outcome}, {cls}"
+                    case ev.ApprovalDecided():
+                        line = decided(inner)
+                    case ev.ApprovalRequested() | ev.ElicitationRequested():
+                        self._switch("")  # the approver asks on this console
+                    case _:
+                        line = notice(inner)
+                if line:
+                    self._switch("")
+                    self.console.print(f"    [dim]{escape(agent)}[/] {escape(line)}",
+                                       highlight=False)
 
     def _bar(self, done: int, total: int, cache: int, time_ms: float) -> None:
         now = time.monotonic()

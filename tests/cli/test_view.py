@@ -282,6 +282,16 @@ def test_a_child_agent_is_shown_indented_under_its_name() -> None:
     assert line == {"event": "content", "text": "x", "agent": "s.a1"}
 
 
+def test_a_child_agents_notices_are_the_same_words_as_the_turns_own() -> None:
+    loss = ev.CacheLossEvent(expected=100, got=4, cause="the restore did not take")
+    compacted = ev.Compacted(why="auto", tokens_before=7000, tokens_after=900,
+                             turns_kept=2, ms=1500)
+    own = _shown(loss, compacted).splitlines()
+    child = _shown(ev.AgentEvent("s.a1", loss), ev.AgentEvent("s.a1", compacted)).splitlines()
+    assert len(own) == 2 and child == [f"    s.a1 {line}" for line in own]
+    assert own[1].startswith("compacted: 7,000 -> about 900 tokens")
+
+
 def test_an_agent_link_has_a_readable_line() -> None:
     link = rec.AgentLink(parent="s", child="s.a1", task="read a.txt", context="fork", time=WHEN)
     assert describe(link) == "agent: session s handed session s.a1 a task (fork): read a.txt"
