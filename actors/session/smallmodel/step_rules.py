@@ -200,12 +200,17 @@ def _code_question(question: str, names: set[str], config: Config,
     to tell by its words: one of the tools that read the workspace (not a search for a
     tool, not a write); a find_definition or search of the code names it says ("Where is
     the class Context defined?": Context); a read, outline or listing of a file or folder
-    that is there (not a made-up path) when the workspace has at most :data:`_TREE` entries.
+    that is there (not a made-up path) when the workspace has at most :data:`_TREE` entries;
+    a question asking for one of those tools by its verb ("Read the Makefile.") gets that
+    one (find_definition was called for the Makefile's test target).
     None: not such a question."""
     terms = code_names(question)
     readers = _READERS & names
     if not readers or not (terms or about_the_project(question)):
         return None
+    asked = asked_steps(question)
+    if len(asked) == 1 and asked[0] in readers:  # "Read the Makefile.": that reader only
+        readers = frozenset(asked)
     values: Values = ()
     if terms:
         values += (("find_definition", "name", terms), ("find_definition", "path", ()),
@@ -224,13 +229,15 @@ def _code_question(question: str, names: set[str], config: Config,
 
 def _named_read(question: str, names: set[str]) -> tuple[Values, frozenset[str]] | None:
     """The first call of a question that names a file, in a workspace too big to tell by
-    its words: a read or an outline of that file, as named (it may not be there; the tool
-    says so), and no other call. None: it asks for tools by their verbs or for a size.
+    its words: a read or an outline of that file (a read when it says "read"), as named (it
+    may not be there; the tool says so), and no other call. None: it asks for another tool
+    or several by their verbs, or for a size.
     Left the choice, the embedded model called find_definition for a file's text and
     answered from nothing."""
     paths = tuple(dict.fromkeys(p.removeprefix("./") for p in named_files(question)))
-    allowed = {"read_file", "outline_file"} & names
-    if not paths or not allowed or asked_steps(question) or asks_a_size(question):
+    asked = asked_steps(question)
+    allowed = ({"read_file"} if asked else {"read_file", "outline_file"}) & names
+    if not paths or not allowed or asked not in ((), ("read_file",)) or asks_a_size(question):
         return None
     values: Values = (("read_file", "path", paths), ("outline_file", "path", paths))
     return values, frozenset(names - allowed - {"call_tool"})

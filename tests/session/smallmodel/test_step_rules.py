@@ -205,6 +205,12 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
                                                "call-outline-file"}
     assert shown["read-file-args-path"] == '"\\"docs/roadmap.md\\""'
     assert first("How big is pkg/parser.py?")["root"] == CALL_ONLY  # a size: a listing may say
+    # one reader asked for by its verb: that one ("Read the Makefile." called find_definition)
+    made = first("Which command does the test target run? Read the Makefile.")
+    assert made["root"] == CALL_ONLY and made["call"] == "call-call-tool | call-read-file"
+    readme = first("Read README.md and tell me what it is for.")
+    assert readme["call"] == "call-call-tool | call-read-file"
+    assert readme["read-file-args-path"] == '"\\"README.md\\""'
     assert "call-list-dir" in first("How big is pkg/parser.py?")["call"]
 
 
