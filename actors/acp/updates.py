@@ -263,7 +263,8 @@ def permission(
     (not, e.g., a command with shell operators)."""
     arguments = _arguments(request.arguments)
     call = ToolCallUpdate(
-        tool_call_id=str(request.call), title=_title(request.tool, arguments),
+        tool_call_id=f"{request.child}:{request.call}" if request.child else str(request.call),
+        title=_title(request.tool, arguments),
         kind=_KINDS.get(request.tool, "other"), status="pending", raw_input=arguments,
         locations=_locations(arguments, workspace),
         content=[tool_content(text_block(request.prompt))] if request.prompt else None,

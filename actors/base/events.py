@@ -204,6 +204,8 @@ class ApprovalRequested:
     prompt: str
     rule: str = ""
     timeout_s: float = 0.0
+    child: str = ""  # the child agent session whose call it is ("": the turn's own): call
+    # numbers are per session, so an editor needs both (ACP's id ``CHILD:N``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -382,7 +382,7 @@ class RemoteTurn:
         """Ask ``on_approval`` as the in-process turn would, and send its answer (if any)."""
         request = ApprovalRequested(
             call=msg.call, tool=msg.tool, arguments=msg.arguments, prompt=msg.prompt,
-            rule=msg.rule, timeout_s=msg.timeout_s,
+            rule=msg.rule, timeout_s=msg.timeout_s, child=msg.child,
         )  # fmt: skip
         if self._on_approval is None:
             decision: Decision | None = Decision(Choice.DENY, NO_APPROVER, by="no approver")

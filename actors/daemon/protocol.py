@@ -189,7 +189,9 @@ changes only for what an older peer cannot read. Added to version 1:
   list of ``NAME=value`` text, ``url`` text (streamable HTTP), ``headers`` list of
   ``Name: value`` text. They run in the daemon as tool hosts of that session alone,
   replace those it had (an empty list stops them), and stop when it is closed or its
-  client goes.
+  client goes;
+- ``approval.child`` (default "": the turn's own call), with agents (docs/agents.md): the
+  child agent session whose call asks, its ``call`` number being that session's own.
 
 ``fork``, ``forked``, ``rewind`` and ``rewound`` are new messages of version 1 (fork and rewind): a
 daemon from before answers them ``error`` (an unknown kind).
@@ -490,6 +492,7 @@ class Approval:
     prompt: str
     rule: str
     timeout_s: float
+    child: str = added("", "agents: a child's call number is its own session's")
 
 
 Message: TypeAlias = Any  # one of MESSAGES

@@ -476,7 +476,8 @@ class TurnAgents:
         def ask(request: ApprovalRequested, cancel: CancelToken, deadline: float
                 ) -> Decision | None:
             named = dataclasses.replace(
-                request, prompt=f"[agent {child.name}, task: {short}] {request.prompt}")
+                request, prompt=f"[agent {child.name}, task: {short}] {request.prompt}",
+                child=request.child or child.name)  # a grandchild's stays its own
             while not tree.asking.acquire(timeout=_WAIT_S):
                 if cancel.cancelled:
                     return None

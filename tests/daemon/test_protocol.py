@@ -147,7 +147,7 @@ ADDED_SINCE = {"status_reply": {"workspace": "", "model": ""},
                "opened": {"context": 0, "servers": [], "tools": [], "notes": []},
                "open": {"servers": []},
                "done": {"context": 0, "compactions": 0},
-               "turn": {"traceparent": "", "batch": False}}
+               "turn": {"traceparent": "", "batch": False}, "approval": {"child": ""}}
 
 
 def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> None:
@@ -178,6 +178,7 @@ def test_frames_from_before_the_one_codec_are_read_and_written_the_same() -> Non
          ()),
         (p.Opened(2, "s", True, 0, 0, 0, ("probe",), ("echo",), ("a note",)), "servers", ()),
         (p.Opened(2, "s", True, 0, 0, 0, ("probe",), ("echo",), ("a note",)), "notes", ()),
+        (p.Approval(5, 2, "write_file", "{}", "ok?", "", 0.0, "s.a1"), "child", ""),
     ],
 )
 def test_a_field_added_later_reads_as_its_default_when_an_older_peer_leaves_it_out(
@@ -195,6 +196,7 @@ def test_the_document_names_every_field_added_later_with_its_default() -> None:
         ("status_reply", "model"), ("opened", "context"), ("done", "context"),
         ("done", "compactions"), ("turn", "traceparent"), ("open", "servers"),
         ("opened", "servers"), ("opened", "tools"), ("opened", "notes"), ("turn", "batch"),
+        ("approval", "child"),
     }
     doc = " ".join((p.__doc__ or "").split())
     for kind, field, _, _ in added:

@@ -39,7 +39,7 @@ class RemoteApprover:
     ) -> Decision | None:
         self._post(p.Approval(
             self.rid, request.call, request.tool, request.arguments, request.prompt,
-            request.rule, request.timeout_s,
+            request.rule, request.timeout_s, request.child,
         ))  # fmt: skip
         while not cancel.cancelled:
             left = deadline - time.monotonic()
