@@ -202,7 +202,9 @@ def _code_question(question: str, names: set[str], config: Config,
     the class Context defined?": Context); a read, outline or listing of a file or folder
     that is there (not a made-up path) when the workspace has at most :data:`_TREE` entries;
     a question asking for one of those tools by its verb ("Read the Makefile.") gets that
-    one (find_definition was called for the Makefile's test target).
+    one (find_definition was called for the Makefile's test target); one that names no
+    code gets no find_definition (it was called for "What is the version of this
+    project?", and the answer made up).
     None: not such a question."""
     terms = code_names(question)
     readers = _READERS & names
@@ -211,6 +213,8 @@ def _code_question(question: str, names: set[str], config: Config,
     asked = asked_steps(question)
     if len(asked) == 1 and asked[0] in readers:  # "Read the Makefile.": that reader only
         readers = frozenset(asked)
+    elif not terms and len(readers) > 1:  # no name to find ("What is the version?")
+        readers -= {"find_definition"}
     values: Values = ()
     if terms:
         values += (("find_definition", "name", terms), ("find_definition", "path", ()),

@@ -192,6 +192,9 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
     assert where["read-file-args-path"] == '"\\"README.md\\"" | "\\"pkg/parser.py\\""'
     project = first("What does this project do?")
     assert project["root"] == CALL_ONLY and "call-write-file" not in project["call"]
+    # no name to find: no find_definition (it was called for the version)
+    assert "call-find-definition" not in project["call"]
+    assert "call-find-definition" not in first("What is the version of this project?")["call"]
     folder = first("Which files are in the pkg folder?")
     assert folder["root"] == CALL_ONLY
     assert folder["list-dir-args-path"] == '"\\".\\"" | "\\"pkg\\""'
