@@ -50,7 +50,17 @@ from actors.base import config as cfg
 from actors.base.cancel import CancelToken
 from actors.base.errors import LoopdError, SessionFull
 from actors.base.events import Choice, Compacted, Decision
-from actors.log.records import Assistant, Compaction, Record, ToolResult, Usage, User
+from actors.log.file import read_records
+from actors.log.records import (
+    AgentLink,
+    Assistant,
+    Compaction,
+    Record,
+    ToolResult,
+    Usage,
+    User,
+)
+from actors.log.sessiondir import session_path
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.session.smallmodel.bare_json import parse_bare_tool_call
@@ -260,6 +270,21 @@ def calls_of(records: Iterable[Record]) -> list[Call]:
     return calls
 
 
+def children_of(turn: Sequence[Record], read: Callable[[str], Sequence[Record]],
+                seen: set[str] | None = None) -> list[Sequence[Record]]:
+    """The logs of the child agents ``turn`` started, their own children's after each
+    (``read``: a session's records): with ``[agents] enabled`` a file a child read counts as
+    read by the turn, and what the children processed as the turn's."""
+    seen = set() if seen is None else seen
+    out: list[Sequence[Record]] = []
+    for link in turn:
+        if isinstance(link, AgentLink) and link.child not in seen:
+            seen.add(link.child)  # a child's log holds its own link too: read once
+            records = read(link.child)
+            out += [records, *children_of(records, read, seen)]
+    return out
+
+
 def _object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -282,8 +307,10 @@ def score(
     workspace: Path,
     *,
     approval: bool = APPROVAL,
+    children: Sequence[Sequence[Record]] = (),
 ) -> tuple[bool, str]:
-    """``(passed, why)``: why is the first check that failed, or "ok"."""
+    """``(passed, why)``: why is the first check that failed, or "ok". ``children``: the
+    logs of the child agents the turn started (their calls count as the turn's)."""
     if error is not None:
         return False, error
     text = (answer or "").strip()
@@ -296,7 +323,7 @@ def score(
         text.startswith("{") and '"name"' in text
     ):
         return False, "the answer is a tool call written as text"
-    calls = calls_of(records)
+    calls = [*calls_of(records), *(c for log in children for c in calls_of(log))]
     ran = [c for c in calls if c.result is not None]
     if task.no_tools and calls:
         return False, f"called {', '.join(c.name for c in calls)} (no tool needed)"
@@ -568,11 +595,14 @@ def _run_one(
     seconds = time.monotonic() - started
     records = session.records().get()
     turn = _this_turn(records)
-    passed, why = score(task, answer, error, turn, workspace)
-    added = records[before:]  # a compaction before the turn's User record counts too
+    config = world.runtime.config
+    children = children_of(turn, lambda name: read_records(session_path(config, name)))
+    passed, why = score(task, answer, error, turn, workspace, children=children)
+    added = [*records[before:], *(r for log in children for r in log)]  # a compaction
+    # before the turn's User record counts too; so does what its agents processed
     return Row(
         task=task.id, kind=task.kind, passed=passed,
-        tool_calls=len(calls_of(turn)),
+        tool_calls=len(calls_of(turn)) + sum(len(calls_of(log)) for log in children),
         prompt_tokens=sum(r.prompt_tokens for r in turn if isinstance(r, Usage)),
         seconds=round(seconds, 1), why=why, answer=(answer or "")[:300],
         transcript=tuple(_transcript(turn)),

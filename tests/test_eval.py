@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.log.records import Assistant, Record, ToolCall, ToolResult, User
+from actors.log.records import AgentLink, Assistant, Record, ToolCall, ToolResult, User
 from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.tools.protocol.spec import ResultClass
@@ -163,6 +163,21 @@ def test_each_check_can_fail_a_read(
     passed, reason = ev.score(_task("read-notes"), answer, None, turn, tmp_path)
     assert not passed
     assert why in reason
+
+
+def test_a_file_a_child_agent_read_counts_as_read_by_the_turn(tmp_path: Path) -> None:
+    task = _task("read-notes")
+    link = AgentLink(parent="s", child="s.a1", task="read notes.txt", context="fresh")
+    parent = [*_turn(("agent", {"task": "read notes.txt"}, "Saturday"))[:-1], link,
+              Assistant(content="On Saturday.", reasoning=None)]
+    child = [link, *_turn(("read_file", {"path": "notes.txt"}, NOTES))]
+    logs = {"s.a1": child}
+    children = ev.children_of(parent, logs.__getitem__)
+    assert children == [child]  # its own link in its log: read once
+    assert ev.score(task, "On Saturday.", None, parent, tmp_path, children=children) == (
+        True, "ok")
+    assert ev.score(task, "On Saturday.", None, parent, tmp_path)[1] == (
+        "read_file was not called (called: agent)")
 
 
 @pytest.mark.parametrize("answer", [
