@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from actors.base import config as cfg
 from actors.base.errors import UsageError
@@ -22,9 +23,11 @@ from actors.base.rules import RuleBook, parse_rules
 from actors.log.file import read_log
 from actors.log.sessiondir import check_name, session_path
 from actors.service.choose import Here, place, start
-from actors.service.remote import RemoteService
 from actors.service.types import CompactReport, Rewound, SessionService, TurnOutcome
 from actors.session.limits import shown_tokens
+
+if TYPE_CHECKING:  # the daemon's client: only when a daemon answers (service.choose)
+    from actors.service.remote import RemoteService
 
 __all__ = ["Conversation", "approved", "open_conversation", "place_for", "service_for",
            "shown_size"]

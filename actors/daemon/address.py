@@ -8,6 +8,7 @@ The daemon and the CLI both read them from ``[daemon]``, so a ``loopd run`` find
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from actors.base.errors import ConfigError
 from actors.base.private_places import runtime_dir
 
 __all__ = [
-    "IPC_MAX", "endpoint", "ensure_runtime_dir", "not_private", "pid_file", "runtime_dir",
+    "IPC_MAX", "endpoint", "ensure_runtime_dir", "may_answer", "not_private", "pid_file",
+    "runtime_dir",
 ]
 
 IPC_MAX = 107  # bytes of an ipc:// path on Linux (sun_path)
@@ -38,6 +40,24 @@ def endpoint(config: Config) -> str:
             f"({IPC_MAX} bytes); choose a shorter daemon.runtime_dir"
         )
     return f"ipc://{path}"
+
+
+def may_answer(config: Config) -> bool:
+    """Whether a daemon may answer at ``endpoint(config)``, known without connecting a
+    client: not when nothing listens on its ipc:// socket, nor when the default socket is
+    in a runtime directory others can reach (anybody's socket: not to be trusted). A command
+    that finds none loads no daemon client (ZeroMQ's socket, the protocol's tables)."""
+    where = endpoint(config)
+    if not where.startswith("ipc://"):
+        return True
+    if not config.daemon.endpoint and not_private(runtime_dir(config)) is not None:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(where.removeprefix("ipc://"))
+        except OSError:  # missing, or refused: a stale file left by a killed daemon
+            return False
+    return True
 
 
 def pid_file(config: Config) -> Path:

@@ -27,7 +27,6 @@ import functools
 import itertools
 import math
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,7 @@ from actors.base.errors import DaemonError, LoopdError, WireError
 from actors.base.events import NO_APPROVER, ApprovalRequested, Approver, Choice, Decision, Event
 from actors.daemon import protocol as p
 from actors.daemon.address import endpoint as daemon_endpoint
-from actors.daemon.address import not_private, runtime_dir
+from actors.daemon.address import may_answer
 from actors.log.records import Record, Usage
 from actors.log.records import decode as decode_record
 from actors.service.types import (
@@ -460,28 +459,11 @@ _PING, _BYE = p.encode(p.Ping()), p.encode(p.Bye())
 _LINGER_MS = 500  # at close: how long the bye may take to leave
 
 
-def _listening(path: str) -> bool:
-    """Whether a process listens on the unix socket ``path`` (a connect and a close)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(path)
-        except OSError:  # missing, or refused: a stale file left by a killed daemon
-            return False
-    return True
-
-
 def find_daemon(config: Config) -> Client | None:
-    """A client of the daemon when its socket answers within ``daemon.connect_timeout_s``.
-
-    The default socket is used only in a runtime directory of this user's own (0700): one
-    that others could write to may hold anybody's socket."""
-    where = daemon_endpoint(config)
-    if where.startswith("ipc://"):
-        path = where.removeprefix("ipc://")
-        if not config.daemon.endpoint and not_private(runtime_dir(config)) is not None:
-            return None  # a runtime directory others can reach is nobody's daemon to trust
-        if not _listening(path):
-            return None  # no socket, or a dead daemon's: no need to wait
+    """A client of the daemon when its socket answers within ``daemon.connect_timeout_s``
+    (none without waiting when :func:`~actors.daemon.address.may_answer` says no one can)."""
+    if not may_answer(config):
+        return None
     client = Client.from_config(config)
     try:
         if client.ping(config.daemon.connect_timeout_s):

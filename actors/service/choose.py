@@ -22,16 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from actors.base.config import Config
 from actors.base.errors import UsageError
 from actors.base.rules import RuleBook
-from actors.daemon.client import Client, find_daemon
+from actors.daemon.address import may_answer
 from actors.log.file import check_free
 from actors.log.sessiondir import kept_workspace, session_path
-from actors.service.remote import RemoteService
 from actors.service.types import SessionService
 from actors.session.workspace import other_workspace
+
+if TYPE_CHECKING:  # the daemon's client and protocol load only when a daemon may answer
+    from actors.daemon.client import Client
+    from actors.service.remote import RemoteService
 
 __all__ = ["Here", "choose", "place", "start"]
 
@@ -61,7 +65,7 @@ def start(where: RemoteService | Here, say: Callable[[str], None],
           approve: RuleBook | None = None) -> SessionService:
     """The session service of a choice :func:`place` made: the daemon's, or a world started
     in this process (its model server and tool hosts)."""
-    if isinstance(where, RemoteService):
+    if not isinstance(where, Here):
         return where
     from actors.service.local import LocalService  # pykka: only when the sessions run here
 
@@ -81,8 +85,10 @@ def place(
             raise UsageError(other_workspace(session or "", kept, config.workspace))
         say(f"session {session} works on {kept}, the workspace it was made with")
         config = config.replace("tools", workspace=str(kept))
-    client = None if local else find_daemon(config)
+    client = None if local or not may_answer(config) else _find_daemon(config)
     if client is not None:
+        from actors.service.remote import RemoteService
+
         through = _through(client, config, say, session, kept, own, fixed)
         if through is not None:
             return RemoteService(client, config, *through)
@@ -90,6 +96,12 @@ def place(
     if session is not None:  # said at once, not after the model server's start-up
         check_free(session_path(config, session), session)
     return Here(config)
+
+
+def _find_daemon(config: Config) -> Client | None:
+    from actors.daemon.client import find_daemon  # zmq and the protocol: a daemon may answer
+
+    return find_daemon(config)
 
 
 def _through(
