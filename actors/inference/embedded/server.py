@@ -42,6 +42,7 @@ from actors.inference.embedded.model import (
     ensure_model,
     progress,
 )
+from actors.inference.slots.files import slot_dir
 
 __all__ = [
     "EmbeddedServer",
@@ -96,12 +97,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def slot_dir(embedded: EmbeddedConfig) -> Path:
-    """The embedded server's ``--slot-save-path``: the sessions' KV state files
-    (docs/slots.md#files)."""
-    return embedded.data_path / "slots"
 
 
 def server_identity(binary: Path, model: ModelChoice) -> str:

@@ -41,9 +41,8 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from actors.base.config import Config
+from actors.base.config import Config, EmbeddedConfig
 from actors.base.durable import named, write_all
-from actors.inference.embedded.server import slot_dir
 
 __all__ = [
     "CORRUPT",
@@ -60,6 +59,7 @@ __all__ = [
     "remove_session_files",
     "restore_problem",
     "same_server",
+    "slot_dir",
     "slot_dirs",
     "slot_key",
 ]
@@ -434,6 +434,13 @@ def copy_state(stores: Sequence[SlotStore], src_log: Path, new_log: Path) -> Slo
             copied = store.copy(key, new_key, Path(new_log).parent.name)
             found = found or copied
     return found
+
+
+def slot_dir(embedded: EmbeddedConfig) -> Path:
+    """The embedded server's ``--slot-save-path``: the sessions' KV state files
+    (docs/slots.md#files). Here, not in the server's module: every world asks it (its
+    :func:`meta_dir`), and one on a url needs none of the embedded server's imports."""
+    return embedded.data_path / "slots"
 
 
 def meta_dir(config: Config) -> Path:
