@@ -11,9 +11,10 @@ session that grows for ever is not a leak). Every SAMPLE seconds: the daemon's R
 open descriptors and threads, its tool hosts' RSS, the operations done and the errors.
 
 ``LOOPD_SOAK_SECONDS`` (default 3600), ``LOOPD_SOAK_CLIENTS`` (default 4). The verdict
-compares the last third of the samples with the first sample after the warm-up (a fifth
-of the run): RSS within 10% (and 8 MiB), descriptors and threads within 4. The plot
-(RSS, threads, descriptors, operations a second) is an SVG written here,
+compares the last third of the samples after the warm-up (a fifth of the run) with its
+beginning: RSS within 10% (or 8 MiB) of the first sample, the median of descriptors and of
+threads within 4 of the first third's (one sample is no level: they follow the work in
+flight). The plot (RSS, threads, descriptors, operations a second) is an SVG written here,
 ``LOOPD_SOAK_PLOT`` (default ``bench/soak.svg``).
 """
 
@@ -23,6 +24,7 @@ import collections
 import contextlib
 import itertools
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -123,19 +125,24 @@ def sample(daemon: psutil.Process, start: float, load: Load) -> Sample:
 
 
 def verdict(samples: list[Sample]) -> list[str]:
-    """What grew after the warm-up (empty: flat)."""
+    """What grew after the warm-up (empty: flat). RSS: the late third's highest against the
+    first sample after the warm-up. Descriptors and threads follow what is in flight at the
+    sample's instant (a turn's sockets, an open log), so one sample is no level: the late
+    third's median against the first third's (after the warm-up), 4 more is growth."""
     warm = [s for s in samples if s.at >= SECONDS / 5]
     if len(warm) < 3:
         return ["too few samples after the warm-up to judge"]
-    base, late = warm[0], warm[len(warm) * 2 // 3:]
+    third = max(1, len(warm) // 3)
+    base, early, late = warm[0], warm[:third], warm[-third:]
     grew = []
     rss = max(s.rss for s in late)
     if rss > base.rss * 1.10 and rss - base.rss > 8 * MIB:
         grew.append(f"daemon RSS {base.rss / MIB:.1f} -> {rss / MIB:.1f} MiB")
     for name in ("fds", "threads"):
-        high = max(getattr(s, name) for s in late)
-        if high > getattr(base, name) + 4:
-            grew.append(f"{name} {getattr(base, name)} -> {high}")
+        before = statistics.median(getattr(s, name) for s in early)
+        after = statistics.median(getattr(s, name) for s in late)
+        if after > before + 4:
+            grew.append(f"{name} {before:g} -> {after:g} (medians)")
     return grew
 
 
