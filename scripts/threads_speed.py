@@ -1,7 +1,8 @@
 """Tokens per second of the embedded llama-server per ``embedded.threads``, alone and beside
 a busy neighbour (a second llama-server generating without pause): what chose the default.
+A measurement run by hand (minutes of real-model work), not a ``make bench`` part.
 
-    python -m scripts.bench_threads [--threads 0 1 2 0/poll0] [--rounds 3] [--tokens 48]
+    python -m scripts.threads_speed [--threads 0 1 2 0/poll0] [--rounds 3] [--tokens 48]
 
 A variant is a thread count (``-t``; 0: llama-server's own default, every core), with
 ``/poll0`` its worker threads sleep between graphs instead of polling (``--poll 0``).
