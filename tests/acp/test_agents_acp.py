@@ -13,8 +13,7 @@ import pytest
 from acp import spawn_agent_process, text_block
 from acp.schema import ToolCallProgress, ToolCallStart
 
-from tests.acp.test_mcp_servers import probe
-from tests.support.acp_editor import ROOT, AcpEnv, Editor
+from tests.support.acp_editor import ROOT, AcpEnv, Editor, probe
 from tests.support.fake_llama import FakeLlama, Reply, answer
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,6 @@ import pytest
 from acp import spawn_agent_process, text_block
 from acp.schema import (
     AgentMessageChunk,
-    EnvVariable,
     HttpHeader,
     HttpMcpServer,
     McpServerStdio,
@@ -34,19 +33,22 @@ from acp.schema import (
 from actors.log.file import read_log
 from actors.log.records import Baseline, ToolResult
 from tests.daemon.daemonkit import Daemon, daemon_config
-from tests.support.acp_editor import ROOT, AcpEnv, Editor, RawAgent, assert_gone, children_of
+from tests.support.acp_editor import (
+    PROBE,
+    ROOT,
+    AcpEnv,
+    Editor,
+    RawAgent,
+    assert_gone,
+    children_of,
+    probe,
+)
 from tests.support.fake_llama import FakeLlama
 from tests.tools.hostkit import short_dir
 from tests.tools.mcp_support import http_test_server
 
 pytestmark = pytest.mark.timeout(300)
 
-PROBE = Path(__file__).with_name("mcp_probe.py")
-
-
-def probe(name: str = "probe", **env: str) -> McpServerStdio:
-    return McpServerStdio(name=name, command=sys.executable, args=[str(PROBE)],
-                          env=[EnvVariable(name=k, value=v) for k, v in env.items()])
 
 
 def order(tag: str, tool: str, args: dict[str, Any]) -> str:

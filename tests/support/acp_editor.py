@@ -17,6 +17,8 @@ from typing import Any
 import psutil
 from acp.schema import (
     AllowedOutcome,
+    EnvVariable,
+    McpServerStdio,
     PermissionOption,
     RequestPermissionResponse,
     ToolCallUpdate,
@@ -27,8 +29,10 @@ from actors.log.records import Approval, Record, ToolResult, User
 from tests.support.fake_llama import Reply, answer, stall
 from tests.support.scripted_llama import agent
 
-__all__ = ["MAX_TOKENS", "ROOT", "TOOL_ITERATIONS", "AcpEnv", "Editor", "RawAgent", "assert_gone",
-           "check_flow_log", "children_of", "model"]
+__all__ = [
+    "MAX_TOKENS", "PROBE", "ROOT", "TOOL_ITERATIONS", "AcpEnv", "Editor", "RawAgent",
+    "assert_gone", "check_flow_log", "children_of", "model", "probe",
+]
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +239,12 @@ class RawAgent:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
+
+
+PROBE = ROOT / "tests" / "acp" / "mcp_probe.py"  # an MCP server an editor names (stdio)
+
+
+def probe(name: str = "probe", **env: str) -> McpServerStdio:
+    """The editor's ``mcpServers`` entry for :data:`PROBE`, with ``env`` given to it."""
+    return McpServerStdio(name=name, command=sys.executable, args=[str(PROBE)],
+                          env=[EnvVariable(name=k, value=v) for k, v in env.items()])
