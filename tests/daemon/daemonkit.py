@@ -28,7 +28,7 @@ from actors.base.processes.trees import is_alive, kill_tree
 from actors.daemon.client import Client, find_daemon
 from tests.support.watch import HANG_S, wait_until
 
-__all__ = ["ROOT", "Daemon", "chat", "cli", "daemon_config", "env"]
+__all__ = ["ROOT", "Daemon", "chat", "cli", "client_gone_mid_turn", "daemon_config", "env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("read_file", "list_dir", "write_file", "run_command")
@@ -199,3 +199,32 @@ class Daemon:
         finally:
             for p in self.children():
                 kill_tree(p.pid)
+
+
+@contextlib.contextmanager
+def client_gone_mid_turn(
+    daemon: Daemon, session: str, *args: str
+) -> Iterator[subprocess.Popen[str]]:
+    """A client process (``tests.daemon.turn_client``) running a turn of ``session``: the
+    block waits for the moment to kill it; then it is killed, and the daemon must cancel
+    the turn and give the session up."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.daemon.turn_client", str(daemon.config_path), session,
+         *args],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield proc
+        proc.kill()
+        proc.wait(HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def released() -> bool:
+        with daemon.client() as c:
+            return not c.status().sessions
+
+    wait_until(released, 30, "the daemon to cancel the turn and give the session up")

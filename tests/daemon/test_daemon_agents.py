@@ -4,8 +4,6 @@ and a client gone mid-turn cancels every child (docs/agents.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +13,9 @@ import pytest
 
 from actors.base.events import AgentDone, AgentEvent, AgentStarted, Content
 from actors.log.records import AgentLink, User
-from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
+from tests.daemon.daemonkit import Daemon, client_gone_mid_turn, daemon_config
 from tests.support.fake_llama import FakeLlama, Reply, answer
-from tests.support.watch import HANG_S, wait_until
+from tests.support.watch import wait_until
 from tests.tools.hostkit import short_dir
 
 
@@ -83,25 +81,8 @@ def test_a_child_s_events_reach_the_client_with_its_name(
 
 def test_a_client_gone_cancels_every_child(agents_daemon: tuple[Daemon, Children]) -> None:
     daemon, model = agents_daemon
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.daemon.turn_client", str(daemon.config_path), "s", "wait"],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with client_gone_mid_turn(daemon, "s", "wait"):
         wait_until(lambda: model.hanging == 2, 60, "both children at the server at once")
-        proc.kill()
-        proc.wait(HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def released() -> bool:
-        with daemon.client() as c:
-            return not c.status().sessions
-
-    wait_until(released, 30, "the daemon to cancel the turn and give the session up")
     wait_until(lambda: model.gone == 2, 30, "both children's requests to be dropped")
     with daemon.client() as client:
         for name, task in (("s.a1", "hang a"), ("s.a2", "hang b")):

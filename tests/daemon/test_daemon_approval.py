@@ -8,8 +8,6 @@ in-process (:mod:`actors.approval.gate`).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,7 @@ import pytest
 from actors.base.cancel import CancelToken
 from actors.base.events import NO_APPROVER, ApprovalDecided, ApprovalRequested, Choice, Decision
 from actors.log.records import Approval, ApprovalDecision, ApprovalScope, ToolResult
-from tests.daemon.daemonkit import ROOT, Daemon, cli, env
-from tests.support.watch import HANG_S, wait_until
+from tests.daemon.daemonkit import Daemon, cli, client_gone_mid_turn
 
 
 def _write(tag: str, name: str) -> str:
@@ -96,29 +93,12 @@ def test_for_this_session_is_asked_once(asking_daemon: Daemon) -> None:
 
 def test_a_client_gone_while_an_approval_waits_cancels_the_turn(asking_daemon: Daemon) -> None:
     ws = Path(asking_daemon.config.tools.workspace)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.daemon.turn_client", str(asking_daemon.config_path), "s",
-         _write("t1", "late.txt"), "--hang-on-approval"],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with client_gone_mid_turn(asking_daemon, "s", _write("t1", "late.txt"),
+                              "--hang-on-approval") as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.strip() == "asked":
                 break
-        proc.kill()
-        proc.wait(HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def released() -> bool:
-        with asking_daemon.client() as c:
-            return not c.status().sessions
-
-    wait_until(released, 20, "the daemon to cancel the turn and give the session up")
     with asking_daemon.client() as client:
         records = client.read_log("s")
         assert client.turn("s", "t2 :: list_dir {}").run(lambda e: None).content == "done t2."
