@@ -109,8 +109,7 @@ async def _flow(where: Where) -> dict[str, Any]:
         ])
         session = made.session_id
         seen["meta"] = (made.field_meta or {})["loopd"]["mcpServers"]
-        while len(editor.updates) < mark + 2:  # the notes follow the answer
-            await asyncio.sleep(0.05)
+        await editor.wait_for_updates(mark + 2)  # the notes follow the answer
         seen["notes"] = [(sid, u) for sid, u in editor.updates[mark:]]
         seen["hosts"] = len(hosts_of(pid))
 

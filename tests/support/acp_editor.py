@@ -3,6 +3,7 @@ for the ACP tests (their fixtures are in tests/acp/conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +29,7 @@ from actors.log.file import read_log
 from actors.log.records import Approval, Record, ToolResult, User
 from tests.support.fake_llama import Reply, answer, stall
 from tests.support.scripted_llama import agent
+from tests.support.watch import HANG_S
 
 __all__ = [
     "MAX_TOKENS", "PROBE", "ROOT", "TOOL_ITERATIONS", "AcpEnv", "Editor", "RawAgent",
@@ -69,14 +71,23 @@ class Editor:
 
     def __init__(self) -> None:
         self.updates: list[tuple[str, Any]] = []
+        self._came = asyncio.Event()
         self.asked: list[tuple[ToolCallUpdate, list[PermissionOption]]] = []
         self.answers: list[str] = []  # option kinds, in order
         self.on_update: Callable[[str, Any], Awaitable[None]] | None = None
 
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
         self.updates.append((session_id, update))
+        self._came.set()
         if self.on_update is not None:
             await self.on_update(session_id, update)
+
+    async def wait_for_updates(self, count: int, timeout: float = HANG_S) -> None:
+        """Until ``count`` updates have come (woken by each one), or a hang guard fails."""
+        async with asyncio.timeout(timeout):
+            while len(self.updates) < count:
+                self._came.clear()
+                await self._came.wait()
 
     async def request_permission(self, options: list[PermissionOption], session_id: str,
                                  tool_call: ToolCallUpdate, **_: Any) -> RequestPermissionResponse:
