@@ -8,7 +8,6 @@ the ways on), and when a nearly full session is opened again.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ import pytest
 
 from actors.cli.chat import parse
 from tests.support.fake_llama import Conn, FakeLlama, Reply, answer, context_full
-from tests.support.terminal import leave
+from tests.support.terminal import json_records, leave
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CTX = 1000
@@ -52,13 +51,7 @@ class Env:
         return child
 
     def records(self, session: str) -> list[dict[str, Any]]:
-        import subprocess
-
-        out = subprocess.run(
-            [sys.executable, "-m", "actors.cli", "log", "show", session, "--json", "--config",
-             str(self.config)], cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout
-        return [json.loads(line) for line in out.splitlines()]
+        return json_records(self.config, session)
 
 
 def _script(body: dict[str, Any]) -> Reply:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
-from tests.support.terminal import leave
+from tests.support.terminal import json_records, leave
 from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +71,7 @@ class Env:
         return child
 
     def records(self, session: str) -> list[dict[str, Any]]:
-        out = subprocess.run(
-            [sys.executable, "-m", "actors.cli", "log", "show", session, "--json", "--config",
-             str(self.config)], cwd=ROOT, capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        ).stdout
-        return [json.loads(line) for line in out.splitlines()]
+        return json_records(self.config, session)
 
 
 @pytest.fixture
