@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -61,8 +60,7 @@ from actors.log.records import (
     User,
 )
 from actors.log.sessiondir import session_path
-from actors.session.compaction import ELIDE_HEADER
-from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
+from actors.session.frame_words import frame_piece
 from actors.session.smallmodel.bare_json import parse_bare_tool_call
 from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.registry import META_TOOLS
@@ -359,21 +357,9 @@ def score(
 
 def frame_text(answer: str) -> str | None:
     """The first piece of a compaction's frame or an elided summary's own wording that
-    ``answer`` holds (None: none): such text is loopd's, never an answer."""
-    low = " ".join(answer.lower().split())
-    return next((piece for piece in _FRAME_PIECES if piece in low), None)
-
-
-def _frame_pieces() -> tuple[str, ...]:
-    texts = [*SUMMARY_FRAME.split("{summary}"), *OUTSIDE_FRAME.split("{summary}"), ELIDE_HEADER]
-    pieces = {" ".join(p.lower().split()) for t in texts for p in re.split(r"[.,:()\[\]]", t)}
-    # and the wording of earlier summaries, still in older logs
-    old = ("no longer fits the context", "earlier lines left out", "earlier line left out",
-           "call it again to see them", "the person asked:")
-    return tuple(sorted({p for p in pieces if len(p) >= 24} | set(old)))
-
-
-_FRAME_PIECES = _frame_pieces()
+    ``answer`` holds (None: none): such text is loopd's, never an answer. The pieces are the
+    ones the turn takes out of every answer of a compacted session (frame_words.PIECES)."""
+    return frame_piece(answer)
 
 
 def _file_check(

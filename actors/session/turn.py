@@ -50,6 +50,7 @@ from actors.log.records import SlotState, SlotUse, ToolCall, ToolResult, Usage, 
 from actors.service.types import TurnOutcome
 from actors.session import compactor, traced
 from actors.session.agents import Tree, TurnAgents
+from actors.session.frame_words import FrameFilter, compacted
 from actors.session.limits import (
     REPEAT_NOTICE,
     TOO_MANY_CALLS,
@@ -163,7 +164,8 @@ class _Turn:
         if self.iterations:
             self.compactor.make_room()
         grammar = self._grammar(self.log.baseline.tools)
-        sink = WordFilter(self._pass_on, word=grammar is not None,
+        frames = FrameFilter(self._pass_on, lambda: compacted(self.log.records))  # its wording
+        sink = WordFilter(frames, word=grammar is not None,
                           bare=self.runtime.config.inference.bare_json_tool_calls)
         completion = self._complete(grammar, sink)
         if grammar is not None:  # the grammar's decision word is loopd's, not the answer's
@@ -171,6 +173,7 @@ class _Turn:
         completion = self._bare_json(completion)
         if completion.content is not None:
             sink.flush()  # text held back as a possible bare call was not one: shown now
+            completion = dataclasses.replace(completion, content=frames.answer(completion.content))
         if len(completion.tool_calls) > self.loop.max_calls_per_response:
             raise TurnLimit("calls per response", TOO_MANY_CALLS.format(
                 count=len(completion.tool_calls), cap=self.loop.max_calls_per_response))

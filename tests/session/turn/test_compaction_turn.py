@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from actors.base.errors import SessionFull
-from actors.base.events import Compacted, Compacting
+from actors.base.events import Compacted, Compacting, Content
 from actors.inference.actor import Inference
 from actors.log.file import SessionLog
 from actors.log.records import (
@@ -32,6 +32,7 @@ from actors.session import limits as limits_module
 from actors.session import messages as messages_module
 from actors.session import render as render_module
 from actors.session.compaction import ELIDE_HEADER
+from actors.session.frame_words import frame_piece
 from actors.session.messages import SUMMARY_FRAME
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -416,3 +417,32 @@ def test_a_follow_up_that_compacts_keeps_the_file_the_turn_before_read(rig: Make
     assert "requires-python" in sent
     assert not any(str(m["content"]).startswith("question")
                for m in r.fake.requests[-1]["messages"])
+
+
+@pytest.mark.parametrize("said, kept", [
+    ("The person asked: What is this project for?", "What is this project for?"),
+    ("You asked it first. [loopd: the earlier part of this conversation no longer fits the "
+     "context, so it was summarised. The summary:]\n\nThe person asked: question 0 more",
+     "You asked it first. \n\nquestion 0 more"),
+])
+def test_a_compactions_wording_never_reaches_an_answer(rig: Make, said: str, kept: str) -> None:
+    """The elided summary's line copied as the answer ("The person asked: What is this
+    project for?" to "What was the first question I asked you?"): the wording is taken out
+    of the stream, the answer and the log; the person's content stays."""
+    r = compacting(rig([*[answer("noted")] * 6, answer(said, chunk=3)], props={"n_ctx": 1000}),
+                   compaction="elide")
+    for n in range(6):
+        r.turn(f"question {n}{LONG}")
+    assert any(isinstance(x, Compaction) for x in r.records)
+    before = len(r.events)
+    out = r.turn("What was the first question I asked you?")
+    assert out.content == kept
+    assert "".join(e.text for e in r.events[before:] if isinstance(e, Content)) == kept
+    (*_, last, usage) = r.records
+    assert isinstance(last, Assistant) and last.content == kept and isinstance(usage, Usage)
+    assert frame_piece(out.content) is None
+
+
+def test_an_answer_before_any_compaction_keeps_loopds_words(rig: Make) -> None:
+    r = rig([answer("The person asked: no longer fits the context.")])
+    assert r.turn("Quote it.").content == "The person asked: no longer fits the context."
