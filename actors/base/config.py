@@ -186,6 +186,10 @@ class LoopConfig:
     # (repeat) and 146 (a file shown whole): scripts/runaway_scores.py.
     runaway_repeat_tokens: int = field(default=256, metadata=limits(0))
     runaway_copy_tokens: int = field(default=400, metadata=limits(0))
+    # An answer repeating for N pieces a passage of a tool's result that an earlier answer,
+    # to another question, already copied is cut there (the same README paragraph given
+    # as the answer to four questions in a row); 0: not watched. docs/turn.md#limits.
+    runaway_echo_tokens: int = field(default=32, metadata=limits(0))
     # One budget for a turn and every agent it starts (docs/agents.md): tokens generated
     # and wall time of the whole tree; 0: no cap.
     turn_tokens: int = field(default=0, metadata=limits(0))

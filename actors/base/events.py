@@ -107,7 +107,7 @@ class ThinkingCapped:
 @dataclasses.dataclass(frozen=True, slots=True)
 class AnswerCut:
     """loopd stopped the response's answer (or its reasoning) before the server ended it
-    and kept what came: ``why`` "repeat" or "copy" (the runaway-text limit), "timeout" or
+    and kept what came: ``why`` "repeat", "copy" or "echo" (the runaway-text limit), "timeout" or
     "error" (the request ended: what streamed is the answer, cut); ``note`` says it for the
     person; ``tokens``: the pieces the server had sent."""
 

@@ -45,6 +45,7 @@ CUT_WORDS = {
     "length": "answer cut at loop.max_tokens",
     "repeat": "answer cut: it repeated itself (loop.runaway_repeat_tokens)",
     "copy": "answer cut: it copied the prompt word for word (loop.runaway_copy_tokens)",
+    "echo": "answer cut: it gave again what an earlier answer copied (loop.runaway_echo_tokens)",
     "timeout": "answer cut: the request timed out; what streamed is kept",
     "error": "answer cut: the stream failed; what streamed is kept",
 }

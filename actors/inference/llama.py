@@ -29,10 +29,11 @@ Decisions (docs/inference.md; the server's side in docs/llama-server.md):
 - **max_tokens**: a server that streams more than ``max_tokens`` (plus ``CONTROL_GRACE``)
   pieces is cut off there, and the answer ends as cut (``finish_reason`` "length").
 - **Runaway text** (:mod:`actors.inference.runaway`): answer or reasoning text that repeats
-  itself or copies the prompt past the request's limits closes the stream (the server stops
-  generating) and emits ``AnswerCut``; the answer ends there, cut (``finish_reason``
-  "repeat" or "copy"). Reasoning that runs away before any answer is treated like the
-  thinking cap's: the same messages are asked again with thinking off.
+  itself, copies the prompt, or repeats a passage earlier answers copied past the request's
+  limits closes the stream (the server stops generating) and emits ``AnswerCut``; the
+  answer ends there, cut (``finish_reason`` "repeat", "copy" or "echo"). Reasoning that
+  runs away before any answer is treated like the thinking cap's: the same messages are
+  asked again with thinking off.
 - **A cut answer is kept**: when the request ends after some answer or reasoning streamed
   (the deadline, a read timeout, a stream that broke or failed and may not be retried),
   what streamed is the answer, cut (``finish_reason`` "timeout" or "error", ``AnswerCut``),
@@ -471,8 +472,10 @@ class LlamaClient:
     ) -> StreamAssembler | _Abandoned:
         asm = StreamAssembler()
         feed, deadline, monotonic = asm.feed, run.deadline, time.monotonic  # once per token
-        watcher = (Watcher(request.messages, request.runaway_repeat, request.runaway_copy)
-                   if request.runaway_repeat or request.runaway_copy else None)
+        watcher = (Watcher(request.messages, request.runaway_repeat, request.runaway_copy,
+                           echo=request.runaway_echo, echoes=request.echoes)
+                   if request.runaway_repeat or request.runaway_copy or request.runaway_echo
+                   else None)
         cap = _ThinkingCap.of(request)
         most = None if request.max_tokens is None else request.max_tokens + CONTROL_GRACE
         stream = EventSource(response).iter_sse()
@@ -627,7 +630,8 @@ def _runaway(found: Runaway, thought: bool, asm: StreamAssembler, request: ChatR
     """The answer (or the reasoning: ``thought``) ran away (``found``): the answer ends
     here, cut; reasoning that ran away before any answer is abandoned, to be asked again
     with thinking off."""
-    limit = request.runaway_repeat if found.kind == "repeat" else request.runaway_copy
+    limit = {"repeat": request.runaway_repeat, "echo": request.runaway_echo}.get(
+        found.kind, request.runaway_copy)
     note = found.note("reasoning" if thought else "answer", limit)
     if thought and request.thinking and not asm.answered:
         run.cut = Cut(why=found.kind, note=f"{note}; asked again with thinking off")

@@ -19,6 +19,12 @@ the run is how many pieces in a row match it.
   once per request, when a stream reaches :data:`LAZY` pieces: most answers are shorter, and
   cutting a long conversation into pieces costs milliseconds a request; the pieces said so far
   are then followed again, so the run is the same as if the prompt had been there at once).
+- **echo** (the answer only): the last ``echo`` pieces repeat ``echoes``, the passages of tool
+  results that earlier answers to other questions copied (the session picks them,
+  :func:`actors.session.limits.passages`). A small model that once answered with a file's
+  paragraph (the README's "Donate" one, after a read) gave the same paragraph to each of the
+  next three questions; such a passage is short, far under ``copy``, and a right answer may
+  quote it once, so only its second coming is cut.
 
 Each piece costs a few dictionary look-ups (the cost per chunk is in docs/turn.md), so the
 watch runs on every streamed token. A legitimate answer copies its prompt to show a file,
@@ -64,7 +70,7 @@ def prompt_text(messages: Iterable[Mapping[str, Any]]) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Runaway:
-    """Text that ran away: ``kind`` "repeat" or "copy", over the last ``run`` pieces;
+    """Text that ran away: ``kind`` "repeat", "copy" or "echo", over the last ``run`` pieces;
     ``period``: for a repeat, how many pieces apart the copies are."""
 
     kind: str
@@ -77,6 +83,11 @@ class Runaway:
             return (f"{where} cut: its last {self.run} tokens repeat its own earlier text "
                     f"(the same {self.period} again and again; "
                     f"loop.runaway_repeat_tokens = {limit})")
+        if self.kind == "echo":
+            return (f"{where} cut: its last {self.run} tokens give again, word for word, a "
+                    "passage of a tool's result that an earlier answer to another question "
+                    f"already gave, not an answer to this one (loop.runaway_echo_tokens = "
+                    f"{limit})")
         return (f"{where} cut: its last {self.run} tokens copy the prompt word for word "
                 f"(loop.runaway_copy_tokens = {limit})")
 
@@ -107,13 +118,14 @@ class _Follow:
 class _Stream:
     """The watch over one stream of text (the answer, or the reasoning)."""
 
-    __slots__ = ("copy", "held", "own", "repeat", "said")
+    __slots__ = ("copy", "echo", "held", "own", "repeat", "said")
 
-    def __init__(self) -> None:
+    def __init__(self, echo: _Follow | None = None) -> None:
         self.said: list[str] = []
         self.own: dict[tuple[str, ...], int] = {}
         self.repeat = _Follow(self.said, self.own)
         self.copy: _Follow | None = None  # the prompt's follower, from LAZY pieces on
+        self.echo = echo  # the echoes' follower (the answer's stream only)
         self.held = ""  # the end of the text so far, when it may be an unfinished word
 
 
@@ -123,12 +135,13 @@ class Watcher:
     when a stream reaches ``lazy`` pieces (a short answer, or a response that only calls a
     tool, never pays for it)."""
 
-    __slots__ = ("_copy", "_grams", "_lazy", "_messages", "_prompt", "_repeat", "_streams",
-                 "peaks")
+    __slots__ = ("_copy", "_echo", "_echoes", "_grams", "_lazy", "_messages", "_prompt",
+                 "_repeat", "_streams", "peaks")
 
     def __init__(self, messages: Iterable[Mapping[str, Any]], repeat: int, copy: int,
-                 lazy: int = LAZY) -> None:
-        self._repeat, self._copy = repeat or 1 << 62, copy or 1 << 62
+                 lazy: int = LAZY, *, echo: int = 0, echoes: Iterable[str] = ()) -> None:
+        self._repeat, self._copy, self._echo = repeat or 1 << 62, copy or 1 << 62, echo
+        self._echoes = tuple(echoes) if echo else ()
         self._lazy = max(1, min(lazy, copy or lazy))  # never later than a cut could come
         self._messages = messages if copy else ()
         self._prompt: list[str] | None = None
@@ -141,7 +154,8 @@ class Watcher:
         # Once per streamed token: pieces() inline (its call and list were a tenth of the cost).
         stream = self._streams.get(reasoning)
         if stream is None:
-            stream = self._streams[reasoning] = _Stream()
+            echoes = None if reasoning or not self._echoes else _following(self._echoes)
+            stream = self._streams[reasoning] = _Stream(echoes)
         if stream.held:
             text = stream.held + text
             stream.held = ""
@@ -174,6 +188,8 @@ class Watcher:
             peaks[0] = run
             if run >= self._repeat:
                 return Runaway("repeat", run, period=end + 1 - stream.repeat.at)
+        if stream.echo is not None and (echoed := stream.echo.step(piece, gram)) >= self._echo:
+            return Runaway("echo", echoed)
         if stream.copy is not None:
             return self._copied(stream.copy.step(piece, gram))
         if end + 1 == self._lazy and self._messages:
@@ -202,9 +218,19 @@ class Watcher:
     def _prompt_follow(self) -> _Follow:
         if self._prompt is None:
             self._prompt = pieces(prompt_text(self._messages))
-            p = self._prompt
-            grams = list(zip(*(p[k:] for k in range(GRAM)), strict=False))
-            # each n-gram's first place (set last): the longest run to follow from it
-            self._grams = dict(zip(reversed(grams), range(len(p) - 1, GRAM - 2, -1),
-                                   strict=True))
+            self._grams = _first_places(self._prompt)
         return _Follow(self._prompt, self._grams)
+
+
+def _first_places(p: list[str]) -> dict[tuple[str, ...], int]:
+    """Each n-gram of ``p`` and its first place (set last): the longest run to follow."""
+    grams = list(zip(*(p[k:] for k in range(GRAM)), strict=False))
+    return dict(zip(reversed(grams), range(len(p) - 1, GRAM - 2, -1), strict=True))
+
+
+def _following(texts: Iterable[str]) -> _Follow:
+    """A follower of ``texts``, each apart (a run never goes from one into the next)."""
+    source: list[str] = []
+    for text in texts:
+        source.extend([*pieces(text), "\0"])
+    return _Follow(source, _first_places(source))

@@ -46,12 +46,15 @@ class ChatRequest:
     # or reasoning that may copy its own earlier text, or the prompt (0: not watched).
     runaway_repeat: int = 0
     runaway_copy: int = 0
+    # ... or repeat a passage that earlier answers to other questions copied (``echoes``).
+    runaway_echo: int = 0
+    echoes: tuple[str, ...] = ()
 
 
 # How an answer ends when it was cut, not finished: at max_tokens ("length", the server's or
-# loopd's), by the runaway-text limit ("repeat", "copy"), by the request's end once the answer
-# had begun ("timeout", "error": what streamed is kept).
-CUT = frozenset({"length", "repeat", "copy", "timeout", "error"})
+# loopd's), by the runaway-text limit ("repeat", "copy", "echo"), by the request's end once
+# the answer had begun ("timeout", "error": what streamed is kept).
+CUT = frozenset({"length", "repeat", "copy", "echo", "timeout", "error"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

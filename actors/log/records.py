@@ -159,8 +159,8 @@ class CacheLoss:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cut:
-    """loopd cut the response logged just before (in the same write): ``why`` "repeat" or
-    "copy" (the runaway-text limit: the answer, or the reasoning asked again with thinking
+    """loopd cut the response logged just before (in the same write): ``why`` "repeat",
+    "copy" or "echo" (the runaway-text limit: the answer, or the reasoning asked again with thinking
     off), "timeout" or "error" (the request ended after the answer began: what streamed is
     the answer); ``note`` says it for the person. Renders to nothing."""
 

@@ -1,4 +1,5 @@
-"""The pure parts of a turn: result capping, cache loss, repeat detection, answer texts."""
+"""The pure parts of a turn: result capping, cache loss, repeat detection, answer texts, the
+passages the runaway watch's echo follows."""
 
 from __future__ import annotations
 
@@ -8,8 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.base.textcut import cut
+from actors.inference.runaway import Watcher, pieces
 from actors.inference.types import BaselineUse
-from actors.log.records import CacheLoss, Compaction, Record, SlotState, SlotUse, Usage
+from actors.log.records import (
+    Assistant,
+    CacheLoss,
+    Compaction,
+    Record,
+    SlotState,
+    SlotUse,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.session.messages import View, view
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -29,6 +41,7 @@ __all__ = [
     "call_key",
     "cap_result",
     "loss_cause",
+    "passages",
     "result_failed",
     "shown_tokens",
     "shown_usage",
@@ -200,3 +213,32 @@ class Repeats:
         count = self._seen.get(key, 0)
         self._seen[key] = count + 1
         return count
+
+
+def passages(records: Sequence[Record], question: str, limit: int) -> tuple[str, ...]:
+    """The earlier answers, to questions other than ``question``, that copied at least
+    ``limit`` pieces of their own turn's tool results word for word: what the runaway
+    watch's echo follows (``loop.runaway_echo_tokens``). An answer in the model's own words
+    is not one (the same facts told again to another question about the same file are a
+    right answer), nor an answer to the same question asked again."""
+    if not limit:
+        return ()
+    asked, current = _question_key(question), ""
+    found: list[str] = []
+    results: list[str] = []
+    for record in records:
+        if isinstance(record, User):
+            current, results = record.content, []
+        elif isinstance(record, ToolResult):
+            results.append(record.content)
+        elif (isinstance(record, Assistant) and record.content and not record.tool_calls
+              and results and len(pieces(record.content)) >= limit
+              and _question_key(current) != asked):
+            watch = Watcher([{"content": "\n".join(results)}], 0, limit, lazy=0)
+            if watch.feed(record.content + "\n") is not None:
+                found.append(record.content)
+    return tuple(found)
+
+
+def _question_key(question: str) -> str:
+    return " ".join(question.lower().split()).rstrip("?.! ")

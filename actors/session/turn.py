@@ -59,6 +59,7 @@ from actors.session.limits import (
     answer_text,
     cache_outcome,
     cap_result,
+    passages,
 )
 from actors.session.render import Renderer
 from actors.session.smallmodel.bare_json import bare_call
@@ -134,6 +135,7 @@ class _Turn:
         self.compactor = compactor.Compactor(log, runtime.config, runtime.inference, on_event,
                                              cancel, self.renderer)
         self.question = ""  # the user's message this turn answers
+        self.echoes: tuple[str, ...] = ()  # passages earlier answers copied (limits.passages)
         inference = runtime.config.inference
         self.sampling = {k: v for k, v in (("temperature", inference.temperature),
                                            ("seed", inference.seed)) if v >= 0}
@@ -141,6 +143,7 @@ class _Turn:
     @traced.turn  # invoke_agent
     def run(self, content: str) -> TurnOutcome:
         self.question = content
+        self.echoes = passages(self.log.records, content, self.loop.runaway_echo_tokens)
         self.compactor.make_room(content)  # SessionFull here logs nothing
         self.log.append(User(content=content))
         with self.compactor.taking_back():  # SessionFull from here takes the turn back
@@ -191,7 +194,8 @@ class _Turn:
             thinking=self.thinking_left > 0, max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0), sampling=self.sampling, grammar=grammar,
             runaway_repeat=self.loop.runaway_repeat_tokens,
-            runaway_copy=self.loop.runaway_copy_tokens)
+            runaway_copy=self.loop.runaway_copy_tokens,
+            runaway_echo=self.loop.runaway_echo_tokens, echoes=self.echoes)
 
     def _complete(self, grammar: str | None, sink: WordFilter, again: bool = True) -> Completion:
         """The model's response; the server's failures as the turn's (cancelled, full: the

@@ -212,3 +212,15 @@ def test_a_normal_answer_is_not_watched_into_a_cut(rig: MakeRig) -> None:
     r = rig([answer(text, chunk=3)])
     done = r.chat(request(runaway_repeat=256, runaway_copy=400, max_tokens=5000))
     assert (done.content, done.finish_reason, done.cut) == (text, "stop", None)
+
+
+def test_an_echo_is_followed_in_the_answer_alone_and_each_passage_apart() -> None:
+    first = " ".join(f"w{k}" for k in range(20))
+    second = " ".join(f"v{k}" for k in range(20))
+    watch = Watcher([], 0, 0, echo=24, echoes=[first, second])
+    assert watch.feed(first + " " + second, reasoning=True) is None  # reasoning: not watched
+    assert watch.feed(first[-30:] + " " + second[:30] + " ") is None  # across two: no run
+    again = Watcher([], 0, 0, echo=24, echoes=[first, second])
+    found = again.feed(f"So: {second} {second}")
+    assert found is not None and (found.kind, found.run) == ("echo", 24)
+    assert "loop.runaway_echo_tokens = 24" in found.note("answer", 24)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.log.records import CacheLoss, SlotState, SlotUse
+from actors.log.records import Assistant, CacheLoss, SlotState, SlotUse, ToolResult, User
 from actors.session.limits import (
     ASKED_AGAIN,
     Answered,
@@ -19,6 +19,7 @@ from actors.session.limits import (
     call_key,
     cap_result,
     loss_cause,
+    passages,
 )
 from actors.tools.protocol import wire
 from actors.tools.protocol.spec import ResultClass
@@ -179,3 +180,16 @@ def test_repeats_count_the_earlier_identical_calls_of_a_turn() -> None:
     assert repeats.seen("list", '{"path": "a"}') == 0
     assert repeats.seen("read", '{"path": "a"}') == 2
     assert Repeats().seen("read", '{"path": "a"}') == 0  # a new turn starts afresh
+
+
+def test_passages_are_earlier_copies_of_a_result_given_to_another_question() -> None:
+    passage = " ".join(f"word{k}" for k in range(40))
+    said = "In my own words: " + " ".join(f"fact{k}" for k in range(40))
+    log = [User(content="Read it."), ToolResult(1, "c1", f"head\n{passage}\ntail",
+                                                 ResultClass.PUBLIC, False, False),
+           Assistant(content=passage, reasoning=None), User(content="And the facts?"),
+           ToolResult(2, "c2", "x", ResultClass.PUBLIC, False, False),
+           Assistant(content=said, reasoning=None)]
+    assert passages(log, "What now?", 32) == (passage,)  # a copy, not the own words
+    assert passages(log, "read it", 32) == ()  # the same question again may quote again
+    assert passages(log, "What now?", 0) == ()  # off

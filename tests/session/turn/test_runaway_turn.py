@@ -6,6 +6,7 @@ model when the next one comes."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 
 import pytest
@@ -125,3 +126,59 @@ def test_a_stream_broken_after_the_retries_keeps_the_last_ones_text(rig: Make) -
     usage, cut = last_cut(r)
     assert (usage.finish_reason, cut.why) == ("error", "error") and "closed" in cut.note
     assert "answer cut: the stream failed" in summary(out, 1.0)
+
+
+DONATE = ("The Pallets organization develops and supports Click and other popular packages. "
+          "In order to grow the community of contributors and users, and allow the "
+          "maintainers to devote more time to the projects, [please donate today][].")
+README = ("Metadata-Version: 2.4\nName: click\nVersion: 8.5.1\nRequires-Python: >=3.10\n"
+          "License-Expression: BSD-3-Clause\n\n# Click\n\nClick is a Python package for "
+          f"creating beautiful command line interfaces.\n\n## Donate\n\n{DONATE}\n")
+GLOBALS = "def push_context(ctx):\n    _local.__dict__.setdefault('stack', []).append(ctx)\n"
+
+
+def read(text: str) -> tuple[str, str]:
+    return ("call_tool", json.dumps({"name": "echo", "arguments": {"text": text}}))
+
+
+def test_a_passage_an_earlier_answer_copied_is_cut_when_given_to_another_question(
+        rig: Make) -> None:
+    """The long chat on click: after one read of PKG-INFO, its "Donate" paragraph was the
+    answer to the version, then to the Python version, the licence and push_context. The
+    first copy may be a quote; the same passage given again to another question is cut,
+    said, and the session goes on."""
+    r = rig([answer(tool_calls=[read(README)]), answer(DONATE),
+             answer(tool_calls=[read(README)]), answer(DONATE),
+             answer(tool_calls=[read(GLOBALS)]), answer(DONATE),
+             answer("It requires Python 3.10 or later.")])
+    assert r.turn("Read PKG-INFO and tell me the version.").content == DONATE  # a quote, once
+    for question in ("Which Python version does it require?",
+                     "Read click/globals.py. What does push_context do?"):
+        out = r.turn(question)
+        usage, cut = last_cut(r)
+        assert out.cut and (usage.finish_reason, cut.why) == ("echo", "echo")
+        assert DONATE.startswith(out.content) and len(pieces(out.content)) == 32
+        assert "loop.runaway_echo_tokens = 32" in cut.note and cut.note in shown(r.events)
+        assert "answer cut: it gave again what an earlier answer copied" in summary(out, 1.0)
+    assert r.turn("Which Python version does it require?").content.endswith("3.10 or later.")
+
+
+def test_the_same_facts_again_or_the_same_question_again_are_not_cut(rig: Make) -> None:
+    """long.toml's right answers: "What does todo.txt say?" told again, word for word, what
+    the answer to "Which tasks in todo.txt are done?" said in the model's own words (42
+    pieces); and the same question asked again gets the same quote."""
+    told = ("The tasks in todo.txt are to do this week, renew the passport, book a dentist "
+            "appointment, call the plumber about the kitchen leak, pay the electricity bill, "
+            "and buy a birthday present for Sam.")
+    todo = ("- [x] Renew passport\n- [ ] Book dentist\n- [ ] Call plumber (kitchen leak)\n"
+            "- [x] Pay electricity\n- [ ] Present for Sam\n")
+    r = rig([answer(tool_calls=[read(todo)]), answer(told),
+             answer(tool_calls=[read(todo)]), answer(told),
+             answer(tool_calls=[read(README)]), answer(DONATE),
+             answer(tool_calls=[read(README)]), answer(DONATE)])
+    assert r.turn("Which tasks in todo.txt are done?").content == told
+    assert r.turn("What does todo.txt say?").content == told
+    assert r.turn("What does the README say about donating?").content == DONATE
+    out = r.turn("What does the README say about donating?")
+    assert (out.content, out.cut) == (DONATE, False)
+    assert not any(isinstance(x, Cut) for x in r.records)
