@@ -81,8 +81,9 @@ def _may_start(tail: str) -> bool:
 class FrameFilter:
     """A sink that passes events on with the wording (:data:`PIECES`) taken out of the
     streamed text. ``active`` is asked at the first text (a session never compacted:
-    everything passes as it comes). What was held back is passed at :meth:`flush` (the
-    stream ended) or before an ``AnswerCut``; ``text`` is everything passed so far."""
+    every event passes as it came). What was held back is passed at :meth:`flush` (the
+    stream ended) or before an ``AnswerCut``; ``text`` is the text passed so far once
+    active."""
 
     def __init__(self, sink: Callable[[Event], None], active: Callable[[], bool]) -> None:
         self._sink, self._active = sink, active
@@ -91,6 +92,9 @@ class FrameFilter:
         self.text = ""
 
     def __call__(self, event: Event) -> None:
+        if self._on is False:  # never compacted: every event as it came
+            self._sink(event)
+            return
         if type(event) is not Content:
             if isinstance(event, Retrying):  # the stream starts again: nothing held is shown
                 self._held = self.text = ""
@@ -100,9 +104,9 @@ class FrameFilter:
             return
         if self._on is None:
             self._on = self._active()
-        if not self._on:
-            self._pass(event.text, event)
-            return
+            if not self._on:
+                self._sink(event)
+                return
         held = self._held + event.text
         hold = len(held)
         low = held.lower().translate(_AS_SPACE)
@@ -111,8 +115,8 @@ class FrameFilter:
             if (head in _HEADS or (len(head) < 3 and head in _STARTS)) and _may_start(held[at:]):
                 hold = at
                 break
-        for found in _FOUND.finditer(held, 0, hold):  # a piece cut by the hold stays whole
-            if found.end() > hold:
+        for found in _FOUND.finditer(held):  # a piece the hold would cut stays whole
+            if found.start() < hold < found.end():
                 hold = found.start()
                 break
         if not self.text and not held[:hold].strip():
