@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -217,7 +218,8 @@ class Repeats:
 
 def passages(records: Sequence[Record], question: str, limit: int) -> tuple[str, ...]:
     """The earlier answers, to questions other than ``question``, that copied at least
-    ``limit`` pieces of their own turn's tool results word for word: what the runaway
+    ``limit`` pieces of their own turn's tool results word for word (a file's lines read
+    with their numbers count as the lines the model copies without them): what the runaway
     watch's echo follows (``loop.runaway_echo_tokens``). An answer in the model's own words
     is not one (the same facts told again to another question about the same file are a
     right answer), nor an answer to the same question asked again."""
@@ -234,10 +236,14 @@ def passages(records: Sequence[Record], question: str, limit: int) -> tuple[str,
         elif (isinstance(record, Assistant) and record.content and not record.tool_calls
               and results and len(pieces(record.content)) >= limit
               and _question_key(current) != asked):
-            watch = Watcher([{"content": "\n".join(results)}], 0, limit, lazy=0)
+            read = _LINE_NUMBER.sub("", "\n".join(results))  # read_file's "12: " before a line
+            watch = Watcher([{"content": read}], 0, limit, lazy=0)
             if watch.feed(record.content + "\n") is not None:
                 found.append(record.content)
     return tuple(found)
+
+
+_LINE_NUMBER = re.compile(r"^\d+: ", re.MULTILINE)
 
 
 def _question_key(question: str) -> str:

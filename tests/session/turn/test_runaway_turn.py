@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import textwrap
 from collections.abc import Callable
 
 import pytest
@@ -131,9 +132,10 @@ def test_a_stream_broken_after_the_retries_keeps_the_last_ones_text(rig: Make) -
 DONATE = ("The Pallets organization develops and supports Click and other popular packages. "
           "In order to grow the community of contributors and users, and allow the "
           "maintainers to devote more time to the projects, [please donate today][].")
-README = ("Metadata-Version: 2.4\nName: click\nVersion: 8.5.1\nRequires-Python: >=3.10\n"
-          "License-Expression: BSD-3-Clause\n\n# Click\n\nClick is a Python package for "
-          f"creating beautiful command line interfaces.\n\n## Donate\n\n{DONATE}\n")
+README = "".join(f"{n}: {line}\n" for n, line in enumerate((  # as read_file shows a file
+    "Metadata-Version: 2.4", "Name: click", "Version: 8.5.1", "Requires-Python: >=3.10",
+    "License-Expression: BSD-3-Clause", "", "# Click", "## Donate", "",
+    *textwrap.wrap(DONATE, 72)), start=1))
 GLOBALS = "def push_context(ctx):\n    _local.__dict__.setdefault('stack', []).append(ctx)\n"
 
 
