@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from actors.inference.embedded.server import NO_REPACK_MARKER
+from tests.support.baselines import baseline_files, copy_into
+from tests.support.embedded import THREADS, missing
 
 # CI: fixed, derandomized runs (hypothesis auto-loads "ci" when CI is set; we pin it here
 # so the settings are ours). Locally: random exploration, the seed printed on failure.
@@ -60,7 +62,9 @@ for _xdg in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
 # run left there (a stale baseline under the same name is a CacheLoss the test did not cause,
 # and concurrent tests pruned each other's baselines). Only the assembled model, ~400 MB and
 # slow to verify, and the note that this machine's llama-server needs --no-repack, are the
-# person's, linked in. The controller's real place is kept for its xdist workers.
+# person's, linked in. The controller's real place is kept for its xdist workers. A test that
+# does not show a cold start may start from a baseline's KV state saved once in this run
+# (marker ``baseline``: tests/support/baselines.py), never from one of another run or build.
 REAL_DATA_HOME = Path(os.environ.setdefault(
     "LOOPD_TESTS_REAL_DATA_HOME",
     str(Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser() / "loopd")))
@@ -82,15 +86,30 @@ os.environ["XDG_DATA_HOME"] = private_data_home()
 atexit.register(shutil.rmtree, os.environ["XDG_DATA_HOME"], ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def _run_baselines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's store of saved baselines, one for all its xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "baselines"
+    store.mkdir(exist_ok=True)
+    return store
+
+
 @pytest.fixture(autouse=True)
 def _own_data_home_on_the_real_model(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
-    """Each real-model test its own saved KV state (see above)."""
+    """Each real-model test its own saved KV state (see above); one marked
+    ``baseline(NAME)`` starts with that baseline's state as this run saved it
+    (tests/support/baselines.py)."""
     if request.node.get_closest_marker("embedded") is None:
         yield
         return
     home = private_data_home()
+    marker = request.node.get_closest_marker("baseline")
+    if marker is not None and missing() is None:  # without the model the test skips itself
+        store: Path = request.getfixturevalue("_run_baselines")
+        copy_into(baseline_files(marker.args[0], store, private_data_home, THREADS), home)
     monkeypatch.setenv("XDG_DATA_HOME", home)
     yield
     shutil.rmtree(home, ignore_errors=True)

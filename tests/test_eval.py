@@ -281,6 +281,7 @@ def test_the_harness_runs_sessions_on_fresh_workspaces_against_a_server(tmp_path
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("defaults")  # restored, not processed: what is shown is the harness
 # A hang guard, not a speed check: two real-model turns beside two other workers' model
 # servers on 2 cores took over 120 s once (30 s alone).
 @pytest.mark.timeout(1200)

@@ -6,6 +6,7 @@ answers from it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,12 +19,15 @@ from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart
 from tests.support.acp_editor import ROOT, Editor
 from tests.support.embedded import THREADS, require_embedded
 
-pytestmark = [pytest.mark.embedded, pytest.mark.timeout(600)]
+# the defaults' baseline restored, not processed: what is shown is the turn through ACP
+pytestmark = [pytest.mark.embedded, pytest.mark.baseline("defaults"), pytest.mark.timeout(600)]
 
 
 async def _ask(argv: list[str], workspace: Path, stderr: Path) -> tuple[str, list[Any]]:
     editor = Editor()
-    spawn = {"cwd": ROOT, "env": {"PYTHONPATH": str(ROOT)},
+    # the whole environment (the SDK passes on only PATH, HOME and a few more): the test's
+    # own data, config and runtime homes (tests/conftest.py), not the person's
+    spawn = {"cwd": ROOT, "env": {**os.environ, "PYTHONPATH": str(ROOT)},
              "transport_kwargs": {"stderr": stderr.open("ab"), "shutdown_timeout": 120}}
     async with spawn_agent_process(editor, *argv, **spawn) as (conn, proc):
         await conn.initialize(protocol_version=1)

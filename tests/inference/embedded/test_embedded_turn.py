@@ -196,6 +196,7 @@ def _turn(world: World, session: Any, message: str) -> None:
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("defaults")  # the demo's, restored: the cache shown is the turns'
 @pytest.mark.timeout(1800)  # hang guards: a fresh machine also assembles the model (~0.5 GB) first
 def test_two_turns_on_the_embedded_model(world: World) -> None:
     session = world.session("embedded")
