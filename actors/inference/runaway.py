@@ -15,7 +15,8 @@ last :data:`GRAM` pieces were seen before, the earlier text is followed piece by
 the run is how many pieces in a row match it.
 
 - **repeat**: the last ``repeat`` pieces copy the stream's own earlier text;
-- **copy**: the last ``copy`` pieces copy the prompt (every message's text, cut into pieces
+- **copy**: the last ``copy`` pieces copy the prompt (every message's text, a file's lines
+  without the numbers ``read_file`` puts before them (:func:`unnumbered`), cut into pieces
   once per request, when a stream reaches :data:`LAZY` pieces: most answers are shorter, and
   cutting a long conversation into pieces costs milliseconds a request; the pieces said so far
   are then followed again, so the run is the same as if the prompt had been there at once).
@@ -39,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["GRAM", "LAZY", "Runaway", "Watcher", "pieces", "prompt_text"]
+__all__ = ["GRAM", "LAZY", "Runaway", "Watcher", "pieces", "prompt_text", "unnumbered"]
 
 GRAM = 8  # pieces that must match before a run is followed (and the shortest run)
 _PIECE = re.compile(r"\d+|[^\W\d]+|[^\w\s]")
@@ -51,6 +52,16 @@ _HELD = 64  # characters of an unfinished word held back at most (one giant word
 def pieces(text: str) -> list[str]:
     """``text`` as the watch sees it: words, ``#`` for each number, and marks."""
     return ["#" if p[0].isdigit() else p for p in _PIECE.findall(text)]
+
+
+_LINE_NUMBER = re.compile(r"^\d+: ", re.MULTILINE)
+
+
+def unnumbered(text: str) -> str:
+    """``text`` without the number ``read_file`` puts before each line ("12: "): a model
+    that copies a file it read copies its lines, not their numbers, and with the numbers
+    in the way no run was longer than a line (a README copied out whole was never cut)."""
+    return _LINE_NUMBER.sub("", text)
 
 
 def prompt_text(messages: Iterable[Mapping[str, Any]]) -> str:
@@ -217,7 +228,7 @@ class Watcher:
 
     def _prompt_follow(self) -> _Follow:
         if self._prompt is None:
-            self._prompt = pieces(prompt_text(self._messages))
+            self._prompt = pieces(unnumbered(prompt_text(self._messages)))
             self._grams = _first_places(self._prompt)
         return _Follow(self._prompt, self._grams)
 

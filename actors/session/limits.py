@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.base.textcut import cut
-from actors.inference.runaway import Watcher, pieces
+from actors.inference.runaway import Watcher, pieces, unnumbered
 from actors.inference.types import BaselineUse
 from actors.log.records import (
     Assistant,
@@ -236,14 +235,10 @@ def passages(records: Sequence[Record], question: str, limit: int) -> tuple[str,
         elif (isinstance(record, Assistant) and record.content and not record.tool_calls
               and results and len(pieces(record.content)) >= limit
               and _question_key(current) != asked):
-            read = _LINE_NUMBER.sub("", "\n".join(results))  # read_file's "12: " before a line
-            watch = Watcher([{"content": read}], 0, limit, lazy=0)
+            watch = Watcher([{"content": unnumbered("\n".join(results))}], 0, limit, lazy=0)
             if watch.feed(record.content + "\n") is not None:
                 found.append(record.content)
     return tuple(found)
-
-
-_LINE_NUMBER = re.compile(r"^\d+: ", re.MULTILINE)
 
 
 def _question_key(question: str) -> str:

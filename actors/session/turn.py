@@ -193,9 +193,8 @@ class _Turn:
             session=self.log.name, messages=tuple(shown), tools=self.log.baseline.tools,
             thinking=self.thinking_left > 0, max_tokens=self.loop.max_tokens,
             thinking_budget=max(self.thinking_left, 0), sampling=self.sampling, grammar=grammar,
-            runaway_repeat=self.loop.runaway_repeat_tokens,
-            runaway_copy=self.loop.runaway_copy_tokens,
-            runaway_echo=self.loop.runaway_echo_tokens, echoes=self.echoes)
+            runaway_repeat=self.loop.runaway_repeat_tokens, echoes=self.echoes,
+            runaway_copy=self.loop.runaway_copy_tokens, runaway_echo=self.loop.runaway_echo_tokens)
 
     def _complete(self, grammar: str | None, sink: WordFilter, again: bool = True) -> Completion:
         """The model's response; the server's failures as the turn's (cancelled, full: the

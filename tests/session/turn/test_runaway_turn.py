@@ -184,3 +184,17 @@ def test_the_same_facts_again_or_the_same_question_again_are_not_cut(rig: Make) 
     out = r.turn("What does the README say about donating?")
     assert (out.content, out.cut) == (DONATE, False)
     assert not any(isinstance(x, Cut) for x in r.records)
+
+
+def test_a_file_read_with_numbered_lines_copied_out_is_cut(rig: Make) -> None:
+    """read_file shows "12: " before each line; the model copies the lines without their
+    numbers (a README copied out word for word). With the numbers in the way no run was
+    longer than a line, and the copy ran to max_tokens."""
+    lines = textwrap.wrap(NOTES, 60)
+    numbered = "".join(f"{n}: {line}\n" for n, line in enumerate(lines, start=1))
+    r = rig([answer(tool_calls=[read(numbered)]), answer("\n".join(lines))])
+    out = r.turn("Read notes.md and say what it is for.")
+    usage, cut = last_cut(r)
+    assert out.cut and (usage.finish_reason, cut.why) == ("copy", "copy")
+    # the limit, and where the run followed another sentence's start (they share 7 pieces)
+    assert 400 <= len(pieces(out.content)) <= 420 < len(pieces(NOTES))
