@@ -54,6 +54,7 @@ from actors.log.records import (
     AgentLink,
     Assistant,
     Compaction,
+    Cut,
     Record,
     ToolResult,
     Usage,
@@ -572,7 +573,7 @@ def _run_one(
                                _Harness(task.approve)).get()
         answer = outcome.content
         if outcome.cut:
-            error = "cut at loop.max_tokens"
+            error = "cut"  # why: the turn's Cut record, below
     except LoopdError as e:
         error = f"timeout after {timeout_s:g} s" if cancel.cancelled else f"{type(e).__name__}: {e}"
         full = isinstance(e, SessionFull)
@@ -581,6 +582,9 @@ def _run_one(
     seconds = time.monotonic() - started
     records = session.records().get()
     turn = _this_turn(records)
+    if error == "cut":  # the runaway watch's, a timeout's, or max_tokens (no Cut record)
+        error = next((r.note for r in reversed(turn) if isinstance(r, Cut)),
+                     "cut at loop.max_tokens")
     config = world.runtime.config
     children = children_of(turn, lambda name: read_records(session_path(config, name)))
     passed, why = score(task, answer, error, turn, workspace, children=children)
