@@ -10,9 +10,13 @@ right answer. This runs the watch (:mod:`actors.inference.runaway`, limits off) 
   alone as an answer (a file that repeats itself, a table say);
 - every answer an eval task expects (``answer_all``, ``answer_any``) after its prompt;
 
-and prints the longest repeat and copy runs, in pieces, with where they were seen.
+and prints the longest repeat and copy runs, in pieces, with where they were seen. Given
+eval results (``scripts.eval --out`` files), it also prints the longest run of each right
+answer that repeats an earlier answer of its session to another question: what
+``loop.runaway_echo_tokens`` must stay above, even before it asks that the earlier answer
+copied a tool's result (the results' text is not in those files).
 
-    python -m scripts.runaway_scores
+    python -m scripts.runaway_scores [EVAL_RESULTS.json ...]
 """
 
 from __future__ import annotations
@@ -87,7 +91,28 @@ def expected() -> Iterable[tuple[str, tuple[int, int]]]:
             yield f"{path.name}:{task.get('id')}", peaks(prompt, _chunks(" ".join(words)))
 
 
-def main() -> int:
+def echoed(results: Iterable[Path]) -> Iterable[tuple[str, int]]:
+    """Each right answer of the eval results against the earlier answers of its session
+    (file and way) to other questions: its name and the longest run it repeats."""
+    prompts = {t.get("id"): t.get("prompt", "") for path in EVAL.glob("*.toml")
+               for t in tomllib.loads(path.read_text()).get("task", [])}
+    for path in results:
+        earlier: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for row in orjson.loads(path.read_bytes()).get("rows", []):
+            if row.get("bench") != "eval":
+                continue
+            said, asked = row.get("answer") or "", prompts.get(row["task"], "")
+            before = earlier.setdefault((row.get("file", ""), row.get("way", "")), [])
+            others = [a for q, a in before if q.strip().lower() != asked.strip().lower()]
+            if row.get("passed") and others:
+                watch = Watcher([], 0, 0, echo=1 << 62, echoes=others)
+                watch.feed(said + "\n")
+                yield f"{path.name}:{row['task']}", watch.peaks[2]
+            before.append((asked, said))
+
+
+def main(argv: list[str] | None = None) -> int:
+    results = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
     for title, rows in (("recorded answers", recorded()), ("eval files, shown whole",
                                                            shown_files()),
                         ("eval expected answers", expected())):
@@ -98,6 +123,12 @@ def main() -> int:
               f"longest copy {top_copy[1][1]} ({top_copy[0]})")
         for name, (rep, cop) in sorted(rows, key=lambda r: -max(r[1]))[:5]:
             print(f"    {name}: repeat {rep}, copy {cop}")
+    if results:
+        runs = sorted(echoed(results), key=lambda r: -r[1])
+        print(f"eval right answers ({len(runs)}): longest run repeating an earlier answer to "
+              f"another question {runs[0][1] if runs else 0} ({runs[0][0] if runs else '-'})")
+        for name, run in runs[:5]:
+            print(f"    {name}: {run}")
     return 0
 
 

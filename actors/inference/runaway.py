@@ -158,7 +158,7 @@ class Watcher:
         self._prompt: list[str] | None = None
         self._grams: dict[tuple[str, ...], int] = {}
         self._streams: dict[bool, _Stream] = {}
-        self.peaks = [0, 0]  # the longest repeat and copy runs seen (what the limits measure)
+        self.peaks = [0, 0, 0]  # the longest repeat, copy and echo runs seen (as measured)
 
     def feed(self, text: str, reasoning: bool = False) -> Runaway | None:
         """The next text of the answer (or of the reasoning); a Runaway once it ran away."""
@@ -199,8 +199,10 @@ class Watcher:
             peaks[0] = run
             if run >= self._repeat:
                 return Runaway("repeat", run, period=end + 1 - stream.repeat.at)
-        if stream.echo is not None and (echoed := stream.echo.step(piece, gram)) >= self._echo:
-            return Runaway("echo", echoed)
+        if stream.echo is not None and (echoed := stream.echo.step(piece, gram)) > peaks[2]:
+            peaks[2] = echoed
+            if echoed >= self._echo:
+                return Runaway("echo", echoed)
         if stream.copy is not None:
             return self._copied(stream.copy.step(piece, gram))
         if end + 1 == self._lazy and self._messages:

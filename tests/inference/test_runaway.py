@@ -3,6 +3,7 @@ pieces, however the text is chunked; right answers (lists, code, a file shown) a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hypothesis import assume, given
@@ -224,3 +225,14 @@ def test_an_echo_is_followed_in_the_answer_alone_and_each_passage_apart() -> Non
     found = again.feed(f"So: {second} {second}")
     assert found is not None and (found.kind, found.run) == ("echo", 24)
     assert "loop.runaway_echo_tokens = 24" in found.note("answer", 24)
+
+
+def test_the_scores_measure_what_right_answers_repeat_of_earlier_ones(tmp_path: Path) -> None:
+    told = " ".join(f"fact {w}" for w in "abcdefghijklmnopqrst")  # 40 pieces
+    rows = [{"bench": "eval", "task": "long-19", "file": "long", "passed": True, "answer": told},
+            {"bench": "eval", "task": "long-24", "file": "long", "passed": True, "answer": told},
+            {"bench": "eval", "task": "long-25", "file": "long", "passed": False,
+             "answer": told}]
+    out = tmp_path / "eval.json"
+    out.write_text(json.dumps({"rows": rows}))
+    assert dict(runaway_scores.echoed([out])) == {"eval.json:long-24": 40}
