@@ -11,11 +11,13 @@ import pytest
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
+from tests.support.baselines import SHORT_SYSTEM
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("short")  # restored in the first command: what is shown is the kept slot
 @pytest.mark.timeout(900)
 def test_loopd_run_after_loopd_run_through_the_daemon_keeps_the_model_and_the_cache(
     tmp_path: Path,
@@ -27,7 +29,7 @@ def test_loopd_run_after_loopd_run_through_the_daemon_keeps_the_model_and_the_ca
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
             # not embedded.system's ~450 tokens: a request without the kept state still
             # processes ~300 (the baseline), a warm one ~25
-            '[session]\nsystem = "Answer in a few words."\n'
+            f'[session]\nsystem = "{SHORT_SYSTEM}"\n'
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"

@@ -23,11 +23,11 @@ import pytest
 from actors.inference.slots.keeper import FORKED
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, Forked, Record, Rewind, SlotState, Usage, User
+from tests.support.baselines import SHORT_SYSTEM
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY_TOKENS = 500  # a cold request would process all of it: the checks see ~20
-SHORT_SYSTEM = "Answer in a few words."  # not embedded.system's ~450 tokens: fewer to process
 NAMES = ("src", "end", "early")
 
 
@@ -65,6 +65,7 @@ def assert_warm(after: Usage, held: Usage) -> None:
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("short")  # restored in the first command: what is shown is the forks'
 @pytest.mark.timeout(900)
 def test_forks_at_the_end_and_at_a_turn_and_a_rewind_process_only_their_new_tokens(
     tmp_path: Path,

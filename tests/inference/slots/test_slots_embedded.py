@@ -23,12 +23,12 @@ from actors.inference.slots.keeper import BASE_LOST, BASE_RESTORED
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
+from tests.support.baselines import SHORT_SYSTEM
 from tests.support.embedded import FEW, THREADS, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 HISTORY_TOKENS = 500  # a cold request processes all of it, a restored one ~25
-SHORT_SYSTEM = "Answer in a few words."  # not embedded.system's ~450 tokens: fewer to process
 BASELINE_TOKENS = 200  # SHORT_SYSTEM and the tools without the standard ones: ~300 tokens
 
 
@@ -47,6 +47,7 @@ def loopd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("short")  # restored in the first command: what is shown is the session's
 @pytest.mark.timeout(600)
 def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens(
     tmp_path: Path,
@@ -85,6 +86,7 @@ def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("short-1-slot")  # restored: what is shown is the session's state
 @pytest.mark.timeout(900)
 def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: Path) -> None:
     """``embedded.ctx_size`` raised (and lowered again, the state still fitting): the real
@@ -97,7 +99,7 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
         # this test carries from one context size to the next would be dropped
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'
+            f'[session]\nsystem = "{SHORT_SYSTEM}"\ncompact_at = 0.8\n'
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
@@ -127,6 +129,7 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
 
 
 @pytest.mark.embedded
+@pytest.mark.baseline("short-1-slot")  # the saved baseline that stands in, made in this run
 @pytest.mark.timeout(900)
 def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why(
     tmp_path: Path,
@@ -144,7 +147,7 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
         # this test carries from one context size to the next would be dropped
         path.write_text(
             f'[log]\ndir = "{tmp_path / "sessions"}"\n'
-            '[session]\nsystem = "Answer in a few words."\ncompact_at = 0.8\n'
+            f'[session]\nsystem = "{SHORT_SYSTEM}"\ncompact_at = 0.8\n'
             f'[tools]\nstandard = false\nworkspace = "{tmp_path}"\n'
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
