@@ -21,6 +21,9 @@ to both floors (goal: loopd's ``run_turn`` at most 1.15x the decoding floor) and
 against the SDK (goal: under 0.3x). The CPU time of this process (every thread: the actors'
 too) per model call is reported beside, as a ratio to the decoding floor's: on a machine
 loaded by other programs the wall times carry their turns on the CPU, the CPU times do not.
+So are the context switches of its threads per model call: where the CPU goes that no
+Python profile shows (a hand-off between two threads costs several, tens of microseconds
+each on the virtual machines measured here; docs/bench.md).
 
 After its start-up (the warm-up turn) the bench freezes its heap (``gc.freeze``), as a loopd
 process does once started (:mod:`actors.base.startup`): every variant then pays the
@@ -124,14 +127,17 @@ def _actor_turn(session: Any, runtime: Runtime) -> None:
     session.turn(runtime, MESSAGE, _sink).get(timeout=60)
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, float]:
-    """Wall time, and CPU time of this whole process (every thread; the server is another)."""
+def _timed(fn: Callable[[], object]) -> tuple[float, float, int]:
+    """Wall time, CPU time of this whole process (every thread; the server is another), and
+    the context switches of its threads (voluntary and not): on the machines measured here a
+    switch costs tens of microseconds of CPU, a thread hand-off several of them."""
     used = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     fn()
     wall = time.perf_counter() - start
     now = resource.getrusage(resource.RUSAGE_SELF)
-    return wall, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    switches = now.ru_nvcsw + now.ru_nivcsw - used.ru_nvcsw - used.ru_nivcsw
+    return wall, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime, switches
 
 
 @contextlib.contextmanager
@@ -290,14 +296,16 @@ def _measure(url: str, logs: _Logs, *, rounds: int, sdk: bool) -> dict[str, floa
                         log.close()
                     session.actor_ref.stop(timeout=10)
                 if i >= WARMUP:
-                    for k, (wall, cpu) in sample.items():
+                    for k, (wall, cpu, switches) in sample.items():
                         times.setdefault(k, []).append(wall / 2)  # two model calls per turn
                         times.setdefault(f"cpu {k}", []).append(cpu / 2)
+                        times.setdefault(f"switches {k}", []).append(switches / 2)
     finally:
         bare.close()
         llama.close()
         inference.stop()
-    p50 = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    p50 = {k: statistics.median(v) * (1 if k.startswith("switches") else 1000)
+           for k, v in times.items()}
     p50["size_kb"] = size
     return p50
 
@@ -353,6 +361,12 @@ def _cpu_rows(p50: dict[str, float]) -> list[dict[str, Any]]:
         rows.append({"name": f"CPU: {name}, per model call p50", "value": cpu * 1000,
                      "unit": "us", "ratio": cpu / decoding,
                      "note": "ratio to the decoding floor's CPU"})
+    for key, name in (("decoding", "decoding floor"), ("client", "LlamaClient.chat alone"),
+                      ("inference", "Inference.complete"),
+                      ("never", "loopd run_turn (fsync never)")):
+        rows.append({"name": f"context switches: {name}, per model call p50",
+                     "value": p50[f"switches {key}"], "unit": "",
+                     "note": "every thread of this process, voluntary and not (getrusage)"})
     return rows
 
 
