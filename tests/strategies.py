@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from typing import Any
 
 from hypothesis import strategies as st
@@ -164,6 +165,35 @@ epoch_records: st.SearchStrategy[Record] = st.one_of(
 records: st.SearchStrategy[Record] = epoch_records | compactions | rewinds
 
 
+# The fixed parts of a conversation, made once: a strategy made inside ``conversations`` at
+# each draw was validated again at each draw (a third of the property tests' time). The
+# draws, and so the examples of a seed, are the same.
+_ids = st.sampled_from(["call_0", "call_1", "call_2", "c", ""]) | texts
+_assistants_with_ids = st.builds(
+    Assistant,
+    content=st.none() | texts,
+    reasoning=st.none() | texts,
+    tool_calls=st.lists(st.builds(ToolCall, id=_ids, name=texts, arguments=texts),
+                        max_size=3).map(tuple),
+    time=times,
+)
+_refusals = st.just("") | texts
+_others = usages | cache_losses | baselines
+
+
+@functools.cache
+def _kinds(compacting: bool, rewinding: bool) -> st.SearchStrategy[str]:
+    kinds = ["user", "assistant", "result", "result", "approval", "other"]
+    kinds += ["compaction"] if compacting else []
+    kinds += ["rewind", "rewind", "forked"] if rewinding else []
+    return st.sampled_from(kinds)
+
+
+@functools.cache
+def _steps(max_steps: int) -> st.SearchStrategy[int]:
+    return st.integers(min_value=0, max_value=max_steps)
+
+
 @st.composite
 def conversations(
     draw: st.DrawFn, max_steps: int = 25, compacting: bool = False, rewinding: bool = False
@@ -178,27 +208,16 @@ def conversations(
     them) and a Forked note now and then.
     """
     baseline = draw(baselines)
-    ids = st.sampled_from(["call_0", "call_1", "call_2", "c", ""]) | texts
-    call = st.builds(ToolCall, id=ids, name=texts, arguments=texts)
-    assistant = st.builds(
-        Assistant,
-        content=st.none() | texts,
-        reasoning=st.none() | texts,
-        tool_calls=st.lists(call, max_size=3).map(tuple),
-        time=times,
-    )
     out: list[Record] = []
     seen: list[str] = []
     number = 0
-    kinds = ["user", "assistant", "result", "result", "approval", "other"]
-    kinds += ["compaction"] if compacting else []
-    kinds += ["rewind", "rewind", "forked"] if rewinding else []
-    for _ in range(draw(st.integers(min_value=0, max_value=max_steps))):
-        choice = draw(st.sampled_from(kinds))
+    kinds = _kinds(compacting, rewinding)
+    for _ in range(draw(_steps(max_steps))):
+        choice = draw(kinds)
         if choice == "rewind":
             asked = sum(1 for r in out if isinstance(r, User))
             out.append(Rewind(to_turn=draw(st.integers(0, asked + 1)),
-                              refused=draw(st.just("") | texts), time=draw(times)))
+                              refused=draw(_refusals), time=draw(times)))
         elif choice == "forked":
             out.append(draw(forks))
         elif choice == "compaction":
@@ -209,7 +228,7 @@ def conversations(
         elif choice == "user":
             out.append(draw(users))
         elif choice == "assistant":
-            a = draw(assistant)
+            a = draw(_assistants_with_ids)
             seen.extend(c.id for c in a.tool_calls)
             out.append(a)
         elif choice == "approval":  # before the call's result, or its call never ran
@@ -217,7 +236,7 @@ def conversations(
             out.append(dataclasses.replace(approval, call=number + 1))
         elif choice == "result":
             number += 1
-            target = draw(st.sampled_from(seen) if seen else ids)
+            target = draw(st.sampled_from(seen) if seen else _ids)
             result = draw(tool_results)
             out.append(
                 ToolResult(
@@ -231,5 +250,5 @@ def conversations(
                 )
             )
         else:
-            out.append(draw(usages | cache_losses | baselines))
+            out.append(draw(_others))
     return baseline, out
