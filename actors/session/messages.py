@@ -65,16 +65,19 @@ from typing import Any, Literal
 from actors.log.records import (
     Assistant,
     Baseline,
+    CacheLoss,
     Compaction,
+    Cut,
     Record,
     Rewind,
     ToolCall,
     ToolResult,
+    Usage,
     User,
 )
 
 __all__ = [
-    "EARLIER_CAP", "EARLIER_MAX", "EARLIER_RESULT", "MISSING_RESULT", "OUTSIDE_FRAME",
+    "EARLIER_CAP", "EARLIER_MAX", "EARLIER_RESULT", "ECHOED", "MISSING_RESULT", "OUTSIDE_FRAME",
     "OUTSIDE_RESULT", "RESTATED_CAP", "SUMMARY_ACK", "SUMMARY_FRAME", "UNANSWERED",
     "USER_RESULT", "USER_RESULTS", "Message", "ResultStyle", "View", "frame", "message_text",
     "messages", "render", "turn_of", "view",
@@ -82,6 +85,10 @@ __all__ = [
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
 UNANSWERED = "(No answer: this question's turn was stopped before it was answered.)"
+# An answer the runaway watch cut for giving again what an earlier answer copied (an
+# "echo"), as later requests show it: the passage kept in its place was the model's next
+# answer to each new question (the same README paragraph three times more).
+ECHOED = "(No answer: it only repeated an earlier answer, so it was cut.)"
 USER_RESULT = (
     "Question: {question}\n\n{tool} returned:\n{result}\n\n"
     "Answer the question from that result, in full sentences."
@@ -220,7 +227,8 @@ def render(
             added.append({"role": "user", "content": record.content})
             question, open_question = record.content, True
         elif isinstance(record, Assistant):
-            added.append(_assistant(record))
+            added.append(_assistant(record) if not _echoed(records, i) else
+                         {"role": "assistant", "content": ECHOED})
             pending = list(record.tool_calls)
             open_question = open_question and (bool(pending) or not record.content)
         elif isinstance(record, ToolResult):
@@ -291,6 +299,17 @@ def _result(
         text = USER_RESULT.format(tool=tool, result=content, question=question)
     earlier.append((tool, content))
     return {"role": "user", "content": text}
+
+
+def _echoed(records: Sequence[Record], i: int) -> bool:
+    """Whether the answer at ``i`` was cut as an echo: its Cut comes in the same write,
+    after its Usage, so no rendering ever sees the answer without it."""
+    for record in records[i + 1: i + 4]:
+        if isinstance(record, Cut):
+            return record.why == "echo"
+        if not isinstance(record, Usage | CacheLoss):
+            return False
+    return False
 
 
 def _cut(text: str, cap: int) -> str:

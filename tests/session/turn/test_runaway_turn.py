@@ -19,7 +19,7 @@ from actors.base.events import AnswerCut, Content, Event
 from actors.cli.view import LiveView, describe, summary
 from actors.inference.runaway import pieces
 from actors.log.records import Assistant, Cut, Usage
-from actors.session.messages import UNANSWERED
+from actors.session.messages import ECHOED, UNANSWERED
 from actors.session.turn import run_turn
 from tests.support.fake_llama import Runaway, answer, cut_stream, endless, stall
 from tests.support.turn_rig import Rig
@@ -163,6 +163,9 @@ def test_a_passage_an_earlier_answer_copied_is_cut_when_given_to_another_questio
         assert "loop.runaway_echo_tokens = 32" in cut.note and cut.note in shown(r.events)
         assert "answer cut: it gave again what an earlier answer copied" in summary(out, 1.0)
     assert r.turn("Which Python version does it require?").content.endswith("3.10 or later.")
+    # the model is shown each cut answer as no answer, not the passage again
+    said = [m["content"] for m in r.fake.requests[-1]["messages"] if m["role"] == "assistant"]
+    assert said.count(ECHOED) == 2 and sum(DONATE[:40] in m for m in said) == 1
 
 
 def test_the_same_facts_again_or_the_same_question_again_are_not_cut(rig: Make) -> None:
