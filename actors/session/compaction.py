@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from actors.log.records import Assistant, Compaction, Record, ToolResult, User
-from actors.session.messages import RESTATED_CAP, View
+from actors.session.messages import RESTATED_CAP, View, echoed
 
 __all__ = [
     "CEILING", "ELIDE_HEADER", "OUTSIDE", "ROOM_TURNS", "SUMMARY_REQUEST", "Choice",
@@ -144,8 +144,9 @@ def elide(records: Sequence[Record], dropped: Sequence[int], previous: str | Non
           cap: int) -> str:
     """The deterministic summary of the records at ``dropped`` (indexes), after ``previous``.
 
-    Each old user message in full up to a cap, each old answer likewise, and each old tool
-    call as one line: tool, arguments, and the result's size (a short result whole). At
+    Each old user message in full up to a cap, each old answer likewise (but one cut as an
+    echo: the passage it gave again would be given again), and each old tool call as one
+    line: tool, arguments, and the result's size (a short result whole). At
     most ``cap`` characters: every question stays in some form (:func:`_fit`).
     """
     results = {r.tool_call_id: r for i in dropped if isinstance(r := records[i], ToolResult)}
@@ -161,7 +162,7 @@ def elide(records: Sequence[Record], dropped: Sequence[int], previous: str | Non
                 found = results.get(call.id)
                 lines.append(f"  - You called {call.tool} {_arguments(call.name, call.arguments)}"
                              f": {_result(found)}")
-            if record.content and record.content.strip():
+            if record.content and record.content.strip() and not echoed(records, i):
                 lines.append(f"  - You answered: {_cut(record.content, _ANSWER_CAP)}")
     return _fit([ELIDE_HEADER, *lines], cap)
 

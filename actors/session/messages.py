@@ -79,8 +79,8 @@ from actors.log.records import (
 __all__ = [
     "EARLIER_CAP", "EARLIER_MAX", "EARLIER_RESULT", "ECHOED", "MISSING_RESULT", "OUTSIDE_FRAME",
     "OUTSIDE_RESULT", "RESTATED_CAP", "SUMMARY_ACK", "SUMMARY_FRAME", "UNANSWERED",
-    "USER_RESULT", "USER_RESULTS", "Message", "ResultStyle", "View", "frame", "message_text",
-    "messages", "render", "turn_of", "view",
+    "USER_RESULT", "USER_RESULTS", "Message", "ResultStyle", "View", "echoed", "frame",
+    "message_text", "messages", "render", "turn_of", "view",
 ]  # fmt: skip
 
 MISSING_RESULT = "No result: the turn ended before this tool call ran."
@@ -227,7 +227,7 @@ def render(
             added.append({"role": "user", "content": record.content})
             question, open_question = record.content, True
         elif isinstance(record, Assistant):
-            added.append(_assistant(record) if not _echoed(records, i) else
+            added.append(_assistant(record) if not echoed(records, i) else
                          {"role": "assistant", "content": ECHOED})
             pending = list(record.tool_calls)
             open_question = open_question and (bool(pending) or not record.content)
@@ -301,7 +301,7 @@ def _result(
     return {"role": "user", "content": text}
 
 
-def _echoed(records: Sequence[Record], i: int) -> bool:
+def echoed(records: Sequence[Record], i: int) -> bool:
     """Whether the answer at ``i`` was cut as an echo: its Cut comes in the same write,
     after its Usage, so no rendering ever sees the answer without it."""
     for record in records[i + 1: i + 4]:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 
-from actors.log.records import Assistant, Baseline, Record, ToolCall, ToolResult, Usage, User
+from actors.log.records import (
+    Assistant,
+    Baseline,
+    Cut,
+    Record,
+    ToolCall,
+    ToolResult,
+    Usage,
+    User,
+)
 from actors.session.compaction import (
     CEILING,
     ELIDE_HEADER,
@@ -200,3 +209,16 @@ def test_the_turn_before_that_read_something_is_kept_past_the_budget_when_it_fit
     assert choose_kept(talk, view(talk), sizes(talk), keep=19, room=1000, pending=True) \
         == Choice(kept=len(talk), turns=1)
     assert end == STARTS[2] + 6
+
+
+def test_an_answer_cut_as_an_echo_is_not_in_the_summary() -> None:
+    """Its passage, written in the summary as an answer, would be given again."""
+    usage = Usage(timings={}, reasoning_tokens=0, thinking_capped=False, prompt_tokens=1,
+                  completion_tokens=1, finish_reason="echo")
+    recs: list[Record] = [BASE, User(content="Which Python?"),
+                          Assistant(content="The Pallets organization develops", reasoning=None),
+                          usage, Cut(why="echo", note="answer cut"), User(content="And now?")]
+    text = elide(recs, [1, 2, 3, 4], None, cap=4000)
+    assert "Pallets" not in text and "- The person asked: Which Python?" in text
+    recs[4] = Cut(why="copy", note="answer cut")
+    assert "You answered: The Pallets" in elide(recs, [1, 2, 3, 4], None, cap=4000)
