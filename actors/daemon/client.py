@@ -8,14 +8,20 @@
             ...
         print(turn.outcome.content)
 
-A thread of the client's own owns its DEALER socket (ZeroMQ sockets are not thread-safe):
-it sends what the caller asks, routes each answer to the request it belongs to by ``id``,
-and pings the daemon every ``daemon.heartbeat_s`` whatever the caller is doing (reading
-events slowly, or a person thinking about an approval), so the daemon never takes a busy
-client for a gone one. A daemon silent for three heartbeats is gone: every request waiting
-raises :class:`~actors.base.errors.DaemonError`. An ``error`` answer raises the LoopdError of
-the same name and exit code (``SessionInUse``, ``Cancelled``, ``TurnLimit``...), so the
-CLI shows a failure through the daemon the way it shows one in-process.
+The DEALER socket and its loop (:class:`actors.wire.loop.Loop`) are used by one thread at a
+time (ZeroMQ sockets are not thread-safe; a lock hands them from thread to thread): the
+thread waiting for an answer polls the socket itself, routes each message to the request it
+belongs to by ``id``, and so reads its turn's events without a hop through another thread
+(on a machine where waking a thread is dear, each hop was ~2 context switches a message).
+A thread that sends while another holds the socket posts its message to the loop, which the
+holder sends before it lets go. A thread of the client's own takes the socket whenever no
+caller holds it, every quarter ``daemon.heartbeat_s``, and pings the daemon every
+``daemon.heartbeat_s`` whatever the caller is doing (reading events slowly, or a person
+thinking about an approval), so the daemon never takes a busy client for a gone one. A
+daemon silent for three heartbeats is gone: every request waiting raises
+:class:`~actors.base.errors.DaemonError`. An ``error`` answer raises the LoopdError of the
+same name and exit code (``SessionInUse``, ``Cancelled``, ``TurnLimit``...), so the CLI
+shows a failure through the daemon the way it shows one in-process.
 
 The protocol is documented in :mod:`actors.daemon.protocol`.
 """
@@ -93,13 +99,19 @@ class Client:
         self._pongs: list[queue.SimpleQueue[Any]] = []
         self._tokens: dict[int, CancelToken] = {}  # per turn: set on its end or the daemon's
         self._lock = threading.Lock()
+        self._idle: set[queue.SimpleQueue[Any]] = set()  # waiting while another holds the socket
         self.gone: str | None = None
-        self._loop = Loop()  # its thread owns the socket (ZeroMQ sockets are not thread-safe)
+        # Held by the thread using the socket and the loop now (never across a wait of the
+        # caller's own: only while polling, at most _POLL_S, or sending).
+        self._holding = threading.Lock()
+        self._closed = False  # the socket is closed (set holding it)
+        self._stopped = threading.Event()  # the keeper's wait: set by close() or the silence
+        self._loop = Loop()
         self._loop.add(self._sock, self._on_frames)
         self._heartbeat = Heartbeat(
             self._loop, heartbeat_s, self._silent, ping=functools.partial(self._put, _PING)
         )
-        self._thread = threading.Thread(target=self._run, name="loopd-client", daemon=True)
+        self._thread = threading.Thread(target=self._keep, name="loopd-client", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -132,7 +144,7 @@ class Client:
             self._pongs.append(q)
         self._send(_PING)
         try:
-            answer = q.get(timeout=timeout)
+            answer = self._wait(q, time.monotonic() + timeout)
         except queue.Empty:
             return False
         finally:
@@ -227,7 +239,7 @@ class Client:
     def _ask(self, make: Callable[[int], Any], expect: type[Any]) -> Any:
         rid, answers = self._request(make)
         try:
-            answer = _get(answers)
+            answer = self._wait(answers)
         finally:
             self._forget(rid)
         if isinstance(answer, _Gone):
@@ -252,20 +264,97 @@ class Client:
         return token
 
     def _send(self, frame: bytes) -> None:
-        self._loop.post(self._put, frame)
+        """Send ``frame`` now when the socket is free, else hand it to its holder; in the
+        order of this thread's sends either way (what was posted before leaves first)."""
+        if self._holding.acquire(blocking=False):
+            try:
+                self._loop.run_posted()
+                self._put(frame)
+            finally:
+                self._let_go()
+            return
+        self._loop.post(self._put, frame)  # the holder's poll wakes for it
+        if self._holding.acquire(blocking=False):  # it let go meanwhile, maybe before looking
+            try:
+                self._loop.run_posted()
+            finally:
+                self._let_go()
 
-    # --- the socket's thread -----------------------------------------------------------
+    def _wait(self, answers: queue.SimpleQueue[Any], deadline: float = math.inf) -> Any:
+        """The next answer in ``answers``, polling the socket in this thread while no other
+        holds it (raises queue.Empty at ``deadline``). In waits of at most :data:`_POLL_S`,
+        so that Ctrl-C reaches the caller."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                while (msg := answers.get_nowait()) is _NUDGE:
+                    pass
+                return msg
+            wait = min(_POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                raise queue.Empty
+            if self._poll(wait):
+                continue
+            with self._lock:
+                self._idle.add(answers)
+            try:
+                if self._poll(wait):  # let go before this thread was seen waiting
+                    continue
+                msg = answers.get(timeout=wait)  # its holder's, who nudges it on letting go
+            except queue.Empty:
+                continue
+            finally:
+                with self._lock:
+                    self._idle.discard(answers)
+            if msg is not _NUDGE:
+                return msg
 
-    def _run(self) -> None:
+    def _poll(self, wait: float) -> bool:
+        """Poll the socket for up to ``wait`` seconds, unless another thread holds it (False)."""
+        if not self._holding.acquire(blocking=False):
+            return False
         try:
-            self._loop.run()  # until close(), or the daemon's silence
+            if self._closed:  # the waiting queues hold the reason already
+                time.sleep(min(wait, 0.01))
+            else:
+                self._loop.run_once(wait)
         finally:
-            self._heartbeat.cancel()
-            if self.gone is None:
-                self._end("the client was closed")
-            self._sock.close(linger=_LINGER_MS)  # the bye, at least, may still leave
+            self._let_go()
+        return True
+
+    def _let_go(self) -> None:
+        """Release the socket; run what was posted meanwhile; nudge the threads waiting."""
+        self._holding.release()
+        while self._loop.pending() and self._holding.acquire(blocking=False):
+            try:
+                self._loop.run_posted()
+            finally:
+                self._holding.release()
+        if self._idle:
+            with self._lock:
+                idle = list(self._idle)
+            for q in idle:
+                q.put(_NUDGE)
+
+    # --- the keeper thread: heartbeats while no caller holds the socket -------------------
+
+    def _keep(self) -> None:
+        tick = self.heartbeat_s / 4
+        try:
+            while not self._loop.stopping:
+                self._poll(0)  # the timers due, what came meanwhile, what was posted
+                self._stopped.wait(tick)  # until close(), or the daemon's silence
+        finally:
+            with self._holding:
+                self._heartbeat.cancel()
+                if self.gone is None:
+                    self._end("the client was closed")
+                self._loop.run_posted()  # the bye
+                self._closed = True
+                self._sock.close(linger=_LINGER_MS)  # the bye, at least, may still leave
 
     def _put(self, frame: bytes) -> None:
+        if self._closed:
+            return
         with contextlib.suppress(zmq.Again):  # not connected yet: heartbeats decide
             self._sock.send(frame, zmq.NOBLOCK)
 
@@ -273,6 +362,7 @@ class Client:
         self._end(f"the loopd daemon at {self.endpoint} stopped answering "
                   f"(nothing for {silence:.1f} s)")  # fmt: skip
         self._loop.stop()
+        self._stopped.set()
 
     def _on_frames(self, frames: list[bytes]) -> None:
         self._heartbeat.heard()
@@ -312,10 +402,12 @@ class Client:
             token.cancel()
 
     def close(self) -> None:
-        """Stop the socket's thread; the daemon detaches this client's sessions."""
+        """Stop the keeper thread and close the socket; the daemon detaches this client's
+        sessions."""
         if self._thread.is_alive():
             self._send(_BYE)
         self._loop.stop()
+        self._stopped.set()
         self._thread.join(10)
         self._loop.close()
         self._ctx.term()
@@ -360,7 +452,7 @@ class RemoteTurn:
         Ctrl-C while waiting here leaves the turn as it was: the caller may cancel, and
         step on to its end."""
         while True:
-            msg = _get(self._answers)
+            msg = self.client._wait(self._answers)
             if isinstance(msg, p.EventMessage):
                 return p.decode_event(msg)
             if isinstance(msg, p.Done):
@@ -415,15 +507,6 @@ def _read_log(rid: int, *, session: str, start: int) -> p.ReadLog:
     return p.ReadLog(rid, session, start)
 
 
-def _get(answers: queue.SimpleQueue[Any]) -> Any:
-    """The next answer; in short waits so that Ctrl-C reaches the caller."""
-    while True:
-        try:
-            return answers.get(timeout=0.2)
-        except queue.Empty:
-            continue
-
-
 def _outcome(msg: p.Done) -> TurnOutcome:
     usage = decode_record(msg.usage)
     if not isinstance(usage, Usage):
@@ -456,6 +539,8 @@ def remote_error(msg: p.Error) -> LoopdError:
 
 
 _PING, _BYE = p.encode(p.Ping()), p.encode(p.Bye())
+_NUDGE = object()  # put in a waiting thread's queue: the socket is free, poll it yourself
+_POLL_S = 0.2  # the longest wait in one poll (Ctrl-C reaches the caller between polls)
 _LINGER_MS = 500  # at close: how long the bye may take to leave
 
 

@@ -264,6 +264,15 @@ class Loop:
             self._lingering = False  # then the inbox is read: a late post is run or woken for
         fn(*args)
 
+    def pending(self) -> bool:
+        """Whether posted work waits (any thread may ask)."""
+        return not self._inbox.empty()
+
+    def run_posted(self) -> None:
+        """Run what was posted before now: for an owner that drives the loop from several
+        threads in turn (:class:`actors.daemon.client.Client`), before it uses the socket."""
+        self._run_posted()
+
     def _run_posted(self) -> None:
         for _ in range(self._inbox.qsize()):  # what is there now: later posts wake the loop
             fn, args = self._inbox.get_nowait()

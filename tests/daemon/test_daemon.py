@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,42 @@ def test_two_clients_run_turns_on_two_sessions_at_once(daemon: Daemon) -> None:
         alpha = reader.read_log("alpha")
     results = [r for r in alpha if isinstance(r, ToolResult)]
     assert len(results) == 1 and "saw-b" in results[0].content
+
+
+def test_a_turns_answers_are_read_in_the_thread_that_iterates_it(daemon: Daemon) -> None:
+    """No hop through a reader thread: the waiting thread polls the socket itself. (The
+    client's own thread takes the socket only every quarter heartbeat: 15 s here.)"""
+    d = daemon.config.daemon
+    with Client(endpoint(daemon.config), heartbeat_s=60.0,
+                max_frame_bytes=d.max_frame_bytes) as client:  # fmt: skip
+        readers: list[str] = []
+        deliver = client._deliver
+
+        def recorded(frame: bytes) -> None:
+            readers.append(threading.current_thread().name)
+            deliver(frame)
+
+        client._deliver = recorded  # type: ignore[method-assign]
+        outcome = client.turn("r", "t1 :: list_dir {}").run(lambda e: None)
+    assert outcome.content == "done t1."
+    assert len(readers) >= 2 and set(readers) == {threading.current_thread().name}
+
+
+def test_threads_sharing_one_client_run_turns_at_once(daemon: Daemon) -> None:
+    """A's tool waits for a file that only B's turn makes, both on one client: while A's
+    thread holds the socket B's answers reach B, and A's reach A once B lets go."""
+    wait = "for i in $(seq 1 500); do [ -f c.flag ] && echo saw-c && exit 0; sleep 0.02; done"
+    with daemon.client() as client:
+        turn_a = client.turn("alpha", f"a1 :: {_run_command(wait)}")
+        events_a = iter(turn_a)
+        next(e for e in events_a if type(e).__name__ == "ToolCallStarted")
+        rest = threading.Thread(target=lambda: list(events_a))
+        rest.start()  # A's thread now waits (and polls) while B runs here
+        b = client.turn("beta", f"b1 :: {_run_command('touch c.flag')}").run(lambda e: None)
+        rest.join(60)
+        assert not rest.is_alive()
+    assert b.content == "done b1."
+    assert turn_a.outcome is not None and turn_a.outcome.content == "done a1."
 
 
 def test_a_second_client_is_refused_a_session_in_use(daemon: Daemon) -> None:
