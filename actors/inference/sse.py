@@ -58,6 +58,7 @@ class StreamAssembler:
         "done",
         "finish_reason",
         "id",
+        "prompt_cache",
         "prompt_tokens",
         "timings",
         "usage",
@@ -75,6 +76,7 @@ class StreamAssembler:
         self.finish_reason: str | None = None
         self.done = False
         self.prompt_tokens = 0  # the prompt's size as its progress said (no usage yet)
+        self.prompt_cache = 0  # of which its cache held, as its progress said
         self._cut: Cut | None = None  # what loopd cut, and why (cut_short)
 
     @property
@@ -129,6 +131,7 @@ class StreamAssembler:
             if type(progress) is not dict:
                 raise _protocol("prompt_progress is not an object", data)
             self.prompt_tokens = _int(progress.get("total", 0))
+            self.prompt_cache = min(_int(progress.get("cache", 0)), self.prompt_tokens)
             return [
                 Progress(
                     processed=_int(progress.get("processed", 0)),
@@ -228,6 +231,9 @@ class StreamAssembler:
         self._calls.clear()
         if not self.usage:  # the usage chunk never came: what the stream itself showed
             self.usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.deltas}
+        if not self.timings and self.prompt_tokens:  # nor its timings: what was processed
+            self.timings = {"prompt_n": self.prompt_tokens - self.prompt_cache,
+                            "cache_n": self.prompt_cache}
 
     def completion(
         self,

@@ -71,6 +71,19 @@ def test_progress_chunk_role_delta_is_not_content() -> None:
     assert (done.content, done.reasoning, done.tool_calls) == (None, None, ())
 
 
+def test_an_answer_cut_before_its_timings_says_what_its_progress_did() -> None:
+    """A stream loopd closed (runaway text, a timeout) never gets the server's timings: the
+    tokens processed are the prompt less what its cache held, as the progress said (the
+    eval counted the whole prompt: ~3,000 tokens too many per cut turn on a long chat)."""
+    asm = StreamAssembler()
+    progress = {"total": 4000, "cache": 3100, "processed": 4000, "time_ms": 0}
+    asm.feed(chunk({"role": "assistant", "content": None}, prompt_progress=progress))
+    asm.feed(chunk({"content": "The Pallets"}))
+    asm.cut_short("echo", "answer cut")
+    usage = asm.completion().usage_record()
+    assert (usage.prompt_tokens, usage.timings) == (4000, {"prompt_n": 900, "cache_n": 3100})
+
+
 def test_usage_and_timings_are_kept_whole() -> None:
     asm = StreamAssembler()
     usage = {"prompt_tokens": 5, "completion_tokens": 2,
