@@ -12,6 +12,8 @@ a script or the log sees it, and keeps the rest: the answer above becomes "What 
 project for?". What could still be the start of a piece is held back until it is one or
 cannot be one (a few words at most), so the text streams as it did. :func:`unframed` is the
 same on a whole text (the answer the turn logs), and gives what the stream showed.
+The same goes for :data:`~actors.session.messages.ECHOED`, the text an answer cut as an echo
+is shown as: on the chat over click the next answer was that text, word for word.
 
 The pieces are the frame's and the header's clauses of 24 characters or more, the labels, and
 the wording of earlier summaries still in older logs; the eval fails an answer holding any
@@ -25,9 +27,9 @@ import re
 from collections.abc import Callable, Sequence
 
 from actors.base.events import AnswerCut, Content, Event, Retrying
-from actors.log.records import Compaction, Record
+from actors.log.records import Compaction, Cut, Record
 from actors.session.compaction import ELIDE_HEADER
-from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
+from actors.session.messages import ECHOED, OUTSIDE_FRAME, SUMMARY_FRAME
 
 __all__ = ["PIECES", "FrameFilter", "compacted", "frame_piece", "unframed"]
 
@@ -39,7 +41,7 @@ _LABELS = ("the person asked:", "you answered:", "[loopd:", "no longer fits the 
 
 def _pieces() -> tuple[str, ...]:
     texts = [*SUMMARY_FRAME.split("{summary}"), *OUTSIDE_FRAME.split("{summary}"), ELIDE_HEADER]
-    wholes = {" ".join(t.lower().split()) for t in texts}  # each whole, with its brackets
+    wholes = {" ".join(t.lower().split()) for t in [*texts, ECHOED]}  # with its brackets
     clauses = {" ".join(p.lower().split()) for t in texts for p in re.split(r"[.,:()\[\]]", t)}
     found = ({w for w in wholes if w} | {w.strip("[]") for w in wholes if w}
              | {c for c in clauses if len(c) >= _SHORTEST} | set(_LABELS))
@@ -59,8 +61,10 @@ _ONLY_JUNK = re.compile(_JUNK + r"\Z")
 
 
 def compacted(records: Sequence[Record]) -> bool:
-    """Whether the session was ever compacted (before that no wording is there to copy)."""
-    return any(type(r) is Compaction for r in records)
+    """Whether the session was ever compacted, or had an answer cut as an echo (shown to
+    the model as :data:`~actors.session.messages.ECHOED`, which it copied once as the next
+    answer): before that no wording is there to copy."""
+    return any(type(r) is Compaction or (type(r) is Cut and r.why == "echo") for r in records)
 
 
 def frame_piece(text: str) -> str | None:

@@ -152,7 +152,8 @@ def test_a_passage_an_earlier_answer_copied_is_cut_when_given_to_another_questio
     r = rig([answer(tool_calls=[read(README)]), answer(DONATE),
              answer(tool_calls=[read(README)]), answer(DONATE),
              answer(tool_calls=[read(GLOBALS)]), answer(DONATE),
-             answer("It requires Python 3.10 or later.")])
+             answer("It requires Python 3.10 or later."),
+             answer(f"{ECHOED} The licence is BSD-3-Clause.")])
     assert r.turn("Read PKG-INFO and tell me the version.").content == DONATE  # a quote, once
     for question in ("Which Python version does it require?",
                      "Read click/globals.py. What does push_context do?"):
@@ -166,6 +167,9 @@ def test_a_passage_an_earlier_answer_copied_is_cut_when_given_to_another_questio
     # the model is shown each cut answer as no answer, not the passage again
     said = [m["content"] for m in r.fake.requests[-1]["messages"] if m["role"] == "assistant"]
     assert said.count(ECHOED) == 2 and sum(DONATE[:40] in m for m in said) == 1
+    # and the model copying that text (it did, once, on the chat over click) does not
+    # reach the answer
+    assert r.turn("Under which licence is it?").content == "The licence is BSD-3-Clause."
 
 
 def test_the_same_facts_again_or_the_same_question_again_are_not_cut(rig: Make) -> None:
