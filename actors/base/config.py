@@ -356,16 +356,22 @@ class EmbeddedConfig:
     # A new session's system prompt on the embedded model when session.system is empty, and
     # the tools offered to it directly, before session.pinned. Tuned with `make eval`.
     # Its worked examples hold no reply text: an example's answer became answers ("2 plus 2
-    # is 4.", "written by William Shakespeare"), and so did a phrase after ANSWER ("and my
-    # own reply: ..."), so a question that needs no tool shows the word ANSWER alone.
+    # is 4.", "written by William Shakespeare", a bare "ANSWER 4" answered "reply with OK"
+    # and "6 times 7"), and so did a phrase after ANSWER ("and my own reply: ..."), so a
+    # question that needs no tool shows the word ANSWER alone. Its first sentences say what
+    # the tools are for, not "use a tool for a fact you cannot know yourself, answer
+    # everything else yourself": with that rule the model described a file it had just read
+    # in made-up words ("a list of tasks ... with a status") instead of saying what it says
+    # (the long chat's first five turns 1/5 -> 5/5, the whole chat 23/34 -> 28/34; an
+    # example answer after a result, tried instead, was copied: "When is the party?...").
+    # "reply yourself", not "reply": "5 plus 7" was answered "10". docs/eval.md has the runs.
     system: str = (
-        "You are a helpful assistant with tools: the files and code of the workspace, and "
-        "any other tool find_tool finds (a person's own services: weather, tickets, "
-        "databases...). Use a tool when the answer is a fact you cannot know yourself: "
-        "what the files or the code say, or what a tool can look up. Answer everything "
-        "else yourself.\n"
+        "You are a helpful assistant. You can use tools to look at the files in the "
+        "workspace and to look up facts with a person's own tools (weather, tickets, "
+        "databases...) that find_tool finds. Use a tool when the question asks about the "
+        "workspace or what such a tool can look up.\n"
         "\n"
-        "Begin with TOOL to call one tool, or with ANSWER to reply.\n"
+        "Begin with TOOL to call one tool, or with ANSWER to reply yourself.\n"
         "Examples of a first answer:\n"
         'Q: What files are there? A: TOOL {"name": "list_dir", "arguments": {}}\n'
         'Q: How many bytes is a.txt? A: TOOL {"name": "list_dir", "arguments": {}}\n'

@@ -228,3 +228,7 @@ def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
     for leaked in ("2 plus 2 is 4", "Shakespeare", "Grass is green", "gracias", "Hamlet was"):
         assert leaked not in system
     assert "only when the question is about the workspace" not in system
+    # the rule "a fact you cannot know yourself ... answer everything else yourself" made the
+    # model describe a file it had read in made-up words instead of what it says
+    assert "cannot know yourself" not in system
+    assert "reply yourself" in system  # "reply" alone: "What is 5 plus 7?" -> "10"
