@@ -26,8 +26,8 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "asks_about_now", "code_names", "follows_on", "needs_no_tool",
-           "the_ask"]
+__all__ = ["about_the_project", "asks_about_now", "asks_to_write", "code_names", "follows_on",
+           "needs_no_tool", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -158,3 +158,17 @@ def asks_about_now(question: str) -> bool:
     this morning?") or what is going on ("Is it raining in Oslo?"): a fact only a tool can
     give."""
     return _NOW.search(question) is not None
+
+
+# the verbs of a request to write, change or remove a file
+_WRITE = re.compile(r"\b(?:write|writes|rewrite|overwrite|create|save|store|make|add|append|"
+                    r"put|change|edit|update|replace|record|note|jot|fix|rename|delete|"
+                    r"remove|copy|move|fill)\b", re.IGNORECASE)
+
+
+def asks_to_write(question: str) -> bool:
+    """Whether ``question`` asks for something written, changed or removed ("Save the text
+    to a.txt", "Create a file ...", "Add eggs to the list"): the only questions that may
+    call write_file. Left the choice, the embedded model wrote a file for "How do you say
+    thank you in German?" and answered with its refusal."""
+    return _WRITE.search(question) is not None

@@ -41,6 +41,9 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   moment?" keeps the choice (no tool says "rain", but it asks of now).
 - A short follow-up ("And in Lyon?") after a turn that called such a tool gets a call of
   that tool again.
+- A question with no verb of writing (:func:`~actors.session.smallmodel.questions.
+  asks_to_write`: write, create, save, add, change...) may not call write_file: "How do you
+  say thank you in German?" wrote thank-you.md, and answered the denied write.
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
   (twice at most): the next one may call what it found, and only that (a tool found with
   ``find_tool`` can be called in the same turn).
@@ -70,6 +73,7 @@ from actors.session.smallmodel.last_listing import listed_entry
 from actors.session.smallmodel.questions import (
     about_the_project,
     asks_about_now,
+    asks_to_write,
     code_names,
     follows_on,
     needs_no_tool,
@@ -144,6 +148,8 @@ def next_step(
         barred |= {"find_tool"}  # a lookup its words find nothing with ("capital of Japan")
     if first and nothing_there:
         barred |= _READERS & names  # an empty workspace: nothing to read, list or search
+    if not asks_to_write(question):
+        barred |= {"write_file"} & names  # "thank you in German" wrote a file
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})

@@ -232,3 +232,25 @@ def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
     # model describe a file it had read in made-up words instead of what it says
     assert "cannot know yourself" not in system
     assert "reply yourself" in system  # "reply" alone: "What is 5 plus 7?" -> "10"
+
+
+def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
+    rig: Make, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "todo.txt").write_text("[ ] book a dentist appointment\n")
+
+    def grammar(question: str) -> dict[str, str]:
+        r, _ = _rig(rig, [answer("ANSWER Danke.")], small, list(STANDARD_SPECS.values()))
+        r.turn(question)
+        return _rules(r.fake.requests[0])
+
+    # the embedded model wrote thank-you.md for this one and answered the denied write
+    german = grammar("How do you say thank you in German?")
+    assert german["root"] == CHOICE and "call-write-file" not in german["call"]
+    assert "call-read-file" in german["call"]
+    for question in ("Save the text call mum to reminder.txt.",
+                     "Make a file list.txt with the text: eggs",
+                     "Create a file hello.txt with the text: Hello, world"):
+        assert "call-write-file" in grammar(question)["call"], question
