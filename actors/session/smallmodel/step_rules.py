@@ -44,6 +44,10 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
 - A question with no verb of writing (:func:`~actors.session.smallmodel.questions.
   asks_to_write`: write, create, save, add, change...) may not call write_file: "How do you
   say thank you in German?" wrote thank-you.md, and answered the denied write.
+- A question that names no code (:func:`~actors.session.smallmodel.questions.code_names`)
+  may not call find_definition, on any workspace: "Show me error.log." and "What is the
+  largest planet?" called it for the system prompt's example name "Parser" and for
+  "Planet", and answered from "no definition found".
 - A response that only looked a tool up (``find_tool``) does not count as a calling step
   (twice at most): the next one may call what it found, and only that (a tool found with
   ``find_tool`` can be called in the same turn).
@@ -150,6 +154,8 @@ def next_step(
         barred |= _READERS & names  # an empty workspace: nothing to read, list or search
     if not asks_to_write(question):
         barred |= {"write_file"} & names  # "thank you in German" wrote a file
+    if not code_names(question):
+        barred |= {"find_definition"} & names  # "Show me error.log.": the example's "Parser"
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})

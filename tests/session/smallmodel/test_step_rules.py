@@ -254,3 +254,24 @@ def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
                      "Make a file list.txt with the text: eggs",
                      "Create a file hello.txt with the text: Hello, world"):
         assert "call-write-file" in grammar(question)["call"], question
+
+
+def test_a_question_that_names_no_code_may_not_call_find_definition(
+    rig: Make, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "app.log").write_text("10:42 database down\n")
+
+    def grammar(question: str) -> dict[str, str]:
+        r, _ = _rig(rig, [answer("ANSWER Jupiter.")], small, list(STANDARD_SPECS.values()))
+        r.turn(question)
+        return _rules(r.fake.requests[0])
+
+    # the embedded model called find_definition("Parser"), the system prompt's example, for
+    # the first and find_definition("Planet") for the second
+    for question in ("Show me error.log.", "What is the largest planet?"):
+        rules = grammar(question)
+        assert "call-find-definition" not in rules["call"], question
+        assert "call-read-file" in rules["call"], question
+    assert "call-find-definition" in grammar("Where is the class Parser defined?")["call"]
