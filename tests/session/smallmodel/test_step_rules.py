@@ -234,6 +234,14 @@ def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
     assert "reply yourself" in system  # "reply" alone: "What is 5 plus 7?" -> "10"
 
 
+def _first_rules(rig: Make, workspace: Path, question: str) -> dict[str, str]:
+    """The grammar rules of the first request of a turn asking ``question`` on ``workspace``
+    with the standard tools."""
+    r, _ = _rig(rig, [answer("ANSWER Fine.")], workspace, list(STANDARD_SPECS.values()))
+    r.turn(question)
+    return _rules(r.fake.requests[0])
+
+
 def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
     rig: Make, tmp_path: Path
 ) -> None:
@@ -241,19 +249,14 @@ def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
     small.mkdir()
     (small / "todo.txt").write_text("[ ] book a dentist appointment\n")
 
-    def grammar(question: str) -> dict[str, str]:
-        r, _ = _rig(rig, [answer("ANSWER Danke.")], small, list(STANDARD_SPECS.values()))
-        r.turn(question)
-        return _rules(r.fake.requests[0])
-
     # the embedded model wrote thank-you.md for this one and answered the denied write
-    german = grammar("How do you say thank you in German?")
+    german = _first_rules(rig, small, "How do you say thank you in German?")
     assert german["root"] == CHOICE and "call-write-file" not in german["call"]
     assert "call-read-file" in german["call"]
     for question in ("Save the text call mum to reminder.txt.",
                      "Make a file list.txt with the text: eggs",
                      "Create a file hello.txt with the text: Hello, world"):
-        assert "call-write-file" in grammar(question)["call"], question
+        assert "call-write-file" in _first_rules(rig, small, question)["call"], question
 
 
 def test_a_question_that_names_no_code_may_not_call_find_definition(
@@ -263,15 +266,11 @@ def test_a_question_that_names_no_code_may_not_call_find_definition(
     small.mkdir()
     (small / "app.log").write_text("10:42 database down\n")
 
-    def grammar(question: str) -> dict[str, str]:
-        r, _ = _rig(rig, [answer("ANSWER Jupiter.")], small, list(STANDARD_SPECS.values()))
-        r.turn(question)
-        return _rules(r.fake.requests[0])
-
     # the embedded model called find_definition("Parser"), the system prompt's example, for
     # the first and find_definition("Planet") for the second
     for question in ("Show me error.log.", "What is the largest planet?"):
-        rules = grammar(question)
+        rules = _first_rules(rig, small, question)
         assert "call-find-definition" not in rules["call"], question
         assert "call-read-file" in rules["call"], question
-    assert "call-find-definition" in grammar("Where is the class Parser defined?")["call"]
+    code = _first_rules(rig, small, "Where is the class Parser defined?")
+    assert "call-find-definition" in code["call"]
