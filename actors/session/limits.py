@@ -4,6 +4,7 @@ passages the runaway watch's echo follows."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -233,12 +234,21 @@ def passages(records: Sequence[Record], question: str, limit: int) -> tuple[str,
         elif isinstance(record, ToolResult):
             results.append(record.content)
         elif (isinstance(record, Assistant) and record.content and not record.tool_calls
-              and results and len(pieces(record.content)) >= limit
-              and _question_key(current) != asked):
-            watch = Watcher([{"content": unnumbered("\n".join(results))}], 0, limit, lazy=0)
-            if watch.feed(record.content + "\n") is not None:
-                found.append(record.content)
+              and results and _question_key(current) != asked
+              and _copied(record.content, tuple(results), limit)):
+            found.append(record.content)
     return tuple(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _copied(answer: str, results: tuple[str, ...], limit: int) -> bool:
+    """Whether ``answer`` copied at least ``limit`` pieces of ``results`` word for word.
+    Kept: every turn asks it again of each earlier answer, whose verdict never changes (the
+    strings are the log's own, so their hashes are computed once)."""
+    if len(pieces(answer)) < limit:
+        return False
+    watch = Watcher([{"content": unnumbered("\n".join(results))}], 0, limit, lazy=0)
+    return watch.feed(answer + "\n") is not None
 
 
 def _question_key(question: str) -> str:
