@@ -12,6 +12,12 @@ summary are :mod:`actors.session.compaction`'s pure parts. Three ways in:
   Past the threshold (``session.compact_at`` of the slot's context, raised where the
   baseline leaves no room for a few turns: :func:`~actors.session.compaction.threshold`) it
   compacts (``auto``), except right after a request that did, unless the context is full.
+  That threshold is for a new message; a turn in progress (a call's result in, its answer
+  to come) compacts only past :data:`~actors.session.compaction.CEILING` of the context: a
+  compaction between a result and its answer sends the answer a context re-rendered around
+  the result, and the small model then gave the result's first line as its answer ("The
+  website launch moves to 14 June." for "Who will fix the login bug?"); the next message
+  compacts at its start instead.
   A new message that alone does not fit the context is refused with SessionFull before it
   is logged.
 - :meth:`Compactor.overflowed`, when the server answers that the prompt exceeds its context
@@ -60,6 +66,7 @@ from actors.log.records import (
 )
 from actors.session import traced
 from actors.session.compaction import (
+    CEILING,
     SUMMARY_REQUEST,
     Choice,
     choose_kept,
@@ -117,6 +124,8 @@ class Compactor:
         if self.settings.compaction == "off":
             return
         limit = self._threshold(prompt, n_ctx, self._turn(prompt))
+        if pending is None:  # a turn in progress finishes in the room up to the ceiling
+            limit = max(limit, int(CEILING * n_ctx))  # (between a result and its answer)
         if prompt.tokens > limit and not (_fresh(prompt) and prompt.tokens <= n_ctx):
             self.compact(CompactionBy.AUTO, prompt.tokens, pending, n_ctx=n_ctx)
 

@@ -446,3 +446,39 @@ def test_a_compactions_wording_never_reaches_an_answer(rig: Make, said: str, kep
 def test_an_answer_before_any_compaction_keeps_loopds_words(rig: Make) -> None:
     r = rig([answer("The person asked: no longer fits the context.")])
     assert r.turn("Quote it.").content == "The person asked: no longer fits the context."
+
+
+
+def test_a_read_that_passes_the_threshold_is_answered_before_the_next_message_compacts(
+        rig: Make) -> None:
+    """compact_at 0.4 (the embedded default) of 4,000 tokens (1,600; the baseline and three
+    turns of the read's size are less): a read takes the turn past it, far under the
+    context. The answer is asked on the conversation as it was, with no compaction between
+    the result and its answer (re-rendered around the result, the small model answered the
+    result's first line, "The website launch moves to 14 June." for "Who will fix the login
+    bug?", twice in the eval's long chat); the next message compacts at its start."""
+    big = "Tom will fix the login bug. " + ("minutes " * 120)  # ~250 of the fake's tokens
+    port = ScriptedPort(lambda tool, args: wire.Result(
+        id=0, content=big, class_=ResultClass.PUBLIC, untrusted=False))
+
+    def script(body: dict[str, Any]) -> Reply:
+        sent = body["messages"]
+        if sent[-1]["role"] == "user" and sent[-1]["content"].startswith("Who"):
+            return answer(tool_calls=[ECHO])
+        return answer("Tom." if big in str(sent[-1]["content"]) else "noted")
+
+    r = compacting(rig(script, Registry([port]), props={"n_ctx": 4000}), compaction="elide",
+                   compact_at=0.4)
+    for n in range(5):
+        r.turn(f"question {n}{LONG}{LONG}")
+    r.turn(f"question 5{LONG}")
+    assert not any(isinstance(x, Compaction) for x in r.records)
+    assert r.turn("Who will fix the login bug?").content == "Tom."
+    kinds = [type(x).__name__ for x in r.records]
+    assert "Compaction" not in kinds, kinds  # not between the result and its answer
+    asked = r.fake.requests[-1]["messages"]  # the whole conversation, no frame
+    assert asked[1]["content"] == f"question 0{LONG}{LONG}" and big in str(asked[-1])
+    r.turn("And the budget?")
+    (compaction,) = [x for x in r.records if isinstance(x, Compaction)]
+    assert compaction.tokens_before > 1600  # it was past the threshold
+    assert isinstance(r.records[r.records.index(compaction) + 1], User)  # before its question
