@@ -20,6 +20,8 @@ the run is how many pieces in a row match it.
   once per request, when a stream reaches :data:`LAZY` pieces: most answers are shorter, and
   cutting a long conversation into pieces costs milliseconds a request; the pieces said so far
   are then followed again, so the run is the same as if the prompt had been there at once).
+  A list's own numbers or bullets the answer puts before each line it copies (:data:`MARKS`,
+  two in a row at most) do not end the run, nor count in it.
 - **echo** (the answer only): the last ``echo`` pieces repeat ``echoes``, the passages of tool
   results that earlier answers to other questions copied (the session picks them,
   :func:`actors.session.limits.passages`). A small model that once answered with a file's
@@ -40,12 +42,18 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["GRAM", "LAZY", "Runaway", "Watcher", "pieces", "prompt_text", "unnumbered"]
+__all__ = ["GRAM", "LAZY", "MARKS", "MARKS_SKIPPED", "Runaway", "Watcher", "pieces", "prompt_text",
+           "unnumbered"]
 
 GRAM = 8  # pieces that must match before a run is followed (and the shortest run)
 _PIECE = re.compile(r"\d+|[^\W\d]+|[^\w\s]")
 _WORD_END = re.compile(r"\w+\Z")
 LAZY = 64  # pieces a stream says before the prompt is cut into pieces (0: at once)
+# A copy of the prompt goes on through a list's own numbering or bullets put before each
+# line copied ("1. tomlkit/api.py:37: ...", "- ..."): a search's 67 matches given back as a
+# numbered list was never a run longer than a line, and ran on to loop.max_tokens.
+MARKS = frozenset({"#", ".", ")", ":", "-", "*", "+", "\u2022"})
+MARKS_SKIPPED = 2  # of them in a row, at most
 _HELD = 64  # characters of an unfinished word held back at most (one giant word: cut up)
 
 
@@ -104,21 +112,29 @@ class Runaway:
 
 
 class _Follow:
-    """How many pieces in a row follow an earlier stretch of ``source`` verbatim."""
+    """How many pieces in a row follow an earlier stretch of ``source`` verbatim; with
+    ``marks``, up to :data:`MARKS_SKIPPED` of the :data:`MARKS` pieces in a row that are
+    not in ``source`` keep the run going (not counted in it)."""
 
-    __slots__ = ("at", "grams", "run", "source")
+    __slots__ = ("at", "grams", "marks", "run", "skipped", "source")
 
-    def __init__(self, source: list[str], grams: dict[tuple[str, ...], int]) -> None:
+    def __init__(self, source: list[str], grams: dict[tuple[str, ...], int],
+                 marks: bool = False) -> None:
         self.source, self.grams = source, grams
         self.at = -1  # the index in source of the piece the next one should equal
         self.run = 0
+        self.marks = MARKS_SKIPPED if marks else 0
+        self.skipped = 0  # marks skipped since the last piece that followed
 
     def step(self, piece: str, gram: tuple[str, ...] | None) -> int:
         at = self.at
         if 0 <= at < len(self.source) and self.source[at] == piece:
-            self.at, self.run = at + 1, self.run + 1
+            self.at, self.run, self.skipped = at + 1, self.run + 1, 0
             return self.run
-        self.at, self.run = -1, 0
+        if self.run and self.skipped < self.marks and piece in MARKS:
+            self.skipped += 1  # a list's own number or bullet before a copied line
+            return self.run
+        self.at, self.run, self.skipped = -1, 0, 0
         if gram is not None:
             end = self.grams.get(gram)
             if end is not None:
@@ -232,7 +248,7 @@ class Watcher:
         if self._prompt is None:
             self._prompt = pieces(unnumbered(prompt_text(self._messages)))
             self._grams = _first_places(self._prompt)
-        return _Follow(self._prompt, self._grams)
+        return _Follow(self._prompt, self._grams, marks=True)
 
 
 def _first_places(p: list[str]) -> dict[tuple[str, ...], int]:

@@ -162,6 +162,54 @@ def test_the_eval_right_answers_stay_under_the_defaults() -> None:
                (p for _, p in [*runaway_scores.expected(), *runaway_scores.recorded()]))
 
 
+def matches(n: int) -> str:
+    """A search's ``n`` matches, one a line, as search_files gives them (each line its own
+    words: lines that differ only in numbers are a repeat, the known trade above)."""
+    words = sorted({w for w in pieces((ROOT / "docs" / "turn.md").read_text()) if w.isalpha()})
+    return "\n".join(f"pkg/{words[3 * k]}.py:{k * 13} (in {words[3 * k + 1]}): if "
+                     f"isinstance({words[3 * k + 2]}, Whitespace):" for k in range(n))
+
+
+def numbered(text: str, mark: str = "{k}. ") -> str:
+    """``text``'s lines given back as a list, the way the small model lists a result."""
+    return "The files that use the class Whitespace are:\n\n" + "\n".join(
+        mark.format(k=k) + line for k, line in enumerate(text.splitlines(), 1))
+
+
+@given(mark=st.sampled_from(["{k}. ", "{k}: ", "{k}) ", "- ", "* ", "\u2022 "]),
+       cuts=st.lists(st.integers(0, 20_000), max_size=40))
+def test_a_result_given_back_as_a_numbered_list_is_cut_as_a_copy(
+        mark: str, cuts: list[int]) -> None:
+    """The embedded model answered "Which files use the class Whitespace?" with the 67
+    matches of its search, each numbered ("1. tomlkit/api.py:37: ..."), then began the list
+    again, to loop.max_tokens (2,048 tokens, 144 s on one thread): the number before each
+    line ended every copy run, so none was longer than a line. The marks are not the copy's
+    and do not end it: cut at the limit; the same list of a few matches is not."""
+    result = matches(67)
+    prompt = ({"role": "user", "content": "Which files use the class Whitespace?"},
+              {"role": "user", "content": f"search_files returned:\n{result}"})
+    found = feed(Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens),
+                 numbered(result, mark), cuts)
+    assert found == Runaway("copy", DEFAULTS.runaway_copy_tokens)
+    few = Watcher(prompt, DEFAULTS.runaway_repeat_tokens, DEFAULTS.runaway_copy_tokens)
+    assert feed(few, numbered(matches(8), mark), cuts) is None  # a right answer: 8 matches
+    assert few.peaks[1] >= len(pieces(matches(8)))  # followed whole, through the marks
+
+
+def test_marks_between_pieces_of_the_prompt_do_not_join_two_stretches() -> None:
+    """Only a mark the prompt does not have at that place is passed over, two at most, and
+    only inside a run: text of the answer's own between two copied stretches ends the run."""
+    result = matches(40)
+    lines = result.splitlines()
+    prompt = ({"role": "user", "content": result},)
+    joined = "\n".join(f"{line} and so on" for line in lines)  # words of its own each line
+    watch = Watcher(prompt, 0, 400, lazy=0)
+    assert watch.feed(joined + " ") is None and watch.peaks[1] < 40
+    three = "\n".join(f"1.2. {line}" for line in lines)  # three marks: more than a number
+    watch = Watcher(prompt, 0, 400, lazy=0)
+    assert watch.feed(three + " ") is None and watch.peaks[1] < 40
+
+
 def test_limits_of_zero_cut_nothing() -> None:
     watch = Watcher(USER, 0, 0)
     assert watch.feed("again " * 2000) is None and watch.peaks[0] == 1999
@@ -193,6 +241,20 @@ def test_an_answer_copying_the_prompt_is_cut(rig: MakeRig) -> None:
     done = r.chat(request(messages=messages, runaway_repeat=0, runaway_copy=100))
     assert (done.finish_reason, done.cut.why if done.cut else None) == ("copy", "copy")
     assert done.content is not None and 100 <= len(pieces(done.content)) <= 100 + 8
+
+
+def test_a_search_result_listed_back_is_cut_over_the_wire(rig: MakeRig) -> None:
+    """A fake model that gives a tool's result back as a numbered list, on and on: the
+    answer is cut as a copy at runaway_copy_tokens and the stream closed, the reason said."""
+    result = matches(67)
+    messages = ({"role": "user", "content": "Which files use the class Whitespace?"},
+                {"role": "user", "content": f"search_files returned:\n{result}"})
+    r = rig([endless(numbered(result))])
+    done = r.chat(request(messages=messages, runaway_repeat=0, runaway_copy=400))
+    assert (done.finish_reason, done.cut.why if done.cut else None) == ("copy", "copy")
+    assert "loop.runaway_copy_tokens = 400" in done.cut.note
+    assert done.content is not None and len(pieces(done.content)) <= 400 + 60  # a few lines
+    assert [e.why for e in r.events if isinstance(e, AnswerCut)] == ["copy"]
 
 
 def test_reasoning_that_runs_away_is_asked_again_without_thinking(rig: MakeRig) -> None:
