@@ -321,9 +321,10 @@ class Shape:
         env: dict[str, Any] = {
             "Bad": _Bad, "unknown": self._refuse_unknown, "missing": self._missing,
         }  # fmt: skip
-        lines = [
+        lines = [  # a map of another size was looked over for unknown keys once, here
             "def careful(body, envelope):",
-            f"    if len(body) != {n} + len(envelope):",
+            f"    looked = len(body) != {n} + len(envelope)",
+            "    if looked:",
             "        unknown(body, envelope)",
         ]
         for i, (wire, fast, check, nullable) in enumerate(reading):
@@ -333,7 +334,7 @@ class Shape:
                 "    try:",
                 f"        v{i} = body[{wire!r}]",
                 "    except KeyError:",
-                f"        v{i} = missing(body, envelope, {i})",
+                f"        v{i} = missing(body, envelope, {i}, looked)",
                 "    else:",
                 f"        if {unless}type(v{i}) is not fast{i}:",
                 "            try:",
@@ -431,9 +432,14 @@ class Shape:
             names = ", ".join(sorted(str(k) for k in unknown))
             raise _Bad(None, f"unknown field(s) {names:.200}")
 
-    def _missing(self, body: dict[Any, Any], envelope: frozenset[str], i: int) -> Any:
-        """The default of field ``i``, missing from ``body``: an added field's, else _Bad."""
-        self._refuse_unknown(body, envelope)
+    def _missing(
+        self, body: dict[Any, Any], envelope: frozenset[str], i: int, looked: bool
+    ) -> Any:
+        """The default of field ``i``, missing from ``body``: an added field's, else _Bad.
+        An unknown key is named first: ``looked``, ``careful`` found none already (a map
+        from an older peer, without the added fields, is looked over once, not per field)."""
+        if not looked:
+            self._refuse_unknown(body, envelope)
         default = self._defaults[i]
         if default is None:
             raise _Bad(self.names[i], "missing")
