@@ -127,17 +127,20 @@ def _actor_turn(session: Any, runtime: Runtime) -> None:
     session.turn(runtime, MESSAGE, _sink).get(timeout=60)
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, float, int]:
-    """Wall time, CPU time of this whole process (every thread; the server is another), and
-    the context switches of its threads (voluntary and not): on the machines measured here a
-    switch costs tens of microseconds of CPU, a thread hand-off several of them."""
+def _timed(fn: Callable[[], object]) -> tuple[float, float, int, float]:
+    """Wall time, CPU time of this whole process (every thread; the server is another), the
+    context switches of its threads (voluntary and not): on the machines measured here a
+    switch costs tens of microseconds of CPU, a thread hand-off several of them; and the CPU
+    time of the calling thread alone (the session's: the rest is the inference actor's)."""
     used = resource.getrusage(resource.RUSAGE_SELF)
+    mine = time.thread_time()
     start = time.perf_counter()
     fn()
     wall = time.perf_counter() - start
+    mine = time.thread_time() - mine
     now = resource.getrusage(resource.RUSAGE_SELF)
     switches = now.ru_nvcsw + now.ru_nivcsw - used.ru_nvcsw - used.ru_nivcsw
-    return wall, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime, switches
+    return wall, now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime, switches, mine
 
 
 @contextlib.contextmanager
@@ -296,10 +299,11 @@ def _measure(url: str, logs: _Logs, *, rounds: int, sdk: bool) -> dict[str, floa
                         log.close()
                     session.actor_ref.stop(timeout=10)
                 if i >= WARMUP:
-                    for k, (wall, cpu, switches) in sample.items():
+                    for k, (wall, cpu, switches, mine) in sample.items():
                         times.setdefault(k, []).append(wall / 2)  # two model calls per turn
                         times.setdefault(f"cpu {k}", []).append(cpu / 2)
                         times.setdefault(f"switches {k}", []).append(switches / 2)
+                        times.setdefault(f"caller {k}", []).append(mine / 2)
     finally:
         bare.close()
         llama.close()
@@ -367,6 +371,19 @@ def _cpu_rows(p50: dict[str, float]) -> list[dict[str, Any]]:
         rows.append({"name": f"context switches: {name}, per model call p50",
                      "value": p50[f"switches {key}"], "unit": "",
                      "note": "every thread of this process, voluntary and not (getrusage)"})
+    # Where run_turn's CPU goes, thread by thread: the caller's thread is the session's (the
+    # turn's own work, and its side of the actor ask), the rest the inference actor's (the
+    # stream, the checks, the runaway watch, the turn's event filters). Each a share of the
+    # decoding floor's CPU, as the ratios above.
+    for key, name in (("inference", "Inference.complete"), ("never", "loopd run_turn")):
+        caller = p50[f"caller {key}"]
+        rows.append({"name": f"CPU: {name}, the calling thread, per model call p50",
+                     "value": caller * 1000, "unit": "us", "ratio": caller / decoding,
+                     "note": "time.thread_time of the caller: the session's side"})
+        others = p50[f"cpu {key}"] - caller
+        rows.append({"name": f"CPU: {name}, the other threads, per model call p50",
+                     "value": others * 1000, "unit": "us", "ratio": others / decoding,
+                     "note": "the inference actor's: the stream read and checked"})
     return rows
 
 
