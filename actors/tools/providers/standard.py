@@ -35,7 +35,14 @@ from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.standard_specs import STANDARD_SPECS
 from actors.tools.protocol.wire import Answer, Denied, Failed, PendingApproval, Result
 from actors.tools.protocol.workspace import SKIP_DIRS, Opened, Refused, Workspace, kind_of
-from actors.tools.providers.code import Outline, describe, enclosing, outline, signature
+from actors.tools.providers.code import (
+    Definition,
+    Outline,
+    describe,
+    enclosing,
+    outline,
+    signature,
+)
 from actors.tools.providers.command import run_shell
 from actors.tools.providers.sandbox import Sandbox, config_present, remove_new_config
 from actors.tools.providers.web import fetch_url
@@ -252,9 +259,7 @@ class StandardTools:
                         continue
                     same = d.name == last and (d.qualname == wanted or d.qualname.endswith(
                         f".{wanted}") or "." not in wanted)
-                    doc = f"  # {d.doc}" if d.doc else ""
-                    row = f"{rel}:{d.line}-{d.end}: {signature(body, d) or describe(d)}{doc}"
-                    (exact if same else alike).append(row)
+                    (exact if same else alike).append(_defined(rel, body, d))
                 if len(exact) >= _MAX_DEFINITIONS:
                     note = f"\n[stopped at {_MAX_DEFINITIONS} definitions; give a path]"
                     break
@@ -265,8 +270,9 @@ class StandardTools:
         if alike:
             return Result(content=f"no definition of {wanted} itself; these differ in case or "
                           "in the outer name:\n" + "\n".join(alike[:_MAX_DEFINITIONS]) + note)
-        return Result(content=f"no definition of {wanted} found in {path}; search_files "
-                      f"finds where the text is{note}")
+        where = "the workspace" if path.strip("./") == "" else path
+        return Result(content=f"{wanted} is not defined anywhere in {where}: no class, "
+                      f"function or variable there has that name.{note}")
 
     def _list_dir(self, a: Mapping[str, Any], _t: float, _c: threading.Event) -> Answer:
         path = str(a.get("path", "."))
@@ -428,6 +434,28 @@ class StandardTools:
         )
 
 
+def _defined(rel: str, body: list[str], d: Definition) -> str:
+    """One definition as find_definition answers it: what its docstring says, as a sentence
+    about the name when the docstring starts with a verb ("Represents a TOML file." ->
+    "TOMLFile represents a TOML file."), then its first line and place. Given
+    ``path:lines: class TOMLFile:  # Represents a TOML file.`` (or the docstring in any
+    other place of the line), the embedded model answered "What is the class TOMLFile
+    for?" with the place alone."""
+    first = (signature(body, d) or describe(d)).removesuffix(":").rstrip()
+    place = f"It is {first} in {rel}, lines {d.line}-{d.end}."
+    if not d.doc:
+        return place
+    verb, _, rest = d.doc.partition(" ")
+    if _VERB.fullmatch(verb) and rest:
+        return f"{d.name} {verb.lower()} {rest.rstrip('.')}. {place}"
+    return f'{d.name}: "{d.doc}" {place}'
+
+
+# a docstring's first word as a verb in the third person: Represents, Parses, Does (not
+# This, Its, Was, Thus, Various, Class, Process)
+_VERB = re.compile(r"(?!(?:This|Its|Was)$)[A-Z][a-z]+[^su\W]s")
+
+
 class _Unapproved(Exception):
     """A write about to reach a place it was not approved for (``rel``)."""
 
@@ -478,6 +506,7 @@ class _Found:
 
     def __init__(self, limit: int) -> None:
         self.lines: list[str] = []
+        self.files: dict[str, list[str]] = {}  # each file's matching lines, in order
         self._size, self._limit = 0, limit
 
     def scan(self, pattern: re2._Regexp[str], file: Opened) -> bool:
@@ -495,6 +524,7 @@ class _Found:
                     where = f" (in {inside.qualname})" if inside else ""
                 entry = f"{_printable(file.rel)}:{line_no}{where}: {shown[:200]}"
                 self.lines.append(entry)
+                self.files.setdefault(_printable(file.rel), []).append(entry)
                 self._size += len(entry) + 1
                 if len(self.lines) >= _MAX_MATCHES or self._size > self._limit:
                     self.lines.append(
@@ -504,7 +534,26 @@ class _Found:
         return False
 
     def result(self) -> Result:
-        return Result(content="\n".join(self.lines) if self.lines else "no matches")
+        """Every matching line; past :data:`_GROUP_AT` of them in more than one file, the
+        files first (with how many lines each) and only each file's first
+        :data:`_PER_FILE`: given 40 lines, the embedded model asked "Which files use X?"
+        listed the lines one by one until its token limit."""
+        if not self.lines:
+            return Result(content="no matches")
+        matched = sum(len(v) for v in self.files.values())
+        if matched <= _GROUP_AT or len(self.files) < 2:
+            return Result(content="\n".join(self.lines))
+        counts = ", ".join(f"{rel} ({len(v)})" for rel, v in self.files.items())
+        rows = [f"{matched} lines in {len(self.files)} files match: {counts}. The first "
+                f"lines of each:"]
+        for entries in self.files.values():
+            rows += entries[:_PER_FILE]
+        rows += [line for line in self.lines[-1:] if line.startswith("[stopped")]
+        return Result(content="\n".join(rows))
+
+
+_GROUP_AT = 12  # matching lines a search shows all of
+_PER_FILE = 2  # lines of each file a longer search shows
 
 
 def _csv_header(name: str, lines: list[tuple[int, str]]) -> list[str]:

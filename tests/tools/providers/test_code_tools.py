@@ -33,7 +33,7 @@ class Context:
 
     @property
     def left(self) -> str:
-        """What is left to read."""
+        """Returns what is left to read."""
         return self.text[self.at:]
 
 
@@ -66,6 +66,9 @@ def host() -> Iterator[tuple[str, Path]]:
         (ws / "README.md").write_text("# Tiny\n\nA tiny parser.\n\n## Use\n\nCall parse.\n")
         (ws / "blob.bin").write_bytes(b"\x00\x01Context\x00" * 100)
         (ws / "huge.py").write_bytes(b"x = 1\n" * (9 * 1024 * 1024 // 6 + 1))  # over 8 MiB
+        (ws / "many").mkdir()
+        for name in ("a.py", "b.py"):  # 20 lines that use Widget, in two files
+            (ws / "many" / name).write_text("".join(f"w{i} = Widget({i})\n" for i in range(10)))
         (ws / "deep.py").write_text("x = " + "(" * 400 + "1" + ")" * 400 + "\n")
         endpoint = f"ipc://{d}/code.sock"
         tools = ["read_file", "search_files", "outline_file", "find_definition"]
@@ -108,7 +111,7 @@ def test_an_outline_lists_definitions_with_their_lines(port: tuple[ToolPort, Pat
         "3-3: VERSION = \"1.4.2\"",
         "6-18: class Context:  # Where the parser is.",
         "  11-13: def __init__(self, text: str) -> None:",
-        "  15-18: def left(self) -> str:  # What is left to read.",
+        "  15-18: def left(self) -> str:  # Returns what is left to read.",
         "21-24: def parse(text: str) -> Context:  # Parse text.",
     ]
     # a Markdown file: its headings
@@ -164,19 +167,30 @@ def test_read_by_line_range(port: tuple[ToolPort, Path]) -> None:
 def test_find_definition(port: tuple[ToolPort, Path]) -> None:
     p, _ = port
     found = _text(_call(p, "find_definition", name="Context")).splitlines()
-    assert found == ["pkg/broken.py:7-8: class Context:",
-                     "pkg/parser.py:6-18: class Context:  # Where the parser is."]
+    # what its docstring says first, then its first line and place: given "path:lines:
+    # class X:  # doc", the embedded model answered "What is X for?" with the place alone
+    assert found == ["It is class Context in pkg/broken.py, lines 7-8.",
+                     'Context: "Where the parser is." It is class Context in pkg/parser.py, '
+                     "lines 6-18."]
     # a use, a string or a comment is no definition (the cli module only uses parse)
     assert _text(_call(p, "find_definition", name="parse")) == (
-        "pkg/parser.py:21-24: def parse(text: str) -> Context:  # Parse text.")
+        'parse: "Parse text." It is def parse(text: str) -> Context in pkg/parser.py, '
+        "lines 21-24.")
+    # a docstring that starts with a verb reads as a sentence about the name
     assert _text(_call(p, "find_definition", name="Context.left")) == (
-        "pkg/parser.py:15-18: def left(self) -> str:  # What is left to read.")
+        "left returns what is left to read. It is def left(self) -> str in pkg/parser.py, "
+        "lines 15-18.")
     assert _text(_call(p, "find_definition", name="VERSION", path="pkg")).startswith(
-        "pkg/parser.py:3-3: VERSION")
+        "It is VERSION")
     assert _text(_call(p, "find_definition", name="context")).startswith(
         "no definition of context itself; these differ in case")
+    # not found, in words that cannot read as a place (the model answered "defined in .;
+    # search_files finds where the text is" from the old wording)
     assert _text(_call(p, "find_definition", name="Nowhere")) == (
-        "no definition of Nowhere found in .; search_files finds where the text is")
+        "Nowhere is not defined anywhere in the workspace: no class, function or variable "
+        "there has that name.")
+    assert _text(_call(p, "find_definition", name="Nowhere", path="pkg")).startswith(
+        "Nowhere is not defined anywhere in pkg:")
     assert "is not a name" in _failed(_call(p, "find_definition", name="class Context"))
     assert "does not exist" in _failed(_call(p, "find_definition", name="x", path="nope"))
 
@@ -194,6 +208,22 @@ def test_a_search_says_the_definition_each_match_is_in(port: tuple[ToolPort, Pat
     # a file that is not code: no definition (README's lines sit under headings only)
     assert _text(_call(p, "search_files", pattern="tiny parser", path="README.md")) == (
         "README.md:3: A tiny parser.")
+
+
+def test_a_long_search_says_its_files_first(port: tuple[ToolPort, Path]) -> None:
+    p, _ = port
+    # given every line, the embedded model asked "Which files use Widget?" listed them one
+    # by one until its token limit: past 12 lines in more than one file, the files come
+    # first with their counts, then each file's first two lines
+    assert _text(_call(p, "search_files", pattern="Widget", path="many")).splitlines() == [
+        "20 lines in 2 files match: many/a.py (10), many/b.py (10). The first lines of each:",
+        "many/a.py:1: w0 = Widget(0)", "many/a.py:2: w1 = Widget(1)",
+        "many/b.py:1: w0 = Widget(0)", "many/b.py:2: w1 = Widget(1)"]
+    # up to 12 lines, or one file: every line, as before
+    assert len(_text(_call(p, "search_files", pattern="Widget", path="many/a.py")).splitlines(
+        )) == 10
+    assert len(_text(_call(p, "search_files", pattern="Widget\\([0-5]\\)", path="many")
+                     ).splitlines()) == 12
 
 
 def test_enclosing_is_the_innermost_definition() -> None:
