@@ -50,7 +50,7 @@ _PIECE = re.compile(r"\d+|[^\W\d]+|[^\w\s]")
 _WORD_END = re.compile(r"\w+\Z")
 LAZY = 64  # pieces a stream says before the prompt is cut into pieces (0: at once)
 # A copy of the prompt goes on through a list's own numbering or bullets put before each
-# line copied ("1. tomlkit/api.py:37: ...", "- ..."): a search's 67 matches given back as a
+# line copied ("1. " or "- " before a search match): a search's 67 matches given back as a
 # numbered list was never a run longer than a line, and ran on to loop.max_tokens.
 MARKS = frozenset({"#", ".", ")", ":", "-", "*", "+", "\u2022"})
 MARKS_SKIPPED = 2  # of them in a row, at most

@@ -181,7 +181,7 @@ def numbered(text: str, mark: str = "{k}. ") -> str:
 def test_a_result_given_back_as_a_numbered_list_is_cut_as_a_copy(
         mark: str, cuts: list[int]) -> None:
     """The embedded model answered "Which files use the class Whitespace?" with the 67
-    matches of its search, each numbered ("1. tomlkit/api.py:37: ..."), then began the list
+    matches of its search, each numbered ("1. " and the match), then began the list
     again, to loop.max_tokens (2,048 tokens, 144 s on one thread): the number before each
     line ended every copy run, so none was longer than a line. The marks are not the copy's
     and do not end it: cut at the limit; the same list of a few matches is not."""
