@@ -57,7 +57,7 @@ from typing import Any
 
 from actors.session.smallmodel.decision_word import ANSWER, TOOL
 
-__all__ = ["TOOL_CAP", "TOTAL_CAP", "Built", "Values", "build_grammar",
+__all__ = ["REQUIRED", "TOOL_CAP", "TOTAL_CAP", "Built", "Values", "build_grammar",
            "cached_grammar"]
 
 # Generic JSON, for schemas (or parts of them) the subset does not cover. White space is
@@ -81,8 +81,10 @@ text ::= [^{\[<` \t\r\n] [^\x00]*
 # anchored, its escapes written as GBNF writes them (\xNN, \n, \t, \\).
 _NEGATED = re.compile(r"\^\[\^((?:[^\]\\]|\\x[0-9a-fA-F]{2}|\\[ntr\\\]])+)\]\*\$")
 
-# (tool, argument, allowed values): a string argument held to one of the values
+# (tool, argument, allowed values): a string argument held to one of the values; an
+# argument named with a trailing "!" ("path!") is also required, optional in the schema or not
 Values = tuple[tuple[str, str, tuple[str, ...]], ...]
+REQUIRED = "!"
 
 _RESERVED = frozenset(
     {"root", "call", *(line.split(" ::= ")[0] for line in _COMMON.strip().splitlines())}
@@ -122,6 +124,7 @@ class _Rules:
         self._keep: list[Any] = []  # what the memo's ids name stays alive while it is used
         self.size = 0
         self.fixed: Mapping[str, tuple[str, ...]] = {}  # the tool's arguments held to values
+        self.must: frozenset[str] = frozenset()  # and those of them it must give
         self.budget = sys.maxsize  # capped while a tool's arguments are built
         self.nodes = 0
         self._over = ""
@@ -138,7 +141,7 @@ class _Rules:
     def end_tool(self) -> None:
         """The tool's arguments are built: the rules that follow (its call) are not capped."""
         self.budget = sys.maxsize
-        self.fixed = {}
+        self.fixed, self.must = {}, frozenset()
         self._memo.clear()
         self._keep.clear()
 
@@ -236,6 +239,8 @@ class _Rules:
         listed = schema.get("required")
         required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
         fixed = self.fixed if depth == 0 else {}
+        if depth == 0:
+            required |= self.must & set(fixed)
         members = [
             (k in required, f'{_text(json.dumps(k) + ": ")} ' + (
                 self._fixed(fixed[k], f"{name}-{k}") if fixed.get(k)
@@ -291,9 +296,10 @@ def build_grammar(
     ``calls=False``: plain text only; ``text=False``: a call only; the tools named in
     ``exclude`` cannot be called (by their name nor through ``call_tool``); ``values``:
     ``(tool, argument, allowed)``, a string argument of a tool held to one of the allowed
-    values (none: an optional argument left out). And which tools' arguments are plain JSON
-    (``plain``: a schema past :data:`TOOL_CAP`, or past :data:`TOTAL_CAP` for all tools, or
-    one it cannot read). In time and size linear in the schemas; never raises."""
+    values (none: an optional argument left out; ``argument!``: one it must give). And
+    which tools' arguments are plain JSON (``plain``: a schema past :data:`TOOL_CAP`, or
+    past :data:`TOTAL_CAP` for all tools, or one it cannot read). In time and size linear
+    in the schemas; never raises."""
     if not calls:
         return Built(f"root ::= {_text(ANSWER)} text" + _COMMON)
     rules = _Rules()
@@ -302,6 +308,8 @@ def build_grammar(
     held: dict[str, dict[str, tuple[str, ...]]] = {}
     for tool, argument, allowed in values:
         held.setdefault(tool, {})[argument] = allowed
+        if argument.endswith(REQUIRED):  # held and required: held under its own name too
+            held[tool][argument.removesuffix(REQUIRED)] = allowed
     for tool, params in registry:
         if isinstance(tool, str) and tool not in found and tool not in exclude:
             found[tool] = _call(rules, tool, params, plain, held.get(tool, {}))
@@ -335,7 +343,8 @@ def _call(rules: _Rules, name: str, params: Any, plain: list[str],
     its cap or cannot be read."""
     schema = params if isinstance(params, Mapping) else {"type": "object"}
     rules.start_tool()
-    rules.fixed = fixed
+    rules.fixed = {k: v for k, v in fixed.items() if not k.endswith(REQUIRED)}
+    rules.must = frozenset(k.removesuffix(REQUIRED) for k in fixed if k.endswith(REQUIRED))
     before = set(rules.rules)
     try:
         arguments = rules.object(schema, f"{name}-args", 0)

@@ -26,8 +26,8 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "asks_about_now", "asks_to_write", "code_names", "follows_on",
-           "needs_no_tool", "the_ask"]
+__all__ = ["about_the_project", "asks_about_now", "asks_the_version", "asks_to_write",
+           "asks_what_uses", "code_names", "follows_on", "needs_no_tool", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -79,7 +79,8 @@ _BEFORE_KIND = re.compile(r"\b([A-Za-z_][\w.]*)`?(?=\s+(?:class|function|method|
 _WHAT_DOES = re.compile(r"\b(?:what|how) does\s+(?:the\s+)?`?([A-Za-z_][\w.]*)`?(?:\(\))?\s+"
                         r"(?:do|work|return|mean)\b", re.IGNORECASE)
 _WHERE = re.compile(r"\bwhere\s+(?:is|are)\s+(?:the\s+)?`?([A-Za-z_][\w.]*)`?(?:\(\))?\s+"
-                    r"(?:defined|declared|implemented|made|set)\b", re.IGNORECASE)
+                    r"(?:defined|declared|implemented|made|set|used|called|imported|referenced|"
+                    r"raised|instantiated)\b", re.IGNORECASE)
 _USES = re.compile(r"\b(?:uses|use|calls|call|imports|import|raises|raise|subclasses|"
                    r"subclass|inherits from)\s+`?([A-Za-z_][\w.]*)`?(?:\(\))?", re.IGNORECASE)
 _NOT_NAMES_WORDS = """
@@ -172,3 +173,32 @@ def asks_to_write(question: str) -> bool:
     call write_file. Left the choice, the embedded model wrote a file for "How do you say
     thank you in German?" and answered with its refusal."""
     return _WRITE.search(question) is not None
+
+
+_VERSION = re.compile(r"\bversions?\b", re.IGNORECASE)
+# a version of something else the project needs ("Which Python version does it require?")
+_OTHER_VERSION = re.compile(r"\b(?:python|node|npm|rust|java|go|ruby|php|perl|gcc|clang|"
+                            r"requires?|required|needs?|needed|supports?|supported|minimum|"
+                            r"dependency|dependencies)\b", re.IGNORECASE)
+
+
+def asks_the_version(question: str) -> bool:
+    """Whether ``question`` asks for the project's own version ("What is the version of
+    this project?", "Which version is this?"), not one it needs ("Which Python version
+    does it require?"): its manifest's version line says it. Left the choice, the embedded
+    model listed the top folder and answered with a file's size."""
+    return _VERSION.search(question) is not None and not _OTHER_VERSION.search(question)
+
+
+_USED = re.compile(r"\b(?:which|what|where|who)\b.*\b(?:uses?|used|using|calls?|called|"
+                   r"imports?|imported|references?|referenced|mentions?|mentioned|"
+                   r"subclass(?:es|ed)?|inherits?|inherited|instantiates?|instantiated)\b",
+                   re.IGNORECASE)
+
+
+def asks_what_uses(question: str) -> bool:
+    """Whether ``question`` asks what uses a name ("Which files use the class Whitespace?",
+    "Where is parse_value called?", "What imports Container?"): the places that mention it,
+    which a search finds and a definition's place does not (the embedded model called
+    find_definition for it and answered with the defining file)."""
+    return _USED.search(question) is not None

@@ -22,6 +22,10 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   Context``, ``parse_value()``) or asks about the project (what it does, its version) gets a
   call of the tools that read the workspace first (:func:`_code_question`): left the choice
   on a real repository, the embedded model answered 12 of 14 such questions from nothing.
+  Of those, a question asking what uses a name (``asks_what_uses``: "Which files use the
+  class Whitespace?") gets a search for it (it called find_definition and named the
+  defining file), and one asking for the version a search of the project's manifest for
+  its version line (:func:`_manifest`: it listed the top folder and gave a file's size).
 - A message whose ask needs no tool ("Reply with OK.", "What is 12 plus 30?", a greeting:
   :func:`~actors.session.smallmodel.questions.needs_no_tool`) gets no call, on any
   workspace: the model listed an empty folder before each pasted note ending "Reply with
@@ -72,12 +76,14 @@ from actors.session.smallmodel.decision_word import (
     place_named,
     refers_back,
 )
-from actors.session.smallmodel.grammar import Values
+from actors.session.smallmodel.grammar import REQUIRED, Values
 from actors.session.smallmodel.last_listing import listed_entry
 from actors.session.smallmodel.questions import (
     about_the_project,
     asks_about_now,
+    asks_the_version,
     asks_to_write,
+    asks_what_uses,
     code_names,
     follows_on,
     needs_no_tool,
@@ -85,7 +91,7 @@ from actors.session.smallmodel.questions import (
 from actors.session.smallmodel.workspace_words import Holdings, workspace_words
 from actors.tools.protocol.spec import ToolSpec
 from actors.tools.protocol.standard_specs import STANDARD_SPECS
-from actors.tools.protocol.workspace import Workspace
+from actors.tools.protocol.workspace import Refused, Workspace
 from actors.tools.search import asked_for, finds_any
 
 __all__ = ["Step", "next_step"]
@@ -225,8 +231,19 @@ def _code_question(question: str, names: set[str], config: Config,
     asked = asked_steps(question)
     if len(asked) == 1 and asked[0] in readers:  # "Read the Makefile.": that reader only
         readers = frozenset(asked)
+    elif terms and asks_what_uses(question) and "search_files" in readers:
+        readers = frozenset({"search_files"})  # "Which files use X?": where X is, not its def
+    elif not terms and (folders := _named_folders(question, config, hidden)) and (
+            "list_dir" in readers):  # "Which Python files are in actors/inference?"
+        return (("list_dir", "path" + REQUIRED, folders),), frozenset(
+            names - {"list_dir", "call_tool"})
     elif not terms and len(readers) > 1:  # no name to find ("What is the version?")
         readers -= {"find_definition"}
+        manifest = _manifest(config, hidden) if asks_the_version(question) else None
+        if manifest and "search_files" in readers:  # the version: its line in the manifest
+            return ((("search_files", "pattern", (_VERSION_LINE,)),
+                     ("search_files", "path" + REQUIRED, (manifest,))),
+                    frozenset(names - {"search_files", "call_tool"}))
     values: Values = ()
     if terms:
         values += (("find_definition", "name", terms), ("find_definition", "path", ()),
@@ -241,6 +258,53 @@ def _code_question(question: str, names: set[str], config: Config,
         values += (("read_file", "path", files), ("outline_file", "path", files),
                    ("list_dir", "path", folders), ("search_files", "path", folders))
     return values, frozenset(names - readers - {"call_tool"})
+
+
+# The files that say a project's version, in the order one is read: its manifest (in a
+# source distribution, PKG-INFO), at the workspace's top.
+_MANIFESTS = ("pyproject.toml", "package.json", "Cargo.toml", "setup.cfg", "setup.py",
+              "PKG-INFO", "build.gradle", "build.gradle.kts", "composer.json", "mix.exs")
+
+
+def _manifest(config: Config, hidden: Sequence[str]) -> str | None:
+    """The first of :data:`_MANIFESTS` at the workspace's top, or None."""
+    try:
+        entries, _ = Workspace(config.workspace, hidden).tree(_TOP)
+    except (OSError, LoopdError):
+        return None
+    top = {e.path for e in entries if e.size is not None and "/" not in e.path}
+    return next((m for m in _MANIFESTS if m in top), None)
+
+
+_TOP = 256  # entries looked at for a manifest (breadth first: the top level's come first)
+# A manifest's version line: "Version: 0.15.3" (PKG-INFO), version = "0.1.0" (TOML, setup.cfg),
+# "version": "1.2.0" (JSON), version="2.0" (setup.py), not "Metadata-Version: 2.4". Read
+# whole, a PKG-INFO holding the README gave the TOML spec's "1.1.0" as the version.
+_VERSION_LINE = r"""^\s*["']?(?:__)?version(?:__)?["']?\s*[:=]"""
+
+
+# a folder as a question names it: a path with a slash (actors/inference, src/), or a word
+# before "folder" or "directory" (the tests folder)
+_FOLDER = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]*|[\w.-]+(?=\s+(?:folder|directory|"
+                     r"dir)\b))", re.IGNORECASE)
+
+
+def _named_folders(question: str, config: Config, hidden: Sequence[str]) -> tuple[str, ...]:
+    """The folders ``question`` names that are there ("Which Python files are in
+    actors/inference?": actors/inference). Left the choice on a real repository, the
+    embedded model listed the top folder and named its entries as that folder's files."""
+    out: list[str] = []
+    workspace = Workspace(config.workspace, hidden)
+    for name in _FOLDER.findall(question):
+        path = name.strip("/").removeprefix("./")
+        if not path or path in out:
+            continue
+        try:
+            workspace.open_dir(path).close()
+        except (OSError, LoopdError, Refused):  # not a folder, not there, outside, hidden
+            continue
+        out.append(path)
+    return tuple(out)
 
 
 def _named_read(question: str, names: set[str]) -> tuple[Values, frozenset[str]] | None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from actors.session.smallmodel import grammar as grammar_module
 from actors.session.smallmodel.grammar import (
+    REQUIRED,
     TOOL_CAP,
     TOTAL_CAP,
     build_grammar,
@@ -315,3 +316,16 @@ def test_held_values_hold_a_string_argument_and_none_leave_an_optional_one_out()
     assert rules["search-files-args-pattern"] == '"\\"Omar\\""'
     free = _well_formed(build_grammar(META_TOOLS, REGISTRY).grammar)
     assert "offset" in free["read-file-args"] and "search-files-args-pattern" not in free
+
+
+def test_a_held_argument_marked_required_must_be_given() -> None:
+    """search_files' path held to the manifest: optional, the embedded model left it out
+    and searched every file; marked with REQUIRED, the call must give it."""
+    optional = _well_formed(build_grammar(META_TOOLS, REGISTRY, values=(
+        ("search_files", "path", ("PKG-INFO",)),)).grammar)
+    assert optional["search-files-args"].endswith(" search-files-args-path )? \"}\"")
+    must = _well_formed(build_grammar(META_TOOLS, REGISTRY, values=(
+        ("search_files", "path" + REQUIRED, ("PKG-INFO",)),)).grammar)
+    assert must["search-files-args-path"] == '"\\"PKG-INFO\\""'
+    assert must["search-files-args"] == (
+        '"{" "\\"pattern\\": " string ", " "\\"path\\": " search-files-args-path "}"')

@@ -195,9 +195,14 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
     # no name to find: no find_definition (it was called for the version)
     assert "call-find-definition" not in project["call"]
     assert "call-find-definition" not in first("What is the version of this project?")["call"]
-    folder = first("Which files are in the pkg folder?")
-    assert folder["root"] == CALL_ONLY
-    assert folder["list-dir-args-path"] == '"\\".\\"" | "\\"pkg\\""'
+    # a folder it names that is there: a listing of that folder, its path given (left the
+    # choice, the model listed the top folder and named its entries as the folder's files)
+    for question in ("Which files are in the pkg folder?", "Which Python files are in pkg/?"):
+        folder = first(question)
+        assert folder["root"] == CALL_ONLY and folder["call"] == "call-call-tool | call-list-dir"
+        assert folder["list-dir-args-path"] == '"\\"pkg\\""'
+        assert ")?" not in folder["list-dir-args"]
+    assert "call-read-file" in first("Which files are in the src folder?")["call"]  # not there
     assert first("What is the capital of France?")["root"] == CHOICE
     assert first("What is 3 plus 4?")["root"] == TEXT_ONLY
     # a file the question names is read (or outlined) as named, and nothing else is called:
@@ -274,3 +279,61 @@ def test_a_question_that_names_no_code_may_not_call_find_definition(
         assert "call-read-file" in rules["call"], question
     code = _first_rules(rig, small, "Where is the class Parser defined?")
     assert "call-find-definition" in code["call"]
+
+
+def _big_first(rig: Make, workspace: Path, question: str) -> dict[str, str]:
+    """The first request's rules for ``question`` on ``workspace`` as a workspace too big to
+    tell by its words (a real repository), with the standard tools."""
+    r, _ = _rig(rig, [answer("ANSWER Fine.")], workspace, list(STANDARD_SPECS.values()), cap=10)
+    r.turn(question)
+    return _rules(r.fake.requests[0])
+
+
+def test_a_question_about_what_uses_a_name_gets_a_search(rig: Make, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "items.py").write_text("class Whitespace:\n    pass\n")
+    (ws / "pkg" / "api.py").write_text("from pkg.items import Whitespace\n")
+
+    # the embedded model called find_definition for it and answered with the defining file
+    for question in ("Which files use the class Whitespace?", "Where is Whitespace used?",
+                     "What imports Whitespace?"):
+        rules = _big_first(rig, ws, question)
+        assert rules["root"] == CALL_ONLY, question
+        assert rules["call"] == "call-call-tool | call-search-files", question
+        assert rules["search-files-args-pattern"] == '"\\"Whitespace\\""', question
+    assert "call-find-definition" in _big_first(rig, ws, "Where is Whitespace defined?")["call"]
+
+
+def test_a_question_about_the_version_searches_the_manifest(rig: Make, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "setup.py").write_text("version = '9'\n")  # not at the top: not this one
+    (ws / "README.md").write_text("A parser.\n")
+    (ws / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: pkg\nVersion: 1.4.2\n")
+
+    # left the choice, the embedded model listed the top folder and answered with a size;
+    # given PKG-INFO whole (the README in it), it answered the TOML spec's version
+    rules = _big_first(rig, ws, "What is the version of this project?")
+    assert rules["root"] == CALL_ONLY and rules["call"] == "call-call-tool | call-search-files"
+    assert rules["search-files-args-path"] == '"\\"PKG-INFO\\""'
+    # the path must be given: left out, the search ran over every file (136 lines, "1.4.2")
+    assert ")?" not in rules["search-files-args"]
+    literal = rules["search-files-args-pattern"]  # a GBNF literal of the JSON string
+    pattern = json.loads(re.sub(r"\\(.)", r"\1", literal[1:-1]))
+    assert re.search(pattern, "Version: 1.4.2", re.IGNORECASE)
+    assert not re.search(pattern, "Metadata-Version: 2.1", re.IGNORECASE)
+    for line in ('version = "0.1.0"', '  "version": "1.2.0",', '    version="2.0",',
+                 '__version__ = "1.0"'):
+        assert re.search(pattern, line, re.IGNORECASE), line
+    (ws / "pyproject.toml").write_text('[project]\nversion = "1.4.2"\n')
+    rules = _big_first(rig, ws, "Which version is this?")
+    assert rules["search-files-args-path"] == '"\\"pyproject.toml\\""'
+    # a version the project needs is no version line ("Requires-Python: >=3.10")
+    assert "call-read-file" in _big_first(rig, ws, "Which Python version does it require?")[
+        "call"]
+    (ws / "pyproject.toml").unlink()
+    (ws / "PKG-INFO").unlink()
+    # no manifest: any reader but find_definition, as before
+    rules = _big_first(rig, ws, "What is the version of this project?")
+    assert "call-list-dir" in rules["call"] and "call-find-definition" not in rules["call"]
