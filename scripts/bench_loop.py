@@ -23,7 +23,10 @@ too) per model call is reported beside, as a ratio to the decoding floor's: on a
 loaded by other programs the wall times carry their turns on the CPU, the CPU times do not.
 So are the context switches of its threads per model call: where the CPU goes that no
 Python profile shows (a hand-off between two threads costs several, tens of microseconds
-each on the virtual machines measured here; docs/bench.md).
+each on the virtual machines measured here; docs/bench.md). And the CPU of ``run_turn`` and
+``Inference.complete`` split by thread: the calling thread's (the session's side: the turn's
+own work, its side of the actor ask) and the rest (the inference actor's: the stream), so
+that every part of the turn's cost has its share in the same run.
 
 After its start-up (the warm-up turn) the bench freezes its heap (``gc.freeze``), as a loopd
 process does once started (:mod:`actors.base.startup`): every variant then pays the
