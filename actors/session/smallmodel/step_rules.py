@@ -278,7 +278,7 @@ def _manifest(config: Config, hidden: Sequence[str]) -> str | None:
 
 _TOP = 256  # entries looked at for a manifest (breadth first: the top level's come first)
 # A manifest's version line: "Version: 0.15.3" (PKG-INFO), version = "0.1.0" (TOML, setup.cfg),
-# "version": "1.2.0" (JSON), version="2.0" (setup.py), not "Metadata-Version: 2.4". Read
+# "version": "1.2.0" (JSON), version="2.0" (a setup script), not "Metadata-Version: 2.4". Read
 # whole, a PKG-INFO holding the README gave the TOML spec's "1.1.0" as the version.
 _VERSION_LINE = r"""^\s*["']?(?:__)?version(?:__)?["']?\s*[:=]"""
 
