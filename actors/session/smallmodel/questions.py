@@ -187,7 +187,13 @@ def asks_the_version(question: str) -> bool:
     this project?", "Which version is this?"), not one it needs ("Which Python version
     does it require?"): its manifest's version line says it. Left the choice, the embedded
     model listed the top folder and answered with a file's size."""
-    return _VERSION.search(question) is not None and not _OTHER_VERSION.search(question)
+    return (_VERSION.search(question) is not None and not _OTHER_VERSION.search(question)
+            and not _A_VERSION.search(question))
+
+
+# a version named ("What changed in version 2.0?"): not the question which one this is
+_A_VERSION = re.compile(r"\d+\.\d+|\b(?:changed?|changes|changelog|new in|added|removed|"
+                        r"since|before|after)\b", re.IGNORECASE)
 
 
 _USED = re.compile(r"\b(?:which|what|where|who)\b.*\b(?:uses?|used|using|calls?|called|"
@@ -201,4 +207,10 @@ def asks_what_uses(question: str) -> bool:
     "Where is parse_value called?", "What imports Container?"): the places that mention it,
     which a search finds and a definition's place does not (the embedded model called
     find_definition for it and answered with the defining file)."""
-    return _USED.search(question) is not None
+    return _USED.search(question) is not None and not _PURPOSE.search(question)
+
+
+# what a name is for, not what uses it: "What is the class X used for?", "What can I use X
+# for?", "What is X used to do?"
+_PURPOSE = re.compile(r"^\s*what\b.*\bused?\s+(?:\S+\s+){0,3}?(?:for|to)\b|\bfor\s*\?*\s*$",
+                      re.IGNORECASE)

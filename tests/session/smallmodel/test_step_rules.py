@@ -303,6 +303,9 @@ def test_a_question_about_what_uses_a_name_gets_a_search(rig: Make, tmp_path: Pa
         assert rules["call"] == "call-call-tool | call-search-files", question
         assert rules["search-files-args-pattern"] == '"\\"Whitespace\\""', question
     assert "call-find-definition" in _big_first(rig, ws, "Where is Whitespace defined?")["call"]
+    # what it is for is its definition's docstring, not its uses
+    for question in ("What is the class Whitespace used for?", "What can I use Whitespace for?"):
+        assert "call-find-definition" in _big_first(rig, ws, question)["call"], question
 
 
 def test_a_question_about_the_version_searches_the_manifest(rig: Make, tmp_path: Path) -> None:
@@ -329,9 +332,10 @@ def test_a_question_about_the_version_searches_the_manifest(rig: Make, tmp_path:
     (ws / "pyproject.toml").write_text('[project]\nversion = "1.4.2"\n')
     rules = _big_first(rig, ws, "Which version is this?")
     assert rules["search-files-args-path"] == '"\\"pyproject.toml\\""'
-    # a version the project needs is no version line ("Requires-Python: >=3.10")
-    assert "call-read-file" in _big_first(rig, ws, "Which Python version does it require?")[
-        "call"]
+    # a version the project needs is no version line ("Requires-Python: >=3.10"), nor is
+    # a version the question names
+    for question in ("Which Python version does it require?", "What changed in version 2.0?"):
+        assert "call-read-file" in _big_first(rig, ws, question)["call"], question
     (ws / "pyproject.toml").unlink()
     (ws / "PKG-INFO").unlink()
     # no manifest: any reader but find_definition, as before
