@@ -148,12 +148,11 @@ class _Turn:
         self.log.append(User(content=content))
         with self.compactor.taking_back():  # SessionFull from here takes the turn back
             while True:
-                asked = self._ask_model()
-                completion = asked.completion
+                completion, usage = self._ask_model()
                 cut = completion.finish_reason in CUT  # an answer cut is the turn's answer
                 if not completion.tool_calls or cut:
                     return TurnOutcome(
-                        content=completion.content or "", usage=asked.usage, cut=cut,
+                        content=completion.content or "", usage=usage, cut=cut,
                         iterations=self.iterations, tool_calls=self.tool_calls,
                         restored=self.restored, compactions=self.compactor.made)
                 self.agents.tree.iteration()
@@ -162,7 +161,7 @@ class _Turn:
                 for call in completion.tool_calls:
                     self._run_tool(call)
 
-    def _ask_model(self) -> _Asked:
+    def _ask_model(self) -> tuple[Completion, Usage]:
         """One model response: asked, read as loopd takes it, checked, logged in one write."""
         if self.iterations:
             self.compactor.make_room()
@@ -185,7 +184,7 @@ class _Turn:
         self.thinking_left -= completion.reasoning_tokens
         usage = self._record(completion, self.renderer.shown_usage())
         self.agents.tree.generated(usage)
-        return _Asked(completion, usage)
+        return completion, usage
 
     def _request(self, grammar: str | None) -> ChatRequest:
         shown = self.renderer.messages_for(self.log.records)  # make_room rendered them
@@ -270,19 +269,12 @@ class _Turn:
         if self.cancel.cancelled and not self.agents.spent:  # spent: its result is logged
             raise Cancelled()
         text, truncated = cap_result(answered.text, self.loop.tool_result_cap)
-        self.log.append(
-            ToolResult(
-                call=number, tool_call_id=call.id, content=text, class_=answered.class_,
-                untrusted=answered.untrusted, truncated=truncated,
-            )
-        )
+        self.log.append(ToolResult(call=number, tool_call_id=call.id, content=text,
+                                   class_=answered.class_, untrusted=answered.untrusted,
+                                   truncated=truncated))
         self.tool_calls += 1
-        self.emit(
-            ToolResultEvent(
-                name=call.name, call=number, class_=answered.class_.value, truncated=truncated,
-                outcome=answered.outcome, content=text,
-            )
-        )
+        self.emit(ToolResultEvent(name=call.name, call=number, class_=answered.class_.value,
+                                  truncated=truncated, outcome=answered.outcome, content=text))
 
     @traced.tool  # execute_tool
     def _dispatch(self, call: ToolCall, number: int) -> Answered:
@@ -296,11 +288,3 @@ class _Turn:
             session=self.log.name, call=number, tool=tool, arguments=arguments, cancel=self.cancel,
             approved=approved, landing=lands, ask=self.gate.asker(number, tool),
         )))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Asked:
-    """One model response as the turn logged it."""
-    completion: Completion
-    usage: Usage
-

@@ -306,13 +306,16 @@ def build_grammar(
     plain: list[str] = []
     found: dict[str, str] = {}
     held: dict[str, dict[str, tuple[str, ...]]] = {}
+    must: dict[str, frozenset[str]] = {}  # of them, those a call must give ("path!")
     for tool, argument, allowed in values:
-        held.setdefault(tool, {})[argument] = allowed
-        if argument.endswith(REQUIRED):  # held and required: held under its own name too
-            held[tool][argument.removesuffix(REQUIRED)] = allowed
+        bare = argument.removesuffix(REQUIRED)
+        held.setdefault(tool, {})[bare] = allowed
+        if bare != argument:
+            must[tool] = must.get(tool, frozenset()) | {bare}
     for tool, params in registry:
         if isinstance(tool, str) and tool not in found and tool not in exclude:
-            found[tool] = _call(rules, tool, params, plain, held.get(tool, {}))
+            found[tool] = _call(rules, tool, params, plain, held.get(tool, {}),
+                                must.get(tool, frozenset()))
     alternatives: dict[str, str] = {}
     for entry in offered:
         function = entry.get("function", {}) if isinstance(entry, Mapping) else {}
@@ -324,7 +327,8 @@ def build_grammar(
             alternatives[name] = _call_rule(rules, name, inner)
         else:
             alternatives[name] = found.get(name) or _call(
-                rules, name, function.get("parameters"), plain, held.get(name, {}))
+                rules, name, function.get("parameters"), plain, held.get(name, {}),
+                must.get(name, frozenset()))
     for name, rule in found.items():
         alternatives.setdefault(name, rule)
     answer = f" | {_text(ANSWER)} text" if text else ""
@@ -337,14 +341,13 @@ def build_grammar(
 
 
 def _call(rules: _Rules, name: str, params: Any, plain: list[str],
-          fixed: Mapping[str, tuple[str, ...]]) -> str:
+          fixed: Mapping[str, tuple[str, ...]], must: frozenset[str]) -> str:
     """The call rule of tool ``name``: its arguments as its schema says (those in ``fixed``
-    held to their values), or plain JSON (and a note in ``plain``) when that schema is past
-    its cap or cannot be read."""
+    held to their values, those of them in ``must`` required), or plain JSON (and a note in
+    ``plain``) when that schema is past its cap or cannot be read."""
     schema = params if isinstance(params, Mapping) else {"type": "object"}
     rules.start_tool()
-    rules.fixed = {k: v for k, v in fixed.items() if not k.endswith(REQUIRED)}
-    rules.must = frozenset(k.removesuffix(REQUIRED) for k in fixed if k.endswith(REQUIRED))
+    rules.fixed, rules.must = fixed, must
     before = set(rules.rules)
     try:
         arguments = rules.object(schema, f"{name}-args", 0)

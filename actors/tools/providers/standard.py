@@ -326,9 +326,8 @@ class StandardTools:
         try:
             for file in self.workspace.files(top, SKIP_DIRS):
                 if cancel.is_set() or time.monotonic() > deadline:
-                    found.lines.append(
-                        "[stopped: the time limit was reached; search a smaller directory]"
-                    )
+                    found.note = ("[stopped: the time limit was reached; search a smaller "
+                                  "directory]")
                     break
                 if found.scan(pattern, file):
                     break
@@ -505,8 +504,9 @@ class _Found:
     """A search's matching lines, up to _MAX_MATCHES of them or ``limit`` bytes of output."""
 
     def __init__(self, limit: int) -> None:
-        self.lines: list[str] = []
         self.files: dict[str, list[str]] = {}  # each file's matching lines, in order
+        self.matched = 0
+        self.note = ""  # why the search stopped early, if it did
         self._size, self._limit = 0, limit
 
     def scan(self, pattern: re2._Regexp[str], file: Opened) -> bool:
@@ -523,13 +523,11 @@ class _Found:
                     inside = enclosing(shape, line_no)
                     where = f" (in {inside.qualname})" if inside else ""
                 entry = f"{_printable(file.rel)}:{line_no}{where}: {shown[:200]}"
-                self.lines.append(entry)
                 self.files.setdefault(_printable(file.rel), []).append(entry)
+                self.matched += 1
                 self._size += len(entry) + 1
-                if len(self.lines) >= _MAX_MATCHES or self._size > self._limit:
-                    self.lines.append(
-                        f"[stopped at {len(self.lines)} matches; narrow the pattern or path]"
-                    )
+                if self.matched >= _MAX_MATCHES or self._size > self._limit:
+                    self.note = f"[stopped at {self.matched} matches; narrow the pattern or path]"
                     return True
         return False
 
@@ -538,18 +536,16 @@ class _Found:
         files first (with how many lines each) and only each file's first
         :data:`_PER_FILE`: given 40 lines, the embedded model asked "Which files use X?"
         listed the lines one by one until its token limit."""
-        if not self.lines:
-            return Result(content="no matches")
-        matched = sum(len(v) for v in self.files.values())
-        if matched <= _GROUP_AT or len(self.files) < 2:
-            return Result(content="\n".join(self.lines))
-        counts = ", ".join(f"{rel} ({len(v)})" for rel, v in self.files.items())
-        rows = [f"{matched} lines in {len(self.files)} files match: {counts}. The first "
-                f"lines of each:"]
+        if not self.matched:
+            return Result(content=self.note or "no matches")
+        shown = None if self.matched <= _GROUP_AT or len(self.files) < 2 else _PER_FILE
+        rows = [] if shown is None else [
+            f"{self.matched} lines in {len(self.files)} files match: "
+            + ", ".join(f"{rel} ({len(v)})" for rel, v in self.files.items())
+            + ". The first lines of each:"]
         for entries in self.files.values():
-            rows += entries[:_PER_FILE]
-        rows += [line for line in self.lines[-1:] if line.startswith("[stopped")]
-        return Result(content="\n".join(rows))
+            rows += entries[:shown]
+        return Result(content="\n".join([*rows, self.note] if self.note else rows))
 
 
 _GROUP_AT = 12  # matching lines a search shows all of

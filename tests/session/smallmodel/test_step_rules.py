@@ -239,6 +239,14 @@ def test_the_embedded_system_prompt_has_no_worked_answer_to_copy() -> None:
     assert "reply yourself" in system  # "reply" alone: "What is 5 plus 7?" -> "10"
 
 
+def _one_file(tmp_path: Path, name: str, text: str) -> Path:
+    """A small workspace of one file."""
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / name).write_text(text)
+    return small
+
+
 def _first_rules(rig: Make, workspace: Path, question: str) -> dict[str, str]:
     """The grammar rules of the first request of a turn asking ``question`` on ``workspace``
     with the standard tools."""
@@ -250,9 +258,7 @@ def _first_rules(rig: Make, workspace: Path, question: str) -> dict[str, str]:
 def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
     rig: Make, tmp_path: Path
 ) -> None:
-    small = tmp_path / "small"
-    small.mkdir()
-    (small / "todo.txt").write_text("[ ] book a dentist appointment\n")
+    small = _one_file(tmp_path, "todo.txt", "[ ] book a dentist appointment\n")
 
     # the embedded model wrote thank-you.md for this one and answered the denied write
     german = _first_rules(rig, small, "How do you say thank you in German?")
@@ -267,9 +273,7 @@ def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
 def test_a_question_that_names_no_code_may_not_call_find_definition(
     rig: Make, tmp_path: Path
 ) -> None:
-    small = tmp_path / "small"
-    small.mkdir()
-    (small / "app.log").write_text("10:42 database down\n")
+    small = _one_file(tmp_path, "app.log", "10:42 database down\n")
 
     # the embedded model called find_definition("Parser"), the system prompt's example, for
     # the first and find_definition("Planet") for the second
