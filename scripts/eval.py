@@ -75,10 +75,11 @@ SEED = 7
 TASK_TIMEOUT_S = 150.0  # a turn still running then is cancelled and fails ("timeout")
 SERVERS = EVAL_DIR / "servers"  # the MCP servers a task file may run beside the standard tools
 # The sets, in the order they are reported; the first two make the overall rate.
-# "never-tuned-repo" (a real project built from an installed package) and "own-tools" (MCP
-# servers of a person's own) are reported apart and never used to choose a default.
-SETS = ("tuned", "never-tuned", "repo", "never-tuned-repo", "own-tools", "long", "long-repo",
-        "overflow")
+# "never-tuned-repo" (real projects built from installed packages) and "own-tools" (MCP
+# servers of a person's own) are reported apart and never used to choose a default;
+# "tuned-repo" holds the real projects whose misses were read to choose the code tools.
+SETS = ("tuned", "never-tuned", "repo", "tuned-repo", "never-tuned-repo", "own-tools", "long",
+        "long-repo", "overflow")
 OVERALL = SETS[:2]
 OPT_IN = ("overflow",)  # run only when asked for: each file once per way, hours in all
 # The harness answers approvals (actors.approval.gate): "allow once" for a task marked approve,

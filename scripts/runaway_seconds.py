@@ -19,7 +19,7 @@ Scenarios:
   ``package:click`` workspace: the installed package laid out as its sdist has it);
 - ``show``: "Show me README.md." on the same workspace (a right answer copies the file);
 - ``uses``: "Which files use the class Whitespace?" on tomlkit (the eval's
-  ``never-tuned-repo`` workspace), which the model answered with its search's 67 matches
+  ``tuned-repo`` workspace), which the model answered with its search's 67 matches
   numbered, then again, to ``loop.max_tokens``;
 - ``ticket``: "Create a ticket titled: Coffee machine is broken" with the eval's help-desk
   MCP servers (``own-tools``), answered with a made-up numbered list of the ticket's details
