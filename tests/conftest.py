@@ -172,8 +172,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 # its wall time on a quiet machine), measured with -n 2 under load (2026-12-06). A model test
 # not listed starts after these.
 MODEL_LONG_FIRST = (
-    # 96 CPU-s, 212 s wall at load 4-5 (2026-12-06, -n 0): the suite's longest test, it
-    # started 43rd while unlisted
+    # 42 CPU-s, 43 s wall at load ~2 (-n 0; 96 CPU-s on 8,192 tokens and files twice as
+    # long): it started 43rd while unlisted
     "tests/session/test_agents_embedded.py::",
     "tests/session/test_compaction_embedded.py::test_ten_pasted_pages",  # 60 CPU-s
     "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[slots]",  # 29
