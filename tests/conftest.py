@@ -175,7 +175,7 @@ MODEL_LONG_FIRST = (
     # 42 CPU-s, 43 s wall at load ~2 (-n 0; 96 CPU-s on 8,192 tokens and files twice as
     # long): it started 43rd while unlisted
     "tests/session/test_agents_embedded.py::",
-    "tests/session/test_compaction_embedded.py::test_ten_pasted_pages",  # 60 CPU-s
+    "tests/session/test_compaction_embedded.py::test_pasted_pages",  # 60 CPU-s
     "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[slots]",  # 29
     "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[agents]",  # 19
     "tests/session/test_fork_embedded.py::",  # 21
