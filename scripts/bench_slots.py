@@ -193,7 +193,7 @@ def _toml(config: cfg.Config, run_dir: Path) -> str:
         f"[tools]\nstandard = {str(NEW_TOOLS).lower()}\n"
         f"[loop]\nmax_tokens = {config.loop.max_tokens}\n"
         "[inference]\ntemperature = 0\nseed = 1\ntimeout_s = 900\n"
-        f"[embedded]\nslots = {SLOTS}\nthreads = {THREADS}\n"
+        f'[embedded]\nslots = {SLOTS}\nthreads = {THREADS}\nmodel = "{config.embedded.model}"\n'
         f'[session]\nsystem = "{SYSTEM}"\n'
         f'[daemon]\nruntime_dir = "{run_dir}"\nconnect_timeout_s = 5\n'
     )

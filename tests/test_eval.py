@@ -20,7 +20,7 @@ from actors.session.compaction import ELIDE_HEADER
 from actors.session.messages import OUTSIDE_FRAME, SUMMARY_FRAME
 from actors.tools.protocol.spec import ResultClass
 from scripts import eval as ev
-from tests.support.embedded import THREADS, require_embedded
+from tests.support.embedded import MODEL, THREADS, require_embedded
 from tests.support.fake_llama import FakeLlama, Reply, answer
 
 NOTES = "The garden club meets on Saturday at 10 am by the greenhouse."
@@ -290,7 +290,7 @@ def test_smoke_two_tasks_on_the_embedded_model(tmp_path: Path) -> None:
     garden = ev.load_file(ev.TASKS)
     # a turn's timeout well above the hang guard's share: the machine may be loaded
     # the defaults but for the server's threads (tests/support/embedded.py: THREADS)
-    base = ev.cfg.Config().replace("embedded", threads=THREADS)
+    base = ev.cfg.Config().replace("embedded", threads=THREADS, model=MODEL)
     rows = ev.run_tasks(ev.select([garden], ["no-tool-sum", "read-notes"]), base,
                         timeout_s=500)
     out = tmp_path / "eval.json"

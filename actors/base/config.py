@@ -349,8 +349,8 @@ class EmbeddedConfig:
     # actors/inference/embedded/server.py)
     threads: int = field(default=0, metadata=limits(0, 1024))
     # which model the embedded server runs (actors/inference/embedded/model.py MODELS): the
-    # 0.5B (loopd[embedded]) or the 1.5B (loopd[embedded-1.5b]); docs/embedded.md the trade
-    model: Literal["0.5b", "1.5b"] = "0.5b"
+    # 1.5B (loopd[embedded-1.5b]) or the 0.5B (loopd[embedded]); docs/embedded.md the trade
+    model: Literal["0.5b", "1.5b"] = "1.5b"
     # sessions whose KV state the server holds at once (-np)
     slots: int = field(default=2, metadata=limits(1, 64))
     # A new session's system prompt on the embedded model when session.system is empty, and

@@ -17,7 +17,7 @@ from acp import spawn_agent_process, text_block
 from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart
 
 from tests.support.acp_editor import ROOT, Editor
-from tests.support.embedded import THREADS, require_embedded
+from tests.support.embedded import MODEL, THREADS, require_embedded
 
 # the defaults' baseline restored, not processed: what is shown is the turn through ACP
 pytestmark = [pytest.mark.embedded, pytest.mark.baseline("defaults"), pytest.mark.timeout(600)]
@@ -46,7 +46,8 @@ def test_the_embedded_model_reads_a_file_and_answers_through_acp(tmp_path: Path)
     config.write_text(  # the demo's settings (examples/loopd.toml), a log of the test's own
         f'[loop]\nmax_tokens = 256\n[log]\ndir = "{tmp_path / "sessions"}"\n'
         f'[tools]\nrules_file = "{tmp_path / "rules.toml"}"\n'
-        f"[embedded]\nthreads = {THREADS}\n"  # the tests' one thread (tests/support/embedded.py)
+        # the tests' one thread and model (tests/support/embedded.py)
+        f"[embedded]\nthreads = {THREADS}\nmodel = \"{MODEL}\"\n"
     )
     argv = [sys.executable, "-m", "actors.cli", "acp", "--config", str(config), "--local"]
     stderr = tmp_path / "acp-stderr.txt"

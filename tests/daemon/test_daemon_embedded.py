@@ -12,7 +12,7 @@ from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
 from tests.support.baselines import SHORT_SYSTEM
-from tests.support.embedded import FEW, THREADS, flat, require_embedded
+from tests.support.embedded import FEW, MODEL, THREADS, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 
@@ -33,7 +33,7 @@ def test_loopd_run_after_loopd_run_through_the_daemon_keeps_the_model_and_the_ca
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
-            f"[embedded]\nthreads = {THREADS}\n"
+            f"[embedded]\nthreads = {THREADS}\nmodel = \"{MODEL}\"\n"
             f'[daemon]\nruntime_dir = "{d / "run"}"\nconnect_timeout_s = 5\n',
             encoding="utf-8",
         )

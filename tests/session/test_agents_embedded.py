@@ -33,7 +33,7 @@ from actors.log.file import read_records
 from actors.log.records import Assistant, Compaction, ToolResult, Usage
 from actors.log.sessiondir import session_path
 from actors.session.world import start_world
-from tests.support.embedded import FEW, THREADS, require_embedded
+from tests.support.embedded import FEW, MODEL, THREADS, require_embedded
 from tests.support.scripted_parent import ParentScripted
 
 WORDS = {"alpha.txt": "MAPLE", "beta.txt": "CEDAR"}
@@ -64,7 +64,7 @@ def test_two_children_read_a_large_file_each_at_once_and_the_parent_gets_both_an
         "loop": {"max_tokens": 40},
         "inference": {"temperature": 0, "seed": 1},
         "agents": {"enabled": True},
-        "embedded": {"ctx_size": CTX, "slots": 2, "threads": THREADS},
+        "embedded": {"ctx_size": CTX, "slots": 2, "threads": THREADS, "model": MODEL},
     })
     seen: dict[str, list[float]] = {}  # child -> [first output at, done at]
     lock = threading.Lock()

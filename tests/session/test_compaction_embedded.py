@@ -30,7 +30,7 @@ from actors.inference.types import ChatRequest, Completion
 from actors.log.records import Compaction, CompactionBy, Usage
 from actors.session.messages import SUMMARY_FRAME
 from actors.session.world import start_world
-from tests.support.embedded import FEW, THREADS, require_embedded
+from tests.support.embedded import FEW, MODEL, THREADS, require_embedded
 
 CTX = 1536  # the slot's tokens: the embedded system prompt (~450) and a few turns
 TURNS = 7  # 2 compactions by turn 6 (seen): one turn of slack
@@ -71,7 +71,7 @@ def test_a_session_past_its_context_compacts_keeps_its_cache_and_keeps_answering
         "loop": {"max_tokens": 12},
         "inference": {"temperature": 0, "seed": 1},
         "session": {"compaction": "elide"},
-        "embedded": {"ctx_size": CTX, "slots": 1, "threads": THREADS},
+        "embedded": {"ctx_size": CTX, "slots": 1, "threads": THREADS, "model": MODEL},
     })
     with start_world(config) as world:
         seen = Seen(world.runtime.inference)
@@ -145,7 +145,7 @@ def test_pasted_pages_in_4096_tokens_are_answered_and_no_request_compacts_twice_
         "loop": {"max_tokens": 8},
         "inference": {"temperature": 0, "seed": 1},
         "session": {"compaction": "elide", "system": "You are a helpful assistant."},
-        "embedded": {"ctx_size": PAGE_CTX, "slots": 1, "threads": THREADS},
+        "embedded": {"ctx_size": PAGE_CTX, "slots": 1, "threads": THREADS, "model": MODEL},
     })
     assert config.session.compact_at == 0.4
     with start_world(config) as world:

