@@ -91,6 +91,12 @@ CONTROL_PATH = "/v1/chat/completions/control"
 CONTROL_GRACE = 8  # reasoning deltas still accepted after a successful reasoning_end
 _MAX_BACKOFF_S = 30.0
 _DRAIN_S = 1.0  # how long the end of a response may take after [DONE]
+# llama-server closes a connection idle for 5 s (cpp-httplib's keep-alive, announced as
+# "Keep-Alive: timeout=5"); httpx's pool kept one 5 s too, so a request sent on a kept
+# connection just as the server closed it failed ("Server disconnected without sending a
+# response"; a /tokenize is not retried). The pool drops an idle connection well before.
+SERVER_KEEPALIVE_S = 5.0
+KEEPALIVE_S = 2.0
 
 
 def encode_body(request: ChatRequest, slot: int = 0) -> bytes:
@@ -237,7 +243,8 @@ class LlamaClient:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
-        limits = httpx.Limits(max_connections=config.parallel * 2 + 2)
+        limits = httpx.Limits(max_connections=config.parallel * 2 + 2,
+                              keepalive_expiry=KEEPALIVE_S)
         self._watchdog = Watchdog()
         self._http = httpx.Client(
             timeout=timeout, headers=headers, transport=watched_transport(limits, network)

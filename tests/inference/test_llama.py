@@ -147,6 +147,18 @@ def test_backoff_grows(rig: MakeRig) -> None:
     assert 0.005 <= delays[0] <= 0.015 and 0.01 <= delays[1] <= 0.03 and 0.02 <= delays[2] <= 0.06
 
 
+def test_an_idle_connection_is_dropped_before_llama_server_would_close_it() -> None:
+    """A kept connection is not reused once llama-server may have closed it (idle 5 s):
+    one reused as the server closed it failed a /tokenize of the real-model compaction test
+    ("Server disconnected without sending a response")."""
+    client = LlamaClient(config("http://127.0.0.1:9"))
+    try:
+        pool = client._http._transport._pool  # type: ignore[attr-defined]
+        assert pool._keepalive_expiry < client_module.SERVER_KEEPALIVE_S / 2
+    finally:
+        client.close()
+
+
 def test_connect_refused_is_retried_then_a_connect_error() -> None:
     with socket.socket() as s:  # a port that was free a moment ago and has no listener
         s.bind(("127.0.0.1", 0))
