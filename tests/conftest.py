@@ -168,22 +168,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # The longest tests start first, so that the run does not end on one of them while the other
 # workers sit idle (`make test` hands tests out one at a time: --maxschedchunk 1). The real
-# model's tests, longest first: CPU-s of each alone (its llama-server on one thread, so about
-# its wall time on a quiet machine), measured with -n 2 under load (2026-12-06). A model test
-# not listed starts after these.
+# model's tests, longest first: seconds of each alone (-n 0, its llama-server on one thread,
+# so about its CPU time), measured at load 2-3 (2026-12-06, after the pages and agents tests
+# were cut to 45 and 43 s from 86 and 106). A model test not listed starts after these.
 MODEL_LONG_FIRST = (
-    # 42 CPU-s, 43 s wall at load ~2 (-n 0; 96 CPU-s on 8,192 tokens and files twice as
-    # long): it started 43rd while unlisted
-    "tests/session/test_agents_embedded.py::",
-    "tests/session/test_compaction_embedded.py::test_pasted_pages",  # 60 CPU-s
-    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[slots]",  # 29
-    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[agents]",  # 19
-    "tests/session/test_fork_embedded.py::",  # 21
-    "tests/session/test_compaction_embedded.py::",  # 19
-    "tests/inference/embedded/test_embedded_turn.py::",  # 18
-    "tests/test_eval.py::test_smoke_two_tasks_on_the_embedded_model",  # 16
-    "tests/inference/slots/test_slots_embedded.py::",  # 10-11 each
-    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[fork]",  # 10
+    "tests/session/test_compaction_embedded.py::test_pasted_pages",  # 40-49
+    "tests/session/test_agents_embedded.py::",  # 43 (it started 43rd while unlisted)
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[slots]",  # 36
+    "tests/session/test_compaction_embedded.py::",  # 19-31
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[agents]",  # 17-25
+    "tests/session/test_fork_embedded.py::",  # 22
+    "tests/inference/embedded/test_embedded_turn.py::",  # 9, and 18 to save a baseline
+    "tests/inference/slots/test_slots_embedded.py::",  # 8-11 each
+    "tests/test_eval.py::test_smoke_two_tasks_on_the_embedded_model",  # 8
+    "tests/scripts/test_bench.py::test_each_bench_runs_whole_at_tiny_sizes[fork]",  # 8
 )
 # The rest of this list, longest first, took 11-75 s each under load (--durations,
 # 2026-12-04). A test not listed keeps its place; a renamed one only loses its head start.
