@@ -287,18 +287,21 @@ def test_the_harness_runs_sessions_on_fresh_workspaces_against_a_server(tmp_path
 @pytest.mark.timeout(1200)
 def test_smoke_two_tasks_on_the_embedded_model(tmp_path: Path) -> None:
     require_embedded()
-    garden = ev.load_file(ev.TASKS)
+    garden, code = ev.load_file(ev.TASKS), ev.load_file(ev.EVAL_DIR / "code.toml")
     # a turn's timeout well above the hang guard's share: the machine may be loaded
     # the defaults but for the server's threads (tests/support/embedded.py: THREADS)
     base = ev.cfg.Config().replace("embedded", threads=THREADS, model=MODEL)
-    rows = ev.run_tasks(ev.select([garden], ["no-tool-sum", "read-notes"]), base,
+    rows = ev.run_tasks(ev.select([garden, code], ["read-notes", "c-no-tool-minus"]), base,
                         timeout_s=500)
     out = tmp_path / "eval.json"
     ev.write_json(rows, out, {"config": "defaults"})
     data = json.loads(out.read_text())
-    assert [r["task"] for r in data["rows"]] == ["read-notes", "no-tool-sum"]  # the file's order
+    assert [r["task"] for r in data["rows"]] == ["read-notes", "c-no-tool-minus"]
     assert data["meta"]["tasks"] == 2
     for row in rows:
         assert row.prompt_tokens > 0, row  # the model really answered, through the harness
         assert row.seconds > 0 and row.why
         assert row.passed == row.why.startswith("ok"), row
+    # "What is 15 minus 6?": after the word "ANSWER " (not "ANSWER: ") the model ended the
+    # number after its first digit, "1" (actors/session/smallmodel/decision_word.py)
+    assert rows[-1].answer.strip(" .") == "9", rows[-1]

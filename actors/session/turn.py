@@ -233,7 +233,7 @@ class _Turn:
                          self.log.records, self.runtime.hidden)
         return cached_grammar(offered, [(s.name, s.parameters) for s in specs if step.calls],
                               calls=step.calls, text=step.text, exclude=step.exclude,
-                              values=step.values)
+                              values=step.values, value=step.value)
 
     def _pass_on(self, event: Event) -> None:
         if not isinstance(event, ToolCallDelta):

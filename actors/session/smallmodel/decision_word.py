@@ -27,13 +27,21 @@ from collections.abc import Callable
 from actors.base.events import Content, Event, Retrying
 from actors.session.smallmodel.bare_json import could_be_call
 
-__all__ = ["ANSWER", "TOOL", "WORDS", "WordFilter", "about_the_workspace", "asked_steps",
-           "asks_a_size", "named_files", "names_a_file", "place_named", "refers_back",
-           "strip_word"]
+__all__ = ["ANSWER", "ANSWER_VALUE", "TOOL", "WORDS", "WordFilter", "about_the_workspace",
+           "asked_steps", "asks_a_size", "named_files", "names_a_file", "place_named",
+           "refers_back", "strip_word"]
 
 TOOL = "TOOL "
 ANSWER = "ANSWER "
-WORDS = (TOOL, ANSWER)
+# The word before an answer that is a value (arithmetic: "What is 9 plus 8?"). The system
+# prompt's worked examples end at the word ANSWER, so after "ANSWER " the embedded model's
+# likeliest next token is the end: a word-first answer goes on ("The capital of Spain is
+# Madrid."), but a number ends after its first digit (each digit is a token of its own):
+# "9 plus 8" -> "1", "15 minus 6" -> "1", "5 plus 7" -> "1" (6 of 9 sums probed). After
+# "ANSWER: " it writes the value: 9 of 9 right. Only for such questions: after a colon it
+# answers facts with one word ("What is the capital of Italy?" -> "Italy").
+ANSWER_VALUE = "ANSWER: "
+WORDS = (TOOL, ANSWER, ANSWER_VALUE)
 
 # A file's name in a question: a name and an extension of 2 to 6 characters (a.txt,
 # recipes/soup.md), not part of a longer dotted word (e.g., J.K., example.com.au).

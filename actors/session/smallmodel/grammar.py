@@ -55,7 +55,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from actors.session.smallmodel.decision_word import ANSWER, TOOL
+from actors.session.smallmodel.decision_word import ANSWER, ANSWER_VALUE, TOOL
 
 __all__ = ["REQUIRED", "TOOL_CAP", "TOTAL_CAP", "Built", "Values", "build_grammar",
            "cached_grammar"]
@@ -290,6 +290,7 @@ def build_grammar(
     text: bool = True,
     exclude: frozenset[str] = frozenset(),
     values: Values = (),
+    value: bool = False,
 ) -> Built:
     """The grammar for one answer (``grammar``): a call of an ``offered`` tool (request
     ``tools`` entries) or of a ``registry`` tool (``(name, parameters)``), or plain text;
@@ -299,9 +300,10 @@ def build_grammar(
     values (none: an optional argument left out; ``argument!``: one it must give). And
     which tools' arguments are plain JSON (``plain``: a schema past :data:`TOOL_CAP`, or
     past :data:`TOTAL_CAP` for all tools, or one it cannot read). In time and size linear
-    in the schemas; never raises."""
+    in the schemas; never raises. ``value``: the text is a value (arithmetic), after
+    :data:`~actors.session.smallmodel.decision_word.ANSWER_VALUE`."""
     if not calls:
-        return Built(f"root ::= {_text(ANSWER)} text" + _COMMON)
+        return Built(f"root ::= {_text(ANSWER_VALUE if value else ANSWER)} text" + _COMMON)
     rules = _Rules()
     plain: list[str] = []
     found: dict[str, str] = {}
@@ -383,19 +385,20 @@ def cached_grammar(
     text: bool = True,
     exclude: frozenset[str] = frozenset(),
     values: Values = (),
+    value: bool = False,
 ) -> str:
     """:func:`build_grammar`'s grammar, built once per set of tools (the same ``offered`` object and
     the same schema objects, by identity: a session's baseline and its hosts' specs), not
     per request. A tool whose arguments are left as plain JSON is said once (logged)."""
     key = (id(offered), tuple((name, id(params)) for name, params in registry), calls, text,
-           exclude, values)
+           exclude, values, value)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[1]
     built = build_grammar(offered, registry, calls=calls, text=text, exclude=exclude,
-                          values=values)
+                          values=values, value=value)
     with _LOCK:
         for note in built.plain:
             if note not in _SAID:

@@ -26,8 +26,9 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "asks_about_now", "asks_the_version", "asks_to_write",
-           "asks_what_uses", "code_names", "follows_on", "needs_no_tool", "the_ask"]
+__all__ = ["about_the_project", "asks_about_now", "asks_arithmetic", "asks_the_version",
+           "asks_to_write", "asks_what_uses", "code_names", "follows_on", "needs_no_tool",
+           "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -63,6 +64,17 @@ def needs_no_tool(message: str) -> bool:
         return False
     if _REPLY.search(ask) or _GREETING.fullmatch(ask.rstrip("?")):
         return True
+    return _sum(ask)
+
+
+def asks_arithmetic(message: str) -> bool:
+    """Whether the message's ask is arithmetic on numbers it gives ("What is 9 plus 8?"),
+    with no file, folder or tool named in it: its answer is a number."""
+    ask = the_ask(message)
+    return bool(ask) and not names_a_file(ask) and not _LOOKS.search(ask) and _sum(ask)
+
+
+def _sum(ask: str) -> bool:
     words = re.findall(r"[A-Za-z]+", _ARITHMETIC.sub(" ", ask))
     return bool(_ARITHMETIC.search(ask)) and len(words) <= 6
 

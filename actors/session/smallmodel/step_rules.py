@@ -29,7 +29,8 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
 - A message whose ask needs no tool ("Reply with OK.", "What is 12 plus 30?", a greeting:
   :func:`~actors.session.smallmodel.questions.needs_no_tool`) gets no call, on any
   workspace: the model listed an empty folder before each pasted note ending "Reply with
-  OK.".
+  OK.". Arithmetic is answered after the word ``ANSWER: ``, not ``ANSWER ``: after the
+  latter the model ended a number after its first digit ("9 plus 8" -> "1").
 - A question that names one of the session's other tools (an MCP server's) by a word of its
   name ("the weather in Oslo": get_weather) gets a call of one of those tools, one step per
   tool it names (:func:`~actors.tools.search.asked_for`): left the choice, the embedded model
@@ -81,6 +82,7 @@ from actors.session.smallmodel.last_listing import listed_entry
 from actors.session.smallmodel.questions import (
     about_the_project,
     asks_about_now,
+    asks_arithmetic,
     asks_the_version,
     asks_to_write,
     asks_what_uses,
@@ -100,12 +102,14 @@ __all__ = ["Step", "next_step"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class Step:
     """What the next response may say: a call (``calls``), text (``text``), not a call of
-    the tools in ``exclude``, the arguments in ``values`` held to theirs."""
+    the tools in ``exclude``, the arguments in ``values`` held to theirs; ``value``: the
+    text is a value, after the word ``ANSWER: `` (decision_word.ANSWER_VALUE)."""
 
     calls: bool
     text: bool = True
     exclude: frozenset[str] = frozenset()
     values: Values = ()
+    value: bool = False
 
 
 def next_step(
@@ -117,7 +121,7 @@ def next_step(
     the session's log, ``hidden``: loopd's own places in the workspace."""
     names = {s.name for s in specs} | _offered(offered)
     if needs_no_tool(question):
-        return Step(calls=False)
+        return Step(calls=False, value=asks_arithmetic(question))
     turn = _so_far(records)
     steps = done - min(turn.lookups, _LOOKUPS)
     if turn.found is not None and turn.lookups <= _LOOKUPS:  # it looked a tool up: call it

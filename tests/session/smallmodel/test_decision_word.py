@@ -10,6 +10,7 @@ from actors.base.events import Content, Event, Progress, Retrying
 from actors.session.smallmodel.bare_json import could_be_call
 from actors.session.smallmodel.decision_word import (
     ANSWER,
+    ANSWER_VALUE,
     TOOL,
     WordFilter,
     about_the_workspace,
@@ -29,6 +30,8 @@ def test_the_word_is_taken_off_once_and_other_text_is_left_alone() -> None:
     )
     assert strip_word("ANSWER ANSWER is a word.") == "ANSWER is a word."
     assert strip_word("ANSWERS are here.") == "ANSWERS are here."
+    assert strip_word("ANSWER: 17") == "17"  # a value's word (arithmetic)
+    assert strip_word("ANSWER : 17") == ": 17"
     assert strip_word("The answer.") == "The answer."
     assert strip_word(None) is None
 
@@ -53,11 +56,12 @@ def _cut(whole: str, data: st.DataObject) -> list[str]:
     return [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
 
 
-@given(st.text(min_size=1, max_size=40), st.booleans(), st.data())
+@given(st.text(min_size=1, max_size=40), st.booleans(), st.sampled_from([ANSWER, ANSWER_VALUE]),
+       st.data())
 def test_however_the_stream_is_cut_the_person_sees_the_answer_without_the_word(
-    answer: str, bare: bool, data: st.DataObject
+    answer: str, bare: bool, word: str, data: st.DataObject
 ) -> None:
-    text, _ = _streamed(_cut(ANSWER + answer, data), bare=bare, flush=True)
+    text, _ = _streamed(_cut(word + answer, data), bare=bare, flush=True)
     assert text == answer
 
 

@@ -63,7 +63,7 @@ def _call(name: str, **arguments: Any) -> str:
     return "TOOL " + json.dumps({"name": name, "arguments": arguments})
 
 
-TEXT_ONLY, CALL_ONLY = '"ANSWER " text', '"TOOL " call'
+TEXT_ONLY, CALL_ONLY, VALUE_ONLY = '"ANSWER " text', '"TOOL " call', '"ANSWER: " text'
 CHOICE = '"TOOL " call | "ANSWER " text'
 NOTES = ("Notes from Monday: the red box on shelf 12 holds 33 screws, the blue box on shelf "
          "3 holds nails, and Omar Haddad checks the stock on Fridays. ")
@@ -80,9 +80,13 @@ def test_a_message_that_needs_no_tool_gets_no_call(rig: Make, tmp_path: Path) ->
         return _rules(r.fake.requests[0])["root"]
 
     for workspace in (empty, small):
-        for question in (NOTES + "Reply with OK.", "What is 12 plus 30?", "Hello!",
-                         NOTES + "Good morning!", "Just answer with yes or no."):
+        for question in (NOTES + "Reply with OK.", "Hello!", NOTES + "Good morning!",
+                         "Just answer with yes or no."):
             assert first(question, workspace) == TEXT_ONLY, (question, workspace)
+        # arithmetic: a value after "ANSWER: " (after "ANSWER " the embedded model ended a
+        # number after its first digit: "What is 9 plus 8?" -> "1")
+        for question in ("What is 12 plus 30?", "What is 15 minus 6?", NOTES + "What is 3 * 11?"):
+            assert first(question, workspace) == VALUE_ONLY, (question, workspace)
     # a question about the notes' words is still about the files (a call first)
     assert first("Where does Omar Haddad work?", small) == CALL_ONLY
     # an ask that names a file or a tool's verb is not one that needs none
@@ -204,7 +208,7 @@ def test_a_code_question_on_a_big_workspace_reads_the_workspace_first(
         assert ")?" not in folder["list-dir-args"]
     assert "call-read-file" in first("Which files are in the src folder?")["call"]  # not there
     assert first("What is the capital of France?")["root"] == CHOICE
-    assert first("What is 3 plus 4?")["root"] == TEXT_ONLY
+    assert first("What is 3 plus 4?")["root"] == VALUE_ONLY
     # a file the question names is read (or outlined) as named, and nothing else is called:
     # it may not be there, and the tool says so (find_definition was called for one)
     shown = first("Show me docs/roadmap.md.")
