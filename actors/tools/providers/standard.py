@@ -435,24 +435,65 @@ class StandardTools:
 
 def _defined(rel: str, body: list[str], d: Definition) -> str:
     """One definition as find_definition answers it: what its docstring says, as a sentence
-    about the name when the docstring starts with a verb ("Represents a TOML file." ->
-    "TOMLFile represents a TOML file."), then its first line and place. Given
-    ``path:lines: class TOMLFile:  # Represents a TOML file.`` (or the docstring in any
-    other place of the line), the embedded model answered "What is the class TOMLFile
-    for?" with the place alone."""
+    about the name (:func:`_about`), then its first line and place. Given ``path:lines:
+    class TOMLFile:  # Represents a TOML file.`` (or the docstring in any other place of the
+    line), the embedded model answered "What is the class TOMLFile for?" with the place
+    alone."""
     first = (signature(body, d) or describe(d)).removesuffix(":").rstrip()
     place = f"It is {first} in {rel}, lines {d.line}-{d.end}."
     if not d.doc:
         return place
-    verb, _, rest = d.doc.partition(" ")
-    if _VERB.fullmatch(verb) and rest:
-        return f"{d.name} {verb.lower()} {rest.rstrip('.')}. {place}"
-    return f'{d.name}: "{d.doc}" {place}'
+    about = _about(d.name, d.doc)
+    return f"{about} {place}" if about else f'{d.name}: "{d.doc}" {place}'
+
+
+def _about(name: str, doc: str) -> str | None:
+    """A docstring said as a sentence about ``name``: one that starts with a verb in the
+    third person as it is ("Represents a TOML file." -> "TOMLFile represents a TOML
+    file."), an imperative one in the third person ("Coerce a value." -> "f coerces a
+    value."), a noun phrase after "is", said to be the docstring's ("Configuration for
+    limits." -> "Limits is configuration for limits (its docstring)."). Quoted after the
+    name ("Limits: "Configuration ...""), the 0.5B model answered "What is the class Limits
+    for?" with the place; without "(its docstring)", the 1.5B did. None: a docstring that
+    reads as neither ("This class ...", "Used by ...")."""
+    word, _, rest = doc.partition(" ")
+    text = doc.rstrip(".")
+    if _VERB.fullmatch(word) and rest:
+        return f"{name} {word.lower()} {rest.rstrip('.')}."
+    if word.lower() in _IMPERATIVE and rest:
+        return f"{name} {_third_person(word.lower())} {rest.rstrip('.')}."
+    if not word[:1].isalpha() or word.rstrip(",:;").lower() in _NOT_A_NOUN:
+        return None
+    plain = word[:1].isupper() and (word[1:].islower() or len(word) == 1)  # An, A (not HTTP)
+    return f"{name} is {text[:1].lower() + text[1:] if plain else text} (its docstring)."
 
 
 # a docstring's first word as a verb in the third person: Represents, Parses, Does (not
 # This, Its, Was, Thus, Various, Class, Process)
 _VERB = re.compile(r"(?!(?:This|Its|Was)$)[A-Z][a-z]+[^su\W]s")
+# a docstring's first word as an imperative (PEP 257's "Return the ...")
+_IMPERATIVE_WORDS = """
+add append apply build call check clear close coerce collect compare compute construct convert
+copy create decode delete determine dump emit encode ensure extract fetch filter find format
+generate get give handle initialise initialize insert iterate join load look make map mark
+match merge normalise normalize open parse print process produce raise read register remove
+render replace reset resolve return run save send serialise serialize set sort split start
+stop store strip take test transform update validate wrap write yield
+"""
+_IMPERATIVE = frozenset(_IMPERATIVE_WORDS.split())
+# first words after which "X is ..." does not read as a sentence
+_NOT_A_NOUN = frozenset({"this", "these", "that", "it", "its", "used", "see", "note", "deprecated",
+                         "internal", "todo", "xxx", "if", "when", "for", "called", "should",
+                         "must", "do", "does", "is", "are", "was", "has", "have", "can", "may"})
+
+
+def _third_person(verb: str) -> str:
+    """``verb`` in the third person singular: return -> returns, match -> matches."""
+    if verb.endswith(("s", "sh", "ch", "x", "z", "o")):
+        return verb + "es"
+    if verb.endswith("y") and verb[-2:-1] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + "s"
 
 
 class _Unapproved(Exception):

@@ -15,6 +15,7 @@ import zmq
 from actors.tools.port import PortSettings, ToolPort, start_port
 from actors.tools.protocol import wire
 from actors.tools.providers.code import enclosing, outline
+from actors.tools.providers.standard import _about
 from tests.tools.hostkit import short_dir, spawn_host
 
 PARSER = '''"""A tiny parser."""
@@ -170,11 +171,11 @@ def test_find_definition(port: tuple[ToolPort, Path]) -> None:
     # what its docstring says first, then its first line and place: given "path:lines:
     # class X:  # doc", the embedded model answered "What is X for?" with the place alone
     assert found == ["It is class Context in pkg/broken.py, lines 7-8.",
-                     'Context: "Where the parser is." It is class Context in pkg/parser.py, '
-                     "lines 6-18."]
+                     "Context is where the parser is (its docstring). It is class Context in "
+                     "pkg/parser.py, lines 6-18."]
     # a use, a string or a comment is no definition (the cli module only uses parse)
     assert _text(_call(p, "find_definition", name="parse")) == (
-        'parse: "Parse text." It is def parse(text: str) -> Context in pkg/parser.py, '
+        "parse parses text. It is def parse(text: str) -> Context in pkg/parser.py, "
         "lines 21-24.")
     # a docstring that starts with a verb reads as a sentence about the name
     assert _text(_call(p, "find_definition", name="Context.left")) == (
@@ -193,6 +194,25 @@ def test_find_definition(port: tuple[ToolPort, Path]) -> None:
         "Nowhere is not defined anywhere in pkg:")
     assert "is not a name" in _failed(_call(p, "find_definition", name="class Context"))
     assert "does not exist" in _failed(_call(p, "find_definition", name="x", path="nope"))
+
+
+def test_a_docstring_reads_as_a_sentence_about_the_name() -> None:
+    # a noun phrase after "is": quoted after the name ('Limits: "Configuration for ..."'),
+    # the embedded model answered "What is the class Limits for?" with the place alone
+    assert _about("Limits", "Configuration for limits to various client behaviors.") == (
+        "Limits is configuration for limits to various client behaviors (its docstring).")
+    assert _about("Doc", "A TOML document.") == "Doc is a TOML document (its docstring)."
+    assert _about("Headers", "HTTP headers, as a multi-dict.") == (
+        "Headers is HTTP headers, as a multi-dict (its docstring).")  # an acronym keeps its case
+    # a verb: in the third person as it is, an imperative put in it
+    assert _about("TOMLFile", "Represents a TOML file.") == "TOMLFile represents a TOML file."
+    assert _about("f", "Coerce a value into a string.") == "f coerces a value into a string."
+    assert _about("g", "Match the text.") == "g matches the text."
+    assert _about("h", "Apply it") == "h applies it."
+    # what reads as neither stays quoted after the name
+    assert _about("X", "This class is deprecated.") is None
+    assert _about("X", "Used by the parser.") is None
+    assert _about("X", ":class:`Y` for the parser.") is None
 
 
 def test_a_search_says_the_definition_each_match_is_in(port: tuple[ToolPort, Path]) -> None:
