@@ -120,6 +120,12 @@ search fetch read write query look give tell what which where when many much the
 have does will would could should about into from your
 """
 _GENERIC = frozenset(_GENERIC_WORDS.split())
+# Short words of any sentence, which say nothing of a tool (finds_any)
+_FUNCTION_WORDS = """
+are was were been has had did how who why whom whose not but all any may our you his her its
+one our out own too yet per off via than then them they we he she us am do does done so if
+"""
+_FUNCTION = frozenset(_FUNCTION_WORDS.split())
 
 
 def asked_for(question: str, specs: Sequence[ToolSpec]) -> tuple[frozenset[str], ...]:
@@ -143,6 +149,9 @@ def asked_for(question: str, specs: Sequence[ToolSpec]) -> tuple[frozenset[str],
 
 def finds_any(specs: Sequence[ToolSpec], query: str) -> bool:
     """Whether :func:`find` would answer ``query`` with a tool: a word of it (not a verb
-    every kind of tool has, nor a stop word) in a tool's name or description."""
-    words = [w for w in _query_words(query) if w not in _GENERIC]
+    every kind of tool has, nor a stop word or another short word of any sentence) in a
+    tool's name or description. "How many days are in a week?" found read_file by its
+    description's "are" ("Long files are cut"); the embedded model then looked a tool up and
+    answered with find_tool's "No tool matches ..."."""
+    words = [w for w in _query_words(query) if w not in _GENERIC and w not in _FUNCTION]
     return any(_score(words, s) > 0 for s in specs)

@@ -27,8 +27,8 @@ import re
 from actors.session.smallmodel.decision_word import names_a_file
 
 __all__ = ["about_the_project", "asks_about_now", "asks_arithmetic", "asks_the_version",
-           "asks_to_write", "asks_what_uses", "code_names", "follows_on", "needs_no_tool",
-           "the_ask"]
+           "asks_to_write", "asks_what_uses", "code_names", "follows_on", "names_the_workspace",
+           "needs_no_tool", "refers_to_code", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -53,6 +53,12 @@ _ARITHMETIC = re.compile(
 # words that make a message about a file or a tool's world, whatever else it says
 _LOOKS = re.compile(r"\b(?:file|files|folder|directory|workspace|repo|repository|project|"
                     r"code|tool|search|read|list|open|write|create|find|look)\b", re.IGNORECASE)
+
+
+def names_the_workspace(question: str) -> bool:
+    """Whether ``question`` names a file, or the workspace or a tool by a word ("file",
+    "folder", "project", "search", "read", ...)."""
+    return names_a_file(question) or _LOOKS.search(question) is not None
 
 
 def needs_no_tool(message: str) -> bool:
@@ -83,8 +89,9 @@ def _sum(ask: str) -> bool:
 # dotted.names, a call's (), or anything in backquotes.
 _BACKQUOTED = re.compile(r"`([^`\s]{1,80})`")
 _IDENT = re.compile(r"(?<![\w.])([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(\(\))?")
-_AFTER_KIND = re.compile(r"\b(?:class|function|method|def|module|variable|constant|"
-                         r"attribute|decorator|exception|enum)\s+`?([A-Za-z_][\w.]*)",
+# (not after "that" or "this": "that class case-sensitive" names no class "case")
+_AFTER_KIND = re.compile(r"(?<!that )(?<!this )\b(?:class|function|method|def|module|variable|"
+                         r"constant|attribute|decorator|exception|enum)\s+`?([A-Za-z_][\w.]*)",
                          re.IGNORECASE)
 _BEFORE_KIND = re.compile(r"\b([A-Za-z_][\w.]*)`?(?=\s+(?:class|function|method|decorator|"
                           r"exception)\b)", re.IGNORECASE)
@@ -104,6 +111,16 @@ for of in on at to by with from if as or and not no new own same other returns m
 work works
 """
 _NOT_NAMES = frozenset(_NOT_NAMES_WORDS.split()) | frozenset(map(str.lower, keyword.kwlist))
+
+
+_THAT_KIND = re.compile(r"\b(?:that|this|the same)\s+(?:class|function|method|module|"
+                        r"variable|constant|exception|decorator|enum)\b", re.IGNORECASE)
+
+
+def refers_to_code(question: str) -> bool:
+    """Whether ``question`` names code by an earlier question's name ("Are the keys of that
+    class case-sensitive?" after "Where is the class Headers defined?")."""
+    return _THAT_KIND.search(question) is not None
 
 
 def _codelike(word: str) -> bool:

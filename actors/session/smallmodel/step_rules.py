@@ -37,6 +37,10 @@ values. The rules, each measured with ``make eval`` on the folders never tuned o
   made up 17 of 19 such answers.
 - A first response may look a tool up only when the question has a word some tool's name
   or description holds: "What is the capital of Japan?" was looked up, then answered.
+- In a small workspace, a first response to a question none of whose words the files hold,
+  that names no file, folder or tool and asks nothing of now (:func:`_knowledge`: "What is
+  the capital of Spain?") may not read, list or search: the model searched for "capital"
+  and answered "No matches". With no tool's word in it either, it gets no call.
 - In an empty workspace a first response may not read, list or search it (the embedded
   model called find_definition for "the capital of Japan"); and when there is nothing to
   read, a question that no tool's name or description has a word of and that asks nothing
@@ -88,7 +92,9 @@ from actors.session.smallmodel.questions import (
     asks_what_uses,
     code_names,
     follows_on,
+    names_the_workspace,
     needs_no_tool,
+    refers_to_code,
 )
 from actors.session.smallmodel.workspace_words import Holdings, workspace_words
 from actors.tools.protocol.spec import ToolSpec
@@ -149,14 +155,19 @@ def next_step(
     found_words = (workspace_words(config.workspace, hidden, config.inference.workspace_words)
                    if (first or steps < planned) and config.uses_workspace else None)
     held = _held(question, steps, planned, named, found_words, names, records)
+    earlier = _earlier(question, records) if first else ()
     if held is None and first and not planned and found_words is None and (
             config.uses_workspace):
         held = (_named_read(question, names) if named
-                else _code_question(question, names, config, hidden))
+                else _code_question(question, names, config, hidden, earlier))
     values, barred = held or ((), frozenset())
     nothing_there = not _READERS & names or (found_words is not None and not found_words.files)
-    if first and nothing_there and held is None and not named and not planned and not (
-            finds_any(specs, question) or asks_about_now(question)):
+    unheld = first and held is None and not named and not planned
+    if unheld and found_words is not None and _knowledge(question, found_words):
+        if not finds_any(specs, question):
+            return Step(calls=False)  # no word of it in the files, nor in a tool's: knowledge
+        barred |= _READERS  # a search for words no file holds finds nothing
+    if unheld and nothing_there and not (finds_any(specs, question) or asks_about_now(question)):
         return Step(calls=False)  # no tool its words name, no file to read: knowledge
     if first and "find_tool" in names and not finds_any(specs, question):
         barred |= {"find_tool"}  # a lookup its words find nothing with ("capital of Japan")
@@ -164,12 +175,23 @@ def next_step(
         barred |= _READERS & names  # an empty workspace: nothing to read, list or search
     if not asks_to_write(question):
         barred |= {"write_file"} & names  # "thank you in German" wrote a file
-    if not code_names(question):
+    if not (code_names(question) or earlier):
         barred |= {"find_definition"} & names  # "Show me error.log.": the example's "Parser"
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})
     return Step(calls=True, text=not must, exclude=barred, values=values)
+
+
+def _knowledge(question: str, found: Holdings) -> bool:
+    """Whether a question in a small workspace asks what no file can say: none of its words
+    is in the files (:func:`about_the_workspace`), it names no file, folder, tool or code, refers
+    to no earlier list and asks nothing of the present moment ("What is the capital of
+    Spain?", "Who painted the Mona Lisa?"). Left the choice, the embedded model searched
+    the files for "capital" or "Mona Lisa" and answered "No matches"."""
+    return bool(found.files) and not (
+        about_the_workspace(question, found.words) or names_the_workspace(question)
+        or code_names(question) or refers_back(question) or asks_about_now(question))
 
 
 _LOOKUPS = 2  # find_tool responses of a turn that are not counted as its calling steps
@@ -216,8 +238,18 @@ _READERS = frozenset({"read_file", "list_dir", "search_files", "outline_file",
 _TREE = 500  # a workspace with more entries than this: paths are not held
 
 
-def _code_question(question: str, names: set[str], config: Config,
-                   hidden: Sequence[str]) -> tuple[Values, frozenset[str]] | None:
+def _earlier(question: str, records: Sequence[Record]) -> tuple[str, ...]:
+    """The code names of the question before this one, when this one names code by it
+    ("Are the keys of that class case-sensitive?"): left the choice, the embedded model
+    called find_definition for "case" and answered with its not-defined sentence."""
+    if not refers_to_code(question) or code_names(question):
+        return ()
+    asked = [r.content for r in records if isinstance(r, User)]
+    return code_names(asked[-2]) if len(asked) > 1 else ()
+
+
+def _code_question(question: str, names: set[str], config: Config, hidden: Sequence[str],
+                   earlier: tuple[str, ...] = ()) -> tuple[Values, frozenset[str]] | None:
     """The first call of a question about the code or the project in a workspace too big
     to tell by its words: one of the tools that read the workspace (not a search for a
     tool, not a write); a find_definition or search of the code names it says ("Where is
@@ -227,9 +259,12 @@ def _code_question(question: str, names: set[str], config: Config,
     one (find_definition was called for the Makefile's test target); one that names no
     code gets no find_definition (it was called for "What is the version of this
     project?", and the answer made up).
+    An ``earlier`` question's names ("that class"): its definition, found again.
     None: not such a question."""
-    terms = code_names(question)
+    terms = code_names(question) or earlier
     readers = _READERS & names
+    if earlier and terms == earlier and "find_definition" in readers:
+        readers = frozenset({"find_definition"})
     if not readers or not (terms or about_the_project(question)):
         return None
     asked = asked_steps(question)

@@ -259,6 +259,46 @@ def _first_rules(rig: Make, workspace: Path, question: str) -> dict[str, str]:
     return _rules(r.fake.requests[0])
 
 
+def test_that_class_is_the_class_of_the_question_before(rig: Make, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "models.py").write_text("class Headers:\n    pass\n")
+    found = answer("TOOL " + json.dumps({"name": "find_definition",
+                                         "arguments": {"name": "Headers"}}))
+    script = [found, answer("ANSWER In models.py."), found, answer("ANSWER No.")]
+    r, _ = _rig(rig, script, ws, list(STANDARD_SPECS.values()), cap=10)
+    r.turn("Where is the class Headers defined?")
+    r.turn("Are the keys of that class case-sensitive?")
+    # its definition again, the only call (the embedded model called find_definition for
+    # "case", from "class case-sensitive", and answered with its not-defined sentence)
+    follow = _rules(r.fake.requests[2])
+    assert follow["root"] == CALL_ONLY
+    assert follow["call"] == "call-call-tool | call-find-definition"
+    assert follow["find-definition-args-name"] == '"\\"Headers\\""'
+
+
+def test_a_question_no_file_of_a_small_workspace_can_answer_reads_nothing(
+    rig: Make, tmp_path: Path
+) -> None:
+    small = _one_file(tmp_path, "staff.csv", "name,city\nOmar Haddad,Lyon\n")
+    # none of its words in the files, none in a tool's: the embedded model searched for
+    # "capital" or "Mona Lisa", or looked a tool up, and answered "No matches"
+    for question in ("What is the capital of Spain?", "Who painted the Mona Lisa?",
+                     "How many days are in a week?"):
+        assert _first_rules(rig, small, question)["root"] == TEXT_ONLY, question
+    # a word the files hold, a file, folder or tool named, an earlier list, the present
+    # moment: the choice (or a call) as before
+    for question in ("Where does Omar Haddad work?", "What is in the folder?",
+                     "What does the second one say?", "Is it raining in Lyon right now?",
+                     "Search for the capital of Spain."):
+        assert _first_rules(rig, small, question)["root"] != TEXT_ONLY, question
+    # a word of a tool's description but none of the files: no reading, the rest may be
+    rules = _first_rules(rig, small, "Run the command date.")
+    assert "call-run-command" in rules["call"] and "call-read-file" not in rules["call"]
+    fetch = _first_rules(rig, small, "What does the page at example.org say?")
+    assert fetch["root"] != TEXT_ONLY
+
+
 def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
     rig: Make, tmp_path: Path
 ) -> None:
@@ -267,7 +307,7 @@ def test_a_question_without_a_verb_of_writing_may_not_call_write_file(
     # the embedded model wrote thank-you.md for this one and answered the denied write
     german = _first_rules(rig, small, "How do you say thank you in German?")
     assert german["root"] == CHOICE and "call-write-file" not in german["call"]
-    assert "call-read-file" in german["call"]
+    assert "call-read-file" not in german["call"]  # no word of it in the files
     for question in ("Save the text call mum to reminder.txt.",
                      "Make a file list.txt with the text: eggs",
                      "Create a file hello.txt with the text: Hello, world"):
@@ -281,10 +321,10 @@ def test_a_question_that_names_no_code_may_not_call_find_definition(
 
     # the embedded model called find_definition("Parser"), the system prompt's example, for
     # the first and find_definition("Planet") for the second
-    for question in ("Show me error.log.", "What is the largest planet?"):
-        rules = _first_rules(rig, small, question)
-        assert "call-find-definition" not in rules["call"], question
-        assert "call-read-file" in rules["call"], question
+    rules = _first_rules(rig, small, "Show me error.log.")
+    assert "call-find-definition" not in rules["call"] and "call-read-file" in rules["call"]
+    # (the planet: no word of it in the files, nor in a tool's: no call at all)
+    assert _first_rules(rig, small, "What is the largest planet?")["root"] == TEXT_ONLY
     code = _first_rules(rig, small, "Where is the class Parser defined?")
     assert "call-find-definition" in code["call"]
 
