@@ -66,11 +66,18 @@ def needs_no_tool(message: str) -> bool:
     with given text ("Reply with OK."), arithmetic on numbers it gives ("What is 12 plus
     30?"), or a greeting or thanks, with no file, folder or tool named in it."""
     ask = the_ask(message)
-    if not ask or names_a_file(ask) or _LOOKS.search(ask):
+    if not ask or names_a_file(ask) or _LOOKS.search(_NO_NEED.sub(" ", ask)):
         return False
     if _REPLY.search(ask) or _GREETING.fullmatch(ask.rstrip("?")):
         return True
     return _sum(ask)
+
+
+# a clause that says no tool is wanted ("No need to look anything up: just say OK.", "Don't
+# search, just reply with yes"): its "look" or "search" asks for no tool (the 1.5B listed
+# the workspace for that message and answered with the listing)
+_NO_NEED = re.compile(r"\b(?:no need to|(?:there is )?no need for|don't|do not|without|never)"
+                      r"\b[^,;:.!?]*", re.IGNORECASE)
 
 
 def asks_arithmetic(message: str) -> bool:

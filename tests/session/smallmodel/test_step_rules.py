@@ -81,7 +81,9 @@ def test_a_message_that_needs_no_tool_gets_no_call(rig: Make, tmp_path: Path) ->
 
     for workspace in (empty, small):
         for question in (NOTES + "Reply with OK.", "Hello!", NOTES + "Good morning!",
-                         "Just answer with yes or no."):
+                         "Just answer with yes or no.",
+                         "Thanks, that helps. No need to look anything up: just say OK.",
+                         "Don't search anything, just reply with yes."):
             assert first(question, workspace) == TEXT_ONLY, (question, workspace)
         # arithmetic: a value after "ANSWER: " (after "ANSWER " the embedded model ended a
         # number after its first digit: "What is 9 plus 8?" -> "1")
