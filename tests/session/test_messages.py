@@ -7,7 +7,7 @@ import datetime as dt
 import json
 
 import pytest
-from hypothesis import given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 from actors.inference.llama import encode_body
@@ -203,7 +203,6 @@ def answering(pending: list[str]) -> st.SearchStrategy[Record]:
 
 
 @pytest.mark.parametrize("style", ["tool", "user"])
-@settings(max_examples=200)
 @given(conversations(), st.data())
 def test_extension_property(
     style: ResultStyle, conv: tuple[Baseline, list[Record]], data: st.DataObject
@@ -440,7 +439,6 @@ def test_a_call_left_open_before_the_kept_point_gets_no_placeholder_after_it() -
     assert messages(BASE, recs) == [SYSTEM, framed("S"), ACK, {"role": "user", "content": "next"}]
 
 
-@settings(max_examples=200)
 @given(conversations(compacting=True), st.sampled_from(["tool", "user"]))
 def test_extension_property_by_epochs(
     conv: tuple[Baseline, list[Record]], style: ResultStyle
@@ -515,7 +513,6 @@ def test_rewinding_to_a_turn_within_the_epoch_keeps_the_compaction() -> None:
     assert view(recs).turns == (1, 2, 3)
 
 
-@settings(max_examples=200)
 @given(conversations(compacting=True, rewinding=True), st.sampled_from(["tool", "user"]))
 def test_a_rewind_renders_what_was_rendered_when_the_next_turn_was_asked(
     conv: tuple[Baseline, list[Record]], style: ResultStyle
@@ -542,7 +539,6 @@ def test_a_rewind_renders_what_was_rendered_when_the_next_turn_was_asked(
         previous = current
 
 
-@settings(max_examples=200)
 @given(conversations(compacting=True, rewinding=True), st.sampled_from(["tool", "user"]))
 def test_ends_count_the_messages_of_each_prefix_up_to_a_compaction_or_rewind(
     conv: tuple[Baseline, list[Record]], style: ResultStyle

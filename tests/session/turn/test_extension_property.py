@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from actors.base.errors import LoopdError
@@ -114,7 +114,6 @@ def _ask_each_text_once(rig: Rig) -> None:
     rig.inference.tokens = tokens  # type: ignore[method-assign]
 
 
-@settings(max_examples=200)
 @given(
     replies=st.lists(model_reply(), max_size=14),
     answers=st.lists(tool_answer, min_size=1, max_size=6),
