@@ -333,7 +333,7 @@ def build_grammar(
                 must.get(name, frozenset()))
     for name, rule in found.items():
         alternatives.setdefault(name, rule)
-    answer = f" | {_text(ANSWER)} text" if text else ""
+    answer = f" | {_text(ANSWER_VALUE if value else ANSWER)} text" if text else ""
     lines = [
         f"root ::= {_text(TOOL)} call{answer}",
         f"call ::= {' | '.join(alternatives.values()) or 'object'}",

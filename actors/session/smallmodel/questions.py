@@ -26,7 +26,8 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "asks_about_now", "asks_arithmetic", "asks_the_version",
+__all__ = ["about_the_project", "asks_a_number", "asks_about_now", "asks_arithmetic",
+           "asks_the_version",
            "asks_to_write", "asks_what_uses", "code_names", "follows_on", "names_the_workspace",
            "needs_no_tool", "refers_to_code", "the_ask"]
 
@@ -85,6 +86,20 @@ def asks_arithmetic(message: str) -> bool:
     with no file, folder or tool named in it: its answer is a number."""
     ask = the_ask(message)
     return bool(ask) and not names_a_file(ask) and not _LOOKS.search(ask) and _sum(ask)
+
+
+# "How many minutes are in two hours?", "How many days are in a week?": a number of units in
+# another, which the question says in words
+_UNITS = re.compile(r"^how many \w+ (?:are|is) (?:there )?in (?:a|an|one|two|three|four|five|"
+                    r"six|seven|eight|nine|ten|twelve|\d+) \w+\W*$", re.IGNORECASE)
+
+
+def asks_a_number(message: str) -> bool:
+    """Whether the message's ask is arithmetic (:func:`asks_arithmetic`) or a number of
+    units in another ("How many minutes are in two hours?"), naming no file, folder or
+    tool: its answer is a number (the 0.5B cut "120" to "12" after "ANSWER ")."""
+    ask = the_ask(message)
+    return asks_arithmetic(message) or (bool(_UNITS.match(ask)) and not names_the_workspace(ask))
 
 
 def _sum(ask: str) -> bool:

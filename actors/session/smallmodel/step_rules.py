@@ -85,6 +85,7 @@ from actors.session.smallmodel.grammar import REQUIRED, Values
 from actors.session.smallmodel.last_listing import listed_entry
 from actors.session.smallmodel.questions import (
     about_the_project,
+    asks_a_number,
     asks_about_now,
     asks_arithmetic,
     asks_the_version,
@@ -165,7 +166,7 @@ def next_step(
     unheld = first and held is None and not named and not planned
     if unheld and found_words is not None and _knowledge(question, found_words):
         if not finds_any(specs, question):
-            return Step(calls=False)  # no word of it in the files, nor in a tool's: knowledge
+            return Step(calls=False, value=asks_a_number(question))  # knowledge
         barred |= _READERS  # a search for words no file holds finds nothing
     if unheld and nothing_there and not (finds_any(specs, question) or asks_about_now(question)):
         return Step(calls=False)  # no tool its words name, no file to read: knowledge
@@ -180,7 +181,8 @@ def next_step(
     must = steps < planned or (first and (named or held is not None))
     if steps < planned:  # the step asked for, and no other
         barred = frozenset(names - {asked[steps], "call_tool"})
-    return Step(calls=True, text=not must, exclude=barred, values=values)
+    return Step(calls=True, text=not must, exclude=barred, values=values,
+                value=asks_a_number(question))
 
 
 def _knowledge(question: str, found: Holdings) -> bool:

@@ -285,9 +285,17 @@ def test_a_question_no_file_of_a_small_workspace_can_answer_reads_nothing(
     small = _one_file(tmp_path, "staff.csv", "name,city\nOmar Haddad,Lyon\n")
     # none of its words in the files, none in a tool's: the embedded model searched for
     # "capital" or "Mona Lisa", or looked a tool up, and answered "No matches"
-    for question in ("What is the capital of Spain?", "Who painted the Mona Lisa?",
-                     "How many days are in a week?"):
+    for question in ("What is the capital of Spain?", "Who painted the Mona Lisa?"):
         assert _first_rules(rig, small, question)["root"] == TEXT_ONLY, question
+    # a number of units in another: a value, after "ANSWER: " (the 0.5B cut "120" to "12")
+    assert _first_rules(rig, small, "How many days are in a week?")["root"] == VALUE_ONLY
+    ws = tmp_path / "big"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    r, _ = _rig(rig, [answer("ANSWER: 120")], ws, list(STANDARD_SPECS.values()), cap=1)
+    r.turn("How many minutes are in two hours?")  # too big to tell: the choice, a value
+    assert _rules(r.fake.requests[0])["root"] == '"TOOL " call | "ANSWER: " text'
+    assert _first_rules(rig, small, "How many files are in the folder?")["root"] == CHOICE
     # a word the files hold, a file, folder or tool named, an earlier list, the present
     # moment: the choice (or a call) as before
     for question in ("Where does Omar Haddad work?", "What is in the folder?",
