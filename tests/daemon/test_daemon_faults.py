@@ -44,7 +44,7 @@ from actors.daemon.client import Client
 from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
 from tests.daemon.daemonkit import ROOT, Daemon, daemon_config, env
-from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
+from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, uncompacted, wait_gone
 from tests.support.crash_driver import message
 from tests.support.fake_llama import FakeLlama
 from tests.support.scripted_llama import agent
@@ -214,9 +214,10 @@ def test_sigterm_and_sigkill_of_the_daemon_at_random_moments_lose_nothing(
             assert daemon.proc.wait(60) == 0
     for checker in checkers.values():
         turns = checker.check(kills=KILLS + 1)  # the stop may cancel the last turn too
-        tail = turns if len(turns[-1][1]) == len(FULL_TURN) else turns[:-1]
-        assert [[type(r).__name__ for r in rs] for _, rs in tail[-2:]] == [FULL_TURN] * 2
-        last = tail[-1][1]
+        whole = [uncompacted(rs) for _, rs in turns]
+        tail = whole if len(whole[-1]) == len(FULL_TURN) else whole[:-1]
+        assert [[type(r).__name__ for r in rs] for rs in tail[-2:]] == [FULL_TURN] * 2
+        last = tail[-1]
         assert isinstance(last[3], ToolResult) and isinstance(last[4], Assistant)
         assert isinstance(last[0], User) and isinstance(last[-1], Usage)
     line = ", ".join(f"{k}: {v}" for k, v in sorted(stats.items()))

@@ -38,7 +38,7 @@ import psutil
 from actors.base.processes.trees import kill_tree
 from actors.log.file import read_records
 from actors.log.records import Assistant, ToolResult, Usage, User
-from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, wait_gone
+from tests.faults.crash import FULL_TURN, Checker, shape, split_turns, uncompacted, wait_gone
 from tests.support.crash_driver import SESSION, config, drive
 from tests.support.fake_llama import FakeLlama
 from tests.support.leftovers import hosts_of, leftovers_killed
@@ -159,8 +159,8 @@ def test_sigkill_at_random_moments_loses_nothing_and_the_next_turn_works(tmp_pat
         turns = checker.check(kills=KILLS)
     assert len(turns) == end
     for _, records in turns[-2:]:
-        assert [type(r).__name__ for r in records] == FULL_TURN
-    last = turns[-1][1]
+        assert [type(r).__name__ for r in uncompacted(records)] == FULL_TURN
+    last = uncompacted(turns[-1][1])
     assert isinstance(last[3], ToolResult) and isinstance(last[4], Assistant)
     assert isinstance(last[0], User) and isinstance(last[-1], Usage)
     stats = ", ".join(f"{k}: {v}" for k, v in sorted(checker.stats.items()))
