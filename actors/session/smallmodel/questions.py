@@ -27,9 +27,8 @@ import re
 from actors.session.smallmodel.decision_word import names_a_file
 
 __all__ = ["about_the_project", "asks_a_number", "asks_about_now", "asks_arithmetic",
-           "asks_the_version",
-           "asks_to_write", "asks_what_uses", "code_names", "follows_on", "names_the_workspace",
-           "needs_no_tool", "refers_to_code", "the_ask"]
+           "asks_the_version", "asks_to_write", "asks_what_uses", "code_names", "follows_on",
+           "names_the_workspace", "needs_no_tool", "refers_to_code", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
