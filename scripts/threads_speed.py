@@ -30,7 +30,7 @@ import httpx
 
 from actors.base.config import data_home
 from actors.base.processes.tether import tethered
-from actors.inference.embedded.model import MODELS, ensure_model
+from actors.inference.embedded.model import DEFAULT_MODEL, MODELS, ensure_model
 from actors.inference.embedded.server import free_port, server_binary
 
 PROMPT = (
@@ -104,12 +104,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--where", nargs="+", default=["alone", "beside"])
-    ap.add_argument("--model", default="0.5b", choices=sorted(MODELS),
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
                     help="the model measured (embedded.model); the neighbour runs the 0.5B")
     args = ap.parse_args()
     binary = server_binary()
     model = ensure_model(data_home(), model=MODELS[args.model])
-    neighbour = ensure_model(data_home())
+    neighbour = ensure_model(data_home(), model=MODELS["0.5b"])
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(args.rounds):
         for where in args.where:
