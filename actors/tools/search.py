@@ -122,7 +122,7 @@ have does will would could should about into from your
 _GENERIC = frozenset(_GENERIC_WORDS.split())
 # Short words of any sentence, which say nothing of a tool (finds_any)
 _FUNCTION_WORDS = """
-are was were been has had did how who why whom whose not but all any may our you his her its
+are was were been has had did how who why whom whose not but all any may you his her its
 one our out own too yet per off via than then them they we he she us am do does done so if
 """
 _FUNCTION = frozenset(_FUNCTION_WORDS.split())

@@ -37,8 +37,8 @@ ANSWER = "ANSWER "
 # prompt's worked examples end at the word ANSWER, so after "ANSWER " the embedded model's
 # likeliest next token is the end: a word-first answer goes on ("The capital of Spain is
 # Madrid."), but a number ends after its first digit (each digit is a token of its own):
-# "9 plus 8" -> "1", "15 minus 6" -> "1", "5 plus 7" -> "1" (6 of 9 sums probed). After
-# "ANSWER: " it writes the value: 9 of 9 right. Only for such questions: after a colon it
+# "9 plus 8" -> "1", "15 minus 6" -> "1", "5 plus 7" -> "1" (5 of 12 sums probed). After
+# "ANSWER: " it writes the value: 12 of 12 right. Only for such questions: after a colon it
 # answers facts with one word ("What is the capital of Italy?" -> "Italy").
 ANSWER_VALUE = "ANSWER: "
 WORDS = (TOOL, ANSWER, ANSWER_VALUE)

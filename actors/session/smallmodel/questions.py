@@ -26,9 +26,9 @@ import re
 
 from actors.session.smallmodel.decision_word import names_a_file
 
-__all__ = ["about_the_project", "asks_a_number", "asks_about_now", "asks_arithmetic",
-           "asks_the_version", "asks_to_write", "asks_what_uses", "code_names", "follows_on",
-           "names_the_workspace", "needs_no_tool", "refers_to_code", "the_ask"]
+__all__ = ["about_the_project", "asks_a_number", "asks_about_now", "asks_the_version",
+           "asks_to_write", "asks_what_uses", "code_names", "follows_on", "names_the_workspace",
+           "needs_no_tool", "refers_to_code", "the_ask"]
 
 # The ask: the message's last sentence (pasted notes come first, the request last).
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
@@ -80,7 +80,7 @@ _NO_NEED = re.compile(r"\b(?:no need to|(?:there is )?no need for|don't|do not|w
                       r"\b[^,;:.!?]*", re.IGNORECASE)
 
 
-def asks_arithmetic(message: str) -> bool:
+def _arithmetic(message: str) -> bool:
     """Whether the message's ask is arithmetic on numbers it gives ("What is 9 plus 8?"),
     with no file, folder or tool named in it: its answer is a number."""
     ask = the_ask(message)
@@ -94,11 +94,11 @@ _UNITS = re.compile(r"^how many \w+ (?:are|is) (?:there )?in (?:a|an|one|two|thr
 
 
 def asks_a_number(message: str) -> bool:
-    """Whether the message's ask is arithmetic (:func:`asks_arithmetic`) or a number of
+    """Whether the message's ask is arithmetic (:func:`_arithmetic`) or a number of
     units in another ("How many minutes are in two hours?"), naming no file, folder or
     tool: its answer is a number (the 0.5B cut "120" to "12" after "ANSWER ")."""
     ask = the_ask(message)
-    return asks_arithmetic(message) or (bool(_UNITS.match(ask)) and not names_the_workspace(ask))
+    return _arithmetic(message) or (bool(_UNITS.match(ask)) and not names_the_workspace(ask))
 
 
 def _sum(ask: str) -> bool:

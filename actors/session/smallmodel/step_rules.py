@@ -87,7 +87,6 @@ from actors.session.smallmodel.questions import (
     about_the_project,
     asks_a_number,
     asks_about_now,
-    asks_arithmetic,
     asks_the_version,
     asks_to_write,
     asks_what_uses,
@@ -128,7 +127,7 @@ def next_step(
     the session's log, ``hidden``: loopd's own places in the workspace."""
     names = {s.name for s in specs} | _offered(offered)
     if needs_no_tool(question):
-        return Step(calls=False, value=asks_arithmetic(question))
+        return Step(calls=False, value=asks_a_number(question))
     turn = _so_far(records)
     steps = done - min(turn.lookups, _LOOKUPS)
     if turn.found is not None and turn.lookups <= _LOOKUPS:  # it looked a tool up: call it

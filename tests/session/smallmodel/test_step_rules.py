@@ -253,10 +253,10 @@ def _one_file(tmp_path: Path, name: str, text: str) -> Path:
     return small
 
 
-def _first_rules(rig: Make, workspace: Path, question: str) -> dict[str, str]:
+def _first_rules(rig: Make, workspace: Path, question: str, cap: int = 65536) -> dict[str, str]:
     """The grammar rules of the first request of a turn asking ``question`` on ``workspace``
-    with the standard tools."""
-    r, _ = _rig(rig, [answer("ANSWER Fine.")], workspace, list(STANDARD_SPECS.values()))
+    with the standard tools (``cap``: inference.workspace_words)."""
+    r, _ = _rig(rig, [answer("ANSWER Fine.")], workspace, list(STANDARD_SPECS.values()), cap=cap)
     r.turn(question)
     return _rules(r.fake.requests[0])
 
@@ -342,9 +342,7 @@ def test_a_question_that_names_no_code_may_not_call_find_definition(
 def _big_first(rig: Make, workspace: Path, question: str) -> dict[str, str]:
     """The first request's rules for ``question`` on ``workspace`` as a workspace too big to
     tell by its words (a real repository), with the standard tools."""
-    r, _ = _rig(rig, [answer("ANSWER Fine.")], workspace, list(STANDARD_SPECS.values()), cap=10)
-    r.turn(question)
-    return _rules(r.fake.requests[0])
+    return _first_rules(rig, workspace, question, cap=10)
 
 
 def test_a_question_about_what_uses_a_name_gets_a_search(rig: Make, tmp_path: Path) -> None:
